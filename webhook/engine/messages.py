@@ -1,0 +1,119 @@
+"""Every developer-facing sentence the engine produces, in one place.
+
+A denial reads resource -> rule -> reason -> how to fix, and ends with the rule and
+tenant in brackets so a platform engineer can find the policy line. Golden files in
+``tests/golden/`` pin the wording: a change here shows up as a diff there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def num(x: float) -> str:
+    """A count as people write it: 2 not 2.0, 0.125 kept."""
+    if x == int(x):
+        return str(int(x))
+    return f"{x:.3f}".rstrip("0").rstrip(".")
+
+
+def one_of(items: Iterable[str]) -> str:
+    items = list(items)
+    return ", ".join(items) if items else "none"
+
+
+def tag(rule: str, policy: str, tenant: str | None) -> str:
+    return f"[rule {rule}, tenant {tenant}]" if tenant else f"[rule {rule}, policy {policy}]"
+
+
+def no_tenant(namespace: str, policy: str) -> str:
+    return (
+        f'namespace "{namespace}" belongs to no GPU tenant, so it may not run GPU pods. '
+        f"Ask the platform team to add it to a tenant in GPU policy {policy}, "
+        "or remove the GPU request."
+    )
+
+
+def bad_quantity(resource: str, field: str, reason: str) -> str:
+    return (
+        f"{resource} {field} {reason}. GPUs are whole devices: ask for a whole number "
+        f'of 1 or more, e.g. "1".'
+    )
+
+
+def request_differs(resource: str, request: int, limit: int) -> str:
+    return (
+        f"{resource} request {request} differs from limit {limit}. GPU requests must equal "
+        f"limits: set both to {limit}, or drop the request (it defaults to the limit)."
+    )
+
+
+def resource_not_allowed(resource: str, tenant: str, allowed: Iterable[str]) -> str:
+    return (
+        f"{resource} is not a GPU resource tenant {tenant} may use. "
+        f"Use one of: {one_of(sorted(allowed))}."
+    )
+
+
+def unknown_product(asked: str, source: str, known: Iterable[str]) -> str:
+    return (
+        f'asks for GPU product "{asked}" ({source}), which is not a product this cluster '
+        f"defines. Known products: {one_of(known)}."
+    )
+
+
+def product_not_allowed(product: str, source: str, tenant: str, allowed: Iterable[str]) -> str:
+    return (
+        f'asks for GPU product "{product}" ({source}), which tenant {tenant} may not use. '
+        f"Ask for one of: {one_of(allowed)}."
+    )
+
+
+def products_disagree(asked: Iterable[str]) -> str:
+    return (
+        f"asks for several GPU products at once ({one_of(asked)}). "
+        "Name one product in the label, annotation and nodeSelector."
+    )
+
+
+def placement_conflict(what: str, label: str, values: Iterable[str], tenant: str,
+                       allowed: Iterable[str]) -> str:
+    return (
+        f"its {what} allows only {label} in [{one_of(values)}], but tenant {tenant}'s GPU pods "
+        f"may run only on {label} in [{one_of(allowed)}]. Change or remove that "
+        "requirement so it includes an allowed value."
+    )
+
+
+def per_container_max(asked: float, tenant: str, cap: float) -> str:
+    return (
+        f"asks for {num(asked)} GPUs; tenant {tenant} allows at most {num(cap)} per container. "
+        f"Ask for {num(cap)} or fewer, or split the work across pods."
+    )
+
+
+def per_pod_max(asked: float, tenant: str, cap: float) -> str:
+    return (
+        f"asks for {num(asked)} GPUs in all (counted as Kubernetes does: app containers and "
+        f"sidecars together, or the largest init container); tenant {tenant} allows at most "
+        f"{num(cap)} per pod. Ask for {num(cap)} or fewer, or split the work across pods."
+    )
+
+
+def unpinned(label: str, tenant: str, allowed: Iterable[str]) -> str:
+    return (
+        f"may be scheduled on any {label}, but tenant {tenant}'s GPU pods must be pinned to "
+        f"[{one_of(allowed)}]. Add a required node affinity (the mutating webhook does this "
+        "when it runs) or a nodeSelector with an allowed value."
+    )
+
+
+def tolerates_gpu_taint(keys: Iterable[str]) -> str:
+    return (
+        f"requests no GPU but tolerates the GPU nodes' taint ({one_of(keys)}), which would let "
+        "it take a GPU node's CPU and memory. Remove the toleration, or request a GPU."
+    )
+
+
+def malformed(pointer: str, expected: str) -> str:
+    return f"the object is malformed: {pointer} must be {expected}."

@@ -1,0 +1,114 @@
+"""The mutating webhook's decision: complete GPU requests, add tolerations and node
+affinity, strip GPU tolerations from non-GPU pods, and deny what core validation would
+otherwise reject with a terse message.
+
+The object in the request is edited in place while the patch is recorded (see
+``webhook.patch``); callers that still need the original must pass a copy.
+Mutation is idempotent: running it on its own output yields an empty patch.
+"""
+
+from __future__ import annotations
+
+from webhook.engine import messages
+from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision
+from webhook.engine.gpu import check_requests
+from webhook.engine.pinning import requirements
+from webhook.engine.placement import pin
+from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
+from webhook.engine.tolerations import gpu_taint_tolerations, missing
+from webhook.patch import MalformedObject, Patch, child_list
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.model import Mode, Rule, TolerationPolicy
+from webhook.review import AdmissionRequest
+
+# Rules this phase reports in every mode; the others it leaves to the validating webhook.
+OWNED = frozenset({
+    Rule.TENANT_REQUIRED, Rule.GPU_QUANTITY, Rule.REQUESTS_MATCH_LIMITS,
+    Rule.ALLOWED_RESOURCES, Rule.ALLOWED_PRODUCTS, Rule.TOPOLOGY, Rule.NON_GPU_TOLERATIONS,
+})
+
+
+def mutate(req: AdmissionRequest, policy: CompiledPolicy,
+           labels: NamespaceLabels = no_labels) -> Decision:
+    decision = Decision()
+    target = prepare(req, policy, labels, decision)
+    if target is None:
+        return decision
+    check = Checker(policy, target.tenant, target.subject, OWNED, decision)
+    patch = Patch()
+    try:
+        if target.has_gpu:
+            _gpu_pod(check, policy, target, req, patch)
+        else:
+            _non_gpu_pod(check, policy, target, patch)
+    except MalformedObject as exc:
+        decision.allowed = False
+        decision.message = f"{target.subject}: {messages.malformed(exc.pointer, str(exc))}"
+        return decision
+    if decision.mutations:
+        _annotate(target, decision.mutations, patch)
+    decision.patch = patch.ops
+    return check.finish()
+
+
+def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest,
+             patch: Patch) -> None:
+    decision = check.decision
+    if target.tenant is None and not policy.unassigned_allowed:
+        check.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+    n_ops = len(patch.ops)
+    check_requests(check, target.containers, patch)
+    if len(patch.ops) > n_ops:
+        decision.mutations.append("gpu-requests")
+    spec, sptr = target.template.spec, target.template.spec_pointer
+    tolerations = child_list(spec, "tolerations", sptr) or []
+    to_add = missing(tolerations, policy.tolerations)
+    for t in to_add:
+        patch.append(spec, "tolerations", sptr, dict(t))
+    if to_add:
+        decision.mutations.append("gpu-tolerations")
+    changed = False
+    for r in requirements(check, policy, target.template):
+        if check.mode(r.rule) is Mode.ENFORCE or not _conflicted(check, r.rule):
+            changed |= pin(spec, sptr, r.key, r.values, patch)
+    if changed:
+        decision.mutations.append("gpu-node-affinity")
+
+
+def _conflicted(check: Checker, rule: Rule) -> bool:
+    return any(f.rule is rule for f in check.decision.findings)
+
+
+def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch) -> None:
+    choice = policy.non_gpu_tolerations
+    if choice is TolerationPolicy.ALLOW:
+        return
+    spec, sptr = target.template.spec, target.template.spec_pointer
+    tolerations = child_list(spec, "tolerations", sptr)
+    if not tolerations:
+        return
+    keys = frozenset(str(t["key"]) for t in policy.tolerations if t.get("key"))
+    hits = gpu_taint_tolerations(tolerations, keys)
+    if not hits:
+        return
+    if choice is TolerationPolicy.DENY:
+        found = sorted({str(tolerations[i]["key"]) for i in hits})
+        check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
+        return
+    patch.remove_indices(spec, "tolerations", sptr, hits)
+    check.decision.mutations.append("strip-gpu-tolerations")
+
+
+def _annotate(target: Target, changes: list[str], patch: Patch) -> None:
+    """Record which changes were made, merged with any recorded by an earlier call."""
+    holder, ptr = target.template.holder, target.template.pointer
+    meta = patch.ensure_map(holder, "metadata", ptr)
+    ann = patch.ensure_map(meta, "annotations", ptr + "/metadata")
+    before = ann.get(PROVENANCE_ANNOTATION)
+    names = [n for n in str(before).split(",") if n] if isinstance(before, str) else []
+    for c in changes:
+        if c not in names:
+            names.append(c)
+    value = ",".join(names)
+    if value != before:
+        patch.set(ann, PROVENANCE_ANNOTATION, ptr + "/metadata/annotations", value)

@@ -1,0 +1,150 @@
+"""Which GPU product and topology group a pod is pinned to, and the conflicts.
+
+A pod names a product by the policy's request label or annotation, by a nodeSelector
+on the product node label, or by its own required node affinity; otherwise it gets the
+tenant's default product (or any of its allowed products). The topology group comes
+from the tenant. Conflicts between what the pod asks and what the tenant allows are
+reported under the ``allowed-products`` and ``topology`` rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from webhook.engine import messages
+from webhook.engine.decision import Checker
+from webhook.engine.placement import restriction
+from webhook.patch import child_map
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.model import Rule
+from webhook.workloads import PodTemplate
+
+
+@dataclass(slots=True)
+class Requirement:
+    """A node label the pod must be pinned to, with the values it may take."""
+
+    rule: Rule
+    key: str
+    values: list[str]
+
+
+def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate
+                   ) -> tuple[str | None, bool]:
+    """The product the pod names explicitly (short name), and whether asking failed."""
+    asks: list[tuple[str, str]] = []  # (value, where it was written)
+    meta = template.metadata
+    if meta is not None:
+        for key, field, label in ((policy.product_request_label, "labels", "label"),
+                                  (policy.product_request_annotation, "annotations",
+                                   "annotation")):
+            if key is None:
+                continue
+            m = child_map(meta, field, template.pointer + "/metadata")
+            if m is not None and isinstance(m.get(key), str):
+                asks.append((m[key], f"{label} {key}"))
+    sel = child_map(template.spec, "nodeSelector", template.spec_pointer)
+    if sel is not None and isinstance(sel.get(policy.product_label), str):
+        asks.append((sel[policy.product_label], f"nodeSelector {policy.product_label}"))
+    names: list[str] = []
+    for value, source in asks:
+        name = policy.product_name(value)
+        if name is None:
+            check.report(Rule.ALLOWED_PRODUCTS,
+                         messages.unknown_product(value, source, sorted(policy.product_value)))
+            return None, True
+        if name not in names:
+            names.append(name)
+    if len(names) > 1:
+        check.report(Rule.ALLOWED_PRODUCTS, messages.products_disagree(names))
+        return None, True
+    if names:
+        tenant = check.tenant
+        if tenant and tenant.allowed_products is not None and names[0] not in \
+                tenant.allowed_products:
+            check.report(Rule.ALLOWED_PRODUCTS,
+                         messages.product_not_allowed(names[0], asks[0][1], tenant.name,
+                                                      tenant.allowed_products))
+            return None, True
+        return names[0], False
+    return None, False
+
+
+def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
+                 ) -> list[Requirement]:
+    """The node-label requirements the mutating webhook adds; reports conflicts."""
+    out: list[Requirement] = []
+    tenant = check.tenant
+    asked, failed = _asked_product(check, policy, template)
+    if not failed:
+        products: list[str] | None = None
+        allowed = list(tenant.allowed_products) if tenant and tenant.allowed_products else None
+        own = restriction(template.spec, template.spec_pointer, policy.product_label)
+        if asked is not None:
+            products = [asked]
+        elif own is not None:
+            # The pod's own affinity picks among products; keep its choice within the
+            # tenant's allowed set (and the default when it allows several).
+            mine = [n for v in sorted(own.values) if (n := policy.product_name(v))]
+            ok = [n for n in mine if allowed is None or n in allowed]
+            if not ok:
+                shown = sorted(own.values)
+                check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
+                    own.source, policy.product_label, shown, tenant.name if tenant else "-",
+                    allowed or sorted(policy.product_value)))
+            elif tenant and tenant.default_product in ok and len(ok) > 1:
+                products = [tenant.default_product]
+            else:
+                products = ok
+        elif tenant and tenant.default_product:
+            products = [tenant.default_product]
+        elif allowed:
+            products = allowed
+        if products:
+            out.append(Requirement(Rule.ALLOWED_PRODUCTS, policy.product_label,
+                                   [policy.product_value[p] for p in products]))
+    if tenant and tenant.topology_label:
+        own = restriction(template.spec, template.spec_pointer, tenant.topology_label)
+        values = list(tenant.topology_values)
+        if own is not None:
+            values = [v for v in values if v in own.values]
+            if not values:
+                check.report(Rule.TOPOLOGY, messages.placement_conflict(
+                    own.source, tenant.topology_label, sorted(own.values), tenant.name,
+                    tenant.topology_values))
+        if values:
+            out.append(Requirement(Rule.TOPOLOGY, tenant.topology_label, values))
+    return out
+
+
+def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate) -> str | None:
+    """Validating phase: the final pod must be confined to allowed products and topology.
+    Returns the product short name the pod is pinned to, when it is exactly one."""
+    tenant = check.tenant
+    product: str | None = None
+    own = restriction(template.spec, template.spec_pointer, policy.product_label)
+    if own is not None:
+        names = {policy.product_name(v) for v in own.values}
+        if len(names) == 1 and None not in names:
+            product = names.pop()
+    if tenant is None:
+        return product
+    if tenant.allowed_products is not None:
+        allowed_values = [policy.product_value[p] for p in tenant.allowed_products]
+        if own is None:
+            check.report(Rule.ALLOWED_PRODUCTS, messages.unpinned(
+                policy.product_label, tenant.name, tenant.allowed_products))
+        elif not own.values <= set(allowed_values):
+            check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
+                own.source, policy.product_label, sorted(own.values), tenant.name,
+                allowed_values))
+    if tenant.topology_label:
+        own_t = restriction(template.spec, template.spec_pointer, tenant.topology_label)
+        if own_t is None:
+            check.report(Rule.TOPOLOGY, messages.unpinned(
+                tenant.topology_label, tenant.name, tenant.topology_values))
+        elif not own_t.values <= set(tenant.topology_values):
+            check.report(Rule.TOPOLOGY, messages.placement_conflict(
+                own_t.source, tenant.topology_label, sorted(own_t.values), tenant.name,
+                tenant.topology_values))
+    return product

@@ -1,0 +1,112 @@
+"""RFC 6902 JSON Patch operations, built while the engine edits an object in place.
+
+The engine mutates the request's own (freshly parsed) object and records each change
+as an operation, so the patch and the mutated object can never disagree and no deep
+copy is needed on the hot path. Paths are JSON Pointers (RFC 6901): ``~`` is written
+``~0`` and ``/`` is written ``~1``, which matters for keys such as ``nvidia.com/gpu``.
+A missing parent is created with its own ``add`` first, because the API server
+rejects an ``add`` whose parent does not exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MalformedObject(ValueError):
+    """The object has the wrong JSON type where the pod spec needs a mapping or list."""
+
+    def __init__(self, pointer: str, expected: str) -> None:
+        self.pointer = pointer
+        super().__init__(f"{pointer or '/'} must be {expected}")
+
+
+def escape(token: str) -> str:
+    """Escape one reference token for a JSON Pointer."""
+    if "~" in token:
+        token = token.replace("~", "~0")
+    if "/" in token:
+        token = token.replace("/", "~1")
+    return token
+
+
+def pointer(*tokens: str | int) -> str:
+    return "".join("/" + escape(str(t)) for t in tokens)
+
+
+def child_map(parent: dict[str, Any], key: str, ptr: str) -> dict[str, Any] | None:
+    """``parent[key]`` when it is a mapping, None when absent/null; raise if another type."""
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise MalformedObject(ptr + "/" + escape(key), "a mapping")
+    return value
+
+
+def child_list(parent: dict[str, Any], key: str, ptr: str) -> list[Any] | None:
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise MalformedObject(ptr + "/" + escape(key), "a list")
+    return value
+
+
+class Patch:
+    """An ordered list of JSON Patch operations applied to a live object as they are made."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self) -> None:
+        self.ops: list[dict[str, Any]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+    def ensure_map(self, parent: dict[str, Any], key: str, ptr: str) -> dict[str, Any]:
+        """The mapping at ``parent[key]``, created (with an ``add``) if absent or null."""
+        existing = child_map(parent, key, ptr)
+        if existing is not None:
+            return existing
+        created: dict[str, Any] = {}
+        parent[key] = created
+        # A fresh {} is recorded now and filled by later ops, keeping each op simple.
+        self.ops.append({"op": "add", "path": ptr + "/" + escape(key), "value": {}})
+        return created
+
+    def set(self, parent: dict[str, Any], key: str, ptr: str, value: Any) -> None:
+        """Add (or replace) ``parent[key]``."""
+        parent[key] = value
+        self.ops.append({"op": "add", "path": ptr + "/" + escape(key), "value": _copy(value)})
+
+    def append(self, parent: dict[str, Any], key: str, ptr: str, value: Any) -> None:
+        """Append ``value`` to the list ``parent[key]``, creating the list if needed."""
+        lst = child_list(parent, key, ptr)
+        if lst is None:
+            parent[key] = [value]
+            self.ops.append(
+                {"op": "add", "path": ptr + "/" + escape(key), "value": [_copy(value)]})
+        else:
+            lst.append(value)
+            self.ops.append(
+                {"op": "add", "path": ptr + "/" + escape(key) + "/-", "value": _copy(value)})
+
+    def remove_indices(self, parent: dict[str, Any], key: str, ptr: str, idx: list[int]) -> None:
+        """Remove items of the list ``parent[key]``; highest index first so later indices
+        stay valid while the patch is applied."""
+        lst = parent[key]
+        base = ptr + "/" + escape(key)
+        for i in sorted(idx, reverse=True):
+            del lst[i]
+            self.ops.append({"op": "remove", "path": f"{base}/{i}"})
+
+
+def _copy(value: Any) -> Any:
+    """A snapshot of a JSON value: an op must not change when the live object is edited
+    further (a term created by one op and extended by the next, say)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value

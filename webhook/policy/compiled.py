@@ -1,0 +1,215 @@
+"""The policy in the form the engine runs on: lookups precomputed for the hot path.
+
+``compile_policy`` turns the validated ``GPUPolicy`` into plain sets, dicts and tuples
+once per (re)load, so deciding a review never walks pydantic models or re-evaluates
+patterns.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from webhook.policy.model import (
+    GPUPolicy,
+    LabelSelector,
+    Mode,
+    QuotaLimits,
+    Rule,
+    TolerationPolicy,
+    pattern_regex,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Quota caps in the engine's terms (None = no cap)."""
+
+    gpus: float | None
+    resources: Mapping[str, int]
+    products: Mapping[str, float]
+    pods: int | None
+
+    @classmethod
+    def of(cls, q: QuotaLimits) -> Limits:
+        return cls(q.gpus, dict(q.resources), dict(q.products), q.pods)
+
+    def empty(self) -> bool:
+        return self.gpus is None and not self.resources and not self.products and self.pods is None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRules:
+    """One tenant's rules, ready for the engine."""
+
+    name: str
+    allowed_resources: frozenset[str] | None
+    allowed_products: tuple[str, ...] | None  # short names, policy order
+    default_product: str | None
+    max_per_container: float | None
+    max_per_pod: float | None
+    topology_label: str | None
+    topology_values: tuple[str, ...]
+    quota: Limits | None
+    namespace_quota: Mapping[str, Limits]
+    mode: Mode | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Selector:
+    labels: tuple[tuple[str, str], ...]
+    expressions: tuple[tuple[str, str, frozenset[str]], ...]
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        for k, v in self.labels:
+            if labels.get(k) != v:
+                return False
+        for key, op, values in self.expressions:
+            present = key in labels
+            if op == "In" and not (present and labels[key] in values):
+                return False
+            if op == "NotIn" and present and labels[key] in values:
+                return False
+            if op == "Exists" and not present:
+                return False
+            if op == "DoesNotExist" and present:
+                return False
+        return True
+
+    @classmethod
+    def of(cls, s: LabelSelector) -> _Selector:
+        return cls(
+            tuple(sorted(s.match_labels.items())),
+            tuple((e.key, e.operator, frozenset(e.values)) for e in s.match_expressions),
+        )
+
+
+@dataclass(slots=True)
+class CompiledPolicy:
+    """Everything the engine asks of the policy, precomputed."""
+
+    name: str
+    mode: Mode
+    rule_modes: Mapping[Rule, Mode]
+    gpu_names: frozenset[str]
+    gpu_patterns: tuple[re.Pattern[str], ...]
+    weights: Mapping[str, float]
+    tolerations: tuple[dict[str, object], ...]
+    non_gpu_tolerations: TolerationPolicy
+    unassigned_allowed: bool
+    product_label: str
+    product_value: Mapping[str, str]  # short name -> node label value
+    product_alias: Mapping[str, str]  # node label value (and short name) -> short name
+    product_request_label: str | None
+    product_request_annotation: str | None
+    exempt_namespaces: frozenset[str]
+    exempt_users: frozenset[str]
+    exempt_groups: frozenset[str]
+    tenants: tuple[TenantRules, ...]
+    _by_namespace: Mapping[str, TenantRules]
+    _by_selector: tuple[tuple[_Selector, TenantRules], ...]
+    _is_gpu: dict[str, bool] = field(default_factory=dict)
+
+    def is_gpu(self, resource: str) -> bool:
+        """Whether an extended resource name counts as a GPU (memoised: names are few)."""
+        hit = self._is_gpu.get(resource)
+        if hit is None:
+            hit = resource in self.gpu_names or any(p.match(resource) for p in self.gpu_patterns)
+            if len(self._is_gpu) < 4096:  # bound the memo against hostile resource names
+                self._is_gpu[resource] = hit
+        return hit
+
+    def weight(self, resource: str) -> float:
+        return self.weights.get(resource, 1.0)
+
+    def tenant_for(
+        self, namespace: str, labels: Mapping[str, str] | None = None
+    ) -> TenantRules | None:
+        """The tenant owning ``namespace``: by name first, then by label selector."""
+        t = self._by_namespace.get(namespace)
+        if t is not None or not self._by_selector:
+            return t
+        for selector, tenant in self._by_selector:
+            if selector.matches(labels or {}):
+                return tenant
+        return None
+
+    def mode_for(self, rule: Rule, tenant: TenantRules | None) -> Mode:
+        """A rule's own mode wins; then the tenant's; then the policy's."""
+        m = self.rule_modes.get(rule)
+        if m is not None:
+            return m
+        if tenant is not None and tenant.mode is not None:
+            return tenant.mode
+        return self.mode
+
+    def is_exempt(self, namespace: str, username: str, groups: list[str]) -> bool:
+        # Service accounts are users named system:serviceaccount:<ns>:<name>, so they live
+        # in exempt_users after compilation.
+        if namespace in self.exempt_namespaces or username in self.exempt_users:
+            return True
+        return bool(self.exempt_groups) and any(g in self.exempt_groups for g in groups)
+
+    def product_name(self, value: str) -> str | None:
+        """The short name for a product given as short name or node label value."""
+        return self.product_alias.get(value)
+
+
+def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
+    spec = policy.spec
+    tenants: list[TenantRules] = []
+    by_ns: dict[str, TenantRules] = {}
+    by_sel: list[tuple[_Selector, TenantRules]] = []
+    for t in spec.tenants:
+        rules = TenantRules(
+            name=t.name,
+            allowed_resources=frozenset(t.allowed_resources)
+            if t.allowed_resources is not None
+            else None,
+            allowed_products=tuple(t.allowed_products) if t.allowed_products is not None else None,
+            default_product=t.default_product,
+            max_per_container=t.max_gpus_per_container,
+            max_per_pod=t.max_gpus_per_pod,
+            topology_label=t.topology.node_label if t.topology else None,
+            topology_values=tuple(t.topology.values) if t.topology else (),
+            quota=Limits.of(t.quota) if t.quota else None,
+            namespace_quota={ns: Limits.of(q) for ns, q in t.quota.namespaces.items()}
+            if t.quota
+            else {},
+            mode=t.mode,
+        )
+        tenants.append(rules)
+        for ns in t.namespaces:
+            by_ns[ns] = rules
+        if t.namespace_selector is not None:
+            by_sel.append((_Selector.of(t.namespace_selector), rules))
+    aliases = spec.products.aliases
+    product_alias = {v: k for k, v in aliases.items()}
+    product_alias.update({k: k for k in aliases})
+    ex = spec.exemptions
+    users = set(ex.users) | {
+        "system:serviceaccount:" + sa.replace("/", ":", 1) for sa in ex.service_accounts
+    }
+    return CompiledPolicy(
+        name=policy.metadata.name,
+        mode=spec.mode,
+        rule_modes={r: s.mode for r, s in spec.rules.items()},
+        gpu_names=frozenset(spec.gpu_resources.names),
+        gpu_patterns=tuple(pattern_regex(p) for p in spec.gpu_resources.patterns),
+        weights=dict(spec.gpu_resources.weights),
+        tolerations=tuple(t.as_pod_toleration() for t in spec.tolerations),
+        non_gpu_tolerations=spec.non_gpu_pods_tolerating_gpu_taints,
+        unassigned_allowed=spec.unassigned_namespaces == "allow",
+        product_label=spec.products.node_label,
+        product_value=dict(aliases),
+        product_alias=product_alias,
+        product_request_label=spec.products.request.label,
+        product_request_annotation=spec.products.request.annotation,
+        exempt_namespaces=frozenset(ex.namespaces),
+        exempt_users=frozenset(users),
+        exempt_groups=frozenset(ex.groups),
+        tenants=tuple(tenants),
+        _by_namespace=by_ns,
+        _by_selector=tuple(by_sel),
+    )

@@ -1,0 +1,153 @@
+"""Read a policy file: YAML -> ``GPUPolicy``, with errors that name file, line and field.
+
+A platform engineer who mistypes a field must learn where and how to fix it, so every
+failure (unreadable file, YAML syntax, schema) becomes a :class:`PolicyError` listing
+``file:line: spec.tenants[0].quota.gpus: <what is wrong>`` entries.
+
+YAML anchors and aliases are refused outright: a policy never needs them, and refusing
+them is the simplest complete defence against alias-expansion ("billion laughs") files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from webhook.policy.model import API_VERSION, KIND, GPUPolicy
+
+MAX_POLICY_BYTES = 1 << 20  # a generous policy is tens of KiB; a bigger file is a mistake
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a policy file."""
+
+    path: str  # dotted field path, e.g. spec.tenants[0].quota.gpus ("" for the file)
+    line: int | None
+    message: str
+
+    def render(self, source: str) -> str:
+        where = f"{source}:{self.line}" if self.line else source
+        field = f" {self.path}:" if self.path else ""
+        return f"{where}:{field} {self.message}"
+
+
+class PolicyError(Exception):
+    """A policy file that cannot be used, with every problem found in it."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(p.render(source) for p in problems))
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError(
+                None, None, "YAML aliases (*name) are not allowed in a policy file; "
+                "write the value out", event.start_mark,
+            )
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+
+def load_file(path: str | Path) -> GPUPolicy:
+    """Load and validate the policy at ``path``; raise PolicyError with located problems."""
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        raise PolicyError(source, [Problem("", None, f"cannot read the file: {exc.strerror}")])
+    if len(data) > MAX_POLICY_BYTES:
+        raise PolicyError(
+            source, [Problem("", None, f"file is larger than {MAX_POLICY_BYTES} bytes")]
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError(source, [Problem("", None, f"not UTF-8 text ({exc.reason})")])
+    return load_text(text, source)
+
+
+def load_text(text: str, source: str = "<policy>") -> GPUPolicy:
+    """Validate policy YAML given as text."""
+    try:
+        docs = [d for d in yaml.compose_all(text, Loader=_NoAliasLoader) if d is not None]
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        reason = exc.problem or exc.context or "invalid YAML"
+        raise PolicyError(source, [Problem("", line, f"YAML syntax: {reason}")]) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, [Problem("", None, f"YAML syntax: {exc}")]) from None
+    if not docs:
+        raise PolicyError(source, [Problem("", None, "the file is empty; "
+                                           f"expected a {KIND} document")])
+    if len(docs) > 1:
+        raise PolicyError(source, [Problem("", docs[1].start_mark.line + 1,
+                                           "one policy per file: split the documents")])
+    node = docs[0]
+    raw = yaml.SafeLoader(text).construct_document(node)
+    if not isinstance(raw, dict):
+        raise PolicyError(source, [Problem("", node.start_mark.line + 1,
+                                           f"expected a mapping with apiVersion: {API_VERSION}, "
+                                           f"kind: {KIND}")])
+    try:
+        return GPUPolicy.model_validate(raw)
+    except ValidationError as exc:
+        raise PolicyError(source, [_problem(e, node) for e in exc.errors()]) from None
+
+
+def _problem(error: object, root: yaml.Node) -> Problem:
+    assert isinstance(error, dict)
+    loc = [p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    path = _dotted(loc)
+    message = str(error["msg"])
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    kind = error.get("type")
+    if kind == "extra_forbidden":
+        message = f"unknown field {loc[-1]!r}: check the spelling against policies/README.md"
+    elif kind == "literal_error" and loc == ["apiVersion"]:
+        message = f"apiVersion must be {API_VERSION!r} (got {error.get('input')!r})"
+    elif kind == "missing":
+        message = "required field is missing"
+    return Problem(path, _line(root, loc), message)
+
+
+def _dotted(loc: list[object]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _line(node: yaml.Node, loc: list[object]) -> int | None:
+    """The 1-based line of the deepest YAML node along ``loc`` (the field's own line if it
+    exists, its parent's if it is missing)."""
+    for part in loc:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == part:
+                    child = v if not isinstance(part, str) or not _is_last(loc, part) else k
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if 0 <= part < len(node.value):
+                child = node.value[part]
+        if child is None:
+            break
+        node = child
+    return node.start_mark.line + 1
+
+
+def _is_last(loc: list[object], part: object) -> bool:
+    return loc[-1] is part

@@ -1,0 +1,362 @@
+"""The policy file's schema, as strict pydantic models.
+
+One file holds one ``GPUPolicy``. Field names in YAML are camelCase like Kubernetes
+objects; an unknown field anywhere is an error (``extra="forbid"``) so a typo never
+silently turns a rule off. Every field is documented in ``policies/README.md``; keep
+the two in step.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+API_VERSION = "gpu-webhook.dev/v1alpha1"
+KIND = "GPUPolicy"
+
+# DNS-1123 label: what a namespace name and our rule/tenant names look like.
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A qualified Kubernetes name with optional DNS prefix: label keys, resource names.
+_QUALIFIED = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_RESOURCE_PATTERN = r"^[A-Za-z0-9*]([-A-Za-z0-9_.*/]*[A-Za-z0-9*])?$"
+
+
+class Mode(StrEnum):
+    """What a rule does when it finds a violation."""
+
+    ENFORCE = "enforce"  # deny the request
+    WARN = "warn"  # allow, with an AdmissionReview warning that kubectl prints
+    AUDIT = "audit"  # allow silently; log and count the violation
+
+
+class TolerationPolicy(StrEnum):
+    """What happens to a pod that requests no GPU but tolerates the GPU nodes' taints."""
+
+    STRIP = "strip"  # remove those tolerations (mutating webhook)
+    DENY = "deny"
+    ALLOW = "allow"
+
+
+class Rule(StrEnum):
+    """The stable names of the rules; they appear in messages, metrics and policy files."""
+
+    TENANT_REQUIRED = "tenant-required"
+    GPU_QUANTITY = "gpu-whole-number"
+    REQUESTS_MATCH_LIMITS = "gpu-requests-match-limits"
+    ALLOWED_RESOURCES = "allowed-resources"
+    ALLOWED_PRODUCTS = "allowed-products"
+    TOPOLOGY = "topology"
+    MAX_PER_CONTAINER = "max-gpus-per-container"
+    MAX_PER_POD = "max-gpus-per-pod"
+    NON_GPU_TOLERATIONS = "non-gpu-tolerations"
+    QUOTA = "quota"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        str_strip_whitespace=False,
+    )
+
+
+class Metadata(_Strict):
+    name: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    """The policy's name; shown in messages and metrics."""
+
+
+class GPUResources(_Strict):
+    """Which extended resources count as GPUs."""
+
+    names: list[Annotated[str, Field(pattern=_QUALIFIED, max_length=253)]] = Field(
+        default_factory=lambda: ["nvidia.com/gpu"], max_length=256
+    )
+    patterns: list[Annotated[str, Field(pattern=_RESOURCE_PATTERN, max_length=253)]] = Field(
+        default_factory=list, max_length=256
+    )
+    """Shell-style patterns (``nvidia.com/mig-*``); ``*`` matches any characters."""
+    weights: dict[str, Annotated[float, Field(gt=0, le=1024)]] = Field(
+        default_factory=dict, max_length=256
+    )
+    """GPU-equivalents per device of a resource (a MIG 1g slice of 7 -> 0.142857).
+    Resources not listed weigh 1."""
+
+
+class ProductRequest(_Strict):
+    """Where a pod says which GPU product it wants."""
+
+    label: Annotated[str, Field(pattern=_QUALIFIED)] | None = None
+    annotation: Annotated[str, Field(pattern=_QUALIFIED)] | None = None
+
+
+class Products(_Strict):
+    """The GPU products, the node label that carries them, and their short names."""
+
+    node_label: Annotated[str, Field(pattern=_QUALIFIED)] = "nvidia.com/gpu.product"
+    aliases: dict[
+        Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)],
+        Annotated[str, Field(min_length=1, max_length=63)],
+    ] = Field(default_factory=dict, max_length=256)
+    """Short name -> node label value, e.g. ``a100: NVIDIA-A100-SXM4-80GB``."""
+    request: ProductRequest = Field(default_factory=ProductRequest)
+
+    @model_validator(mode="after")
+    def _values_unique(self) -> Products:
+        seen: dict[str, str] = {}
+        for alias, value in self.aliases.items():
+            if value in seen:
+                raise ValueError(
+                    f"aliases {seen[value]!r} and {alias!r} both name {value!r}: "
+                    "give each node label value one short name"
+                )
+            seen[value] = alias
+        return self
+
+
+class Toleration(_Strict):
+    """A toleration added to GPU pods (the same fields as a pod's toleration)."""
+
+    key: str | None = Field(default=None, max_length=316)
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value: drop `value` or use Equal")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key must use operator Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds only applies to effect NoExecute")
+        return self
+
+    def as_pod_toleration(self) -> dict[str, object]:
+        """The toleration as it appears in a pod spec (no null fields)."""
+        out: dict[str, object] = {}
+        if self.key is not None:
+            out["key"] = self.key
+        out["operator"] = self.operator
+        if self.value is not None:
+            out["value"] = self.value
+        if self.effect is not None:
+            out["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
+
+
+class LabelSelectorRequirement(_Strict):
+    key: Annotated[str, Field(pattern=_QUALIFIED)]
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list, max_length=256)
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> LabelSelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
+class LabelSelector(_Strict):
+    """A Kubernetes label selector (matchLabels AND matchExpressions)."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> LabelSelector:
+        if not self.match_labels and not self.match_expressions:
+            raise ValueError(
+                "an empty namespaceSelector would match every namespace: "
+                "give matchLabels or matchExpressions"
+            )
+        return self
+
+
+class Topology(_Strict):
+    """The node label (rack, NVLink domain) and values a tenant's GPU pods are pinned to."""
+
+    node_label: Annotated[str, Field(pattern=_QUALIFIED)]
+    values: list[Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        min_length=1, max_length=256
+    )
+
+
+Count = Annotated[int, Field(ge=0, le=1_000_000)]
+Equivalents = Annotated[float, Field(ge=0, le=1_000_000)]
+
+
+class QuotaLimits(_Strict):
+    """Caps on what a tenant (or one namespace of it) may hold at once."""
+
+    gpus: Equivalents | None = None
+    """Total GPU-equivalents over every GPU resource (weights apply)."""
+    resources: dict[str, Count] = Field(default_factory=dict, max_length=256)
+    """Per GPU resource name, in devices of that resource."""
+    products: dict[str, Equivalents] = Field(default_factory=dict, max_length=256)
+    """Per product short name, in GPU-equivalents."""
+    pods: Count | None = None
+    """GPU pods at once."""
+
+
+class Quota(QuotaLimits):
+    namespaces: dict[
+        Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)], QuotaLimits
+    ] = Field(default_factory=dict, max_length=1024)
+    """Tighter caps for single namespaces of the tenant."""
+
+
+class Tenant(_Strict):
+    """A team: the namespaces it owns and what its GPU pods may use."""
+
+    name: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    namespaces: list[Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]] = Field(
+        default_factory=list, max_length=4096
+    )
+    namespace_selector: LabelSelector | None = None
+    allowed_resources: list[str] | None = Field(default=None, max_length=256)
+    """GPU resource names this tenant may request (default: every GPU resource)."""
+    allowed_products: list[str] | None = Field(default=None, max_length=256)
+    """Product short names this tenant may use (default: any; no product pinning)."""
+    default_product: str | None = None
+    max_gpus_per_container: Equivalents | None = None
+    max_gpus_per_pod: Equivalents | None = None
+    topology: Topology | None = None
+    quota: Quota | None = None
+    mode: Mode | None = None
+    """Enforcement mode for this tenant's rules when a rule has no mode of its own."""
+
+    @model_validator(mode="after")
+    def _selects_something(self) -> Tenant:
+        if not self.namespaces and self.namespace_selector is None:
+            raise ValueError(f"tenant {self.name!r} selects no namespace: give `namespaces` "
+                             "or `namespaceSelector`")
+        if (
+            self.default_product is not None
+            and self.allowed_products is not None
+            and self.default_product not in self.allowed_products
+        ):
+            raise ValueError(
+                f"defaultProduct {self.default_product!r} is not in allowedProducts "
+                f"{self.allowed_products}: add it there or pick one of them"
+            )
+        return self
+
+
+class RuleSettings(_Strict):
+    mode: Mode
+
+
+class Exemptions(_Strict):
+    """Requests the webhook passes untouched."""
+
+    namespaces: list[str] = Field(default_factory=list, max_length=4096)
+    users: list[str] = Field(default_factory=list, max_length=4096)
+    groups: list[str] = Field(default_factory=list, max_length=4096)
+    service_accounts: list[Annotated[str, Field(pattern=r"^[a-z0-9-.]+/[a-z0-9-.]+$")]] = Field(
+        default_factory=list, max_length=4096
+    )
+    """``namespace/name`` of service accounts."""
+
+
+class Spec(_Strict):
+    mode: Mode = Mode.ENFORCE
+    rules: dict[Rule, RuleSettings] = Field(default_factory=dict)
+    gpu_resources: GPUResources = Field(default_factory=GPUResources)
+    products: Products = Field(default_factory=Products)
+    tolerations: list[Toleration] = Field(
+        default_factory=lambda: [
+            Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+        ],
+        max_length=64,
+    )
+    non_gpu_pods_tolerating_gpu_taints: TolerationPolicy = TolerationPolicy.ALLOW
+    unassigned_namespaces: Literal["deny", "allow"] = "deny"
+    """GPU pods in a namespace that belongs to no tenant: ``deny`` (rule tenant-required)
+    or ``allow`` (no tenant rules apply; tolerations are still added)."""
+    exemptions: Exemptions = Field(default_factory=Exemptions)
+    tenants: list[Tenant] = Field(default_factory=list, max_length=4096)
+
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _known_rule(cls, value: object) -> object:
+        if isinstance(value, dict):
+            known = {r.value for r in Rule}
+            for key in value:
+                if key not in known:
+                    raise ValueError(
+                        f"unknown rule {key!r}; the rules are: {', '.join(sorted(known))}"
+                    )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Spec:
+        aliases = self.products.aliases
+        names: set[str] = set()
+        owner: dict[str, str] = {}
+        for i, t in enumerate(self.tenants):
+            if t.name in names:
+                raise ValueError(f"tenants[{i}]: tenant name {t.name!r} is used twice")
+            names.add(t.name)
+            for ns in t.namespaces:
+                if ns in owner:
+                    raise ValueError(
+                        f"tenants[{i}] ({t.name}): namespace {ns!r} already belongs to "
+                        f"tenant {owner[ns]!r}; a namespace has one tenant"
+                    )
+                owner[ns] = t.name
+            products = list(t.allowed_products or [])
+            if t.default_product:
+                products.append(t.default_product)
+            if t.quota:
+                products.extend(t.quota.products)
+                for limits in t.quota.namespaces.values():
+                    products.extend(limits.products)
+            for p in products:
+                if p not in aliases:
+                    raise ValueError(
+                        f"tenants[{i}] ({t.name}): product {p!r} is not defined; "
+                        f"add it under spec.products.aliases (defined: "
+                        f"{', '.join(sorted(aliases)) or 'none'})"
+                    )
+            for ns in t.quota.namespaces if t.quota else {}:
+                if t.namespace_selector is None and ns not in t.namespaces:
+                    raise ValueError(
+                        f"tenants[{i}] ({t.name}): quota for namespace {ns!r}, which is not "
+                        "one of the tenant's namespaces"
+                    )
+            if (
+                t.quota
+                and t.quota.products
+                and t.default_product is None
+                and len(t.allowed_products or aliases) > 1
+            ):
+                raise ValueError(
+                    f"tenants[{i}] ({t.name}): per-product quota needs every GPU pod pinned "
+                    "to one product: set defaultProduct for pods that do not ask for one"
+                )
+        return self
+
+
+class GPUPolicy(_Strict):
+    """The whole policy file."""
+
+    api_version: Literal["gpu-webhook.dev/v1alpha1"]
+    kind: Literal["GPUPolicy"]
+    metadata: Metadata
+    spec: Spec = Field(default_factory=Spec)
+
+
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a resource-name pattern where ``*`` matches any run of characters."""
+    return re.compile("^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "$")
