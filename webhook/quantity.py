@@ -13,10 +13,13 @@ usable GPU count.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from functools import lru_cache
 
-from kubernetes.utils.quantity import parse_quantity
+from kubernetes.utils.quantity import parse_quantity as _k8s_parse_quantity
+
+parse_quantity: Callable[[object], Decimal] = _k8s_parse_quantity
 
 # The grammar of k8s.io/apimachinery/pkg/api/resource.Quantity, as one regex:
 # sign, digits with an optional point, then a binary/decimal SI suffix or a decimal

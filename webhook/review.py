@@ -173,7 +173,8 @@ def request_review(req: dict[str, Any], *, uid: str = "00000000-0000-0000-0000-0
     ``review`` and the tests)."""
     api = str(req.get("apiVersion", "v1"))
     group, _, version = api.rpartition("/")
-    meta = req.get("metadata") if isinstance(req.get("metadata"), dict) else {}
+    meta_raw = req.get("metadata")
+    meta: dict[str, Any] = meta_raw if isinstance(meta_raw, dict) else {}
     ns = namespace or str(meta.get("namespace") or "default")
     plural = str(req.get("kind", "")).lower() + "s"
     return {

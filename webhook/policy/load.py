@@ -45,14 +45,14 @@ class PolicyError(Exception):
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise yaml.MarkedYAMLError(
                 None, None, "YAML aliases (*name) are not allowed in a policy file; "
                 "write the value out", event.start_mark,
             )
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        return super().compose_node(parent, index)
 
 
 def load_file(path: str | Path) -> GPUPolicy:
@@ -62,7 +62,8 @@ def load_file(path: str | Path) -> GPUPolicy:
         with open(path, "rb") as f:
             data = f.read(MAX_POLICY_BYTES + 1)
     except OSError as exc:
-        raise PolicyError(source, [Problem("", None, f"cannot read the file: {exc.strerror}")])
+        raise PolicyError(
+            source, [Problem("", None, f"cannot read the file: {exc.strerror}")]) from None
     if len(data) > MAX_POLICY_BYTES:
         raise PolicyError(
             source, [Problem("", None, f"file is larger than {MAX_POLICY_BYTES} bytes")]
@@ -70,7 +71,8 @@ def load_file(path: str | Path) -> GPUPolicy:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PolicyError(source, [Problem("", None, f"not UTF-8 text ({exc.reason})")])
+        raise PolicyError(
+            source, [Problem("", None, f"not UTF-8 text ({exc.reason})")]) from None
     return load_text(text, source)
 
 
@@ -140,9 +142,9 @@ def _line(node: yaml.Node, loc: list[object]) -> int | None:
                 if k.value == part:
                     child = v if not isinstance(part, str) or not _is_last(loc, part) else k
                     break
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            if 0 <= part < len(node.value):
-                child = node.value[part]
+        elif (isinstance(node, yaml.SequenceNode) and isinstance(part, int)
+              and 0 <= part < len(node.value)):
+            child = node.value[part]
         if child is None:
             break
         node = child

@@ -21,7 +21,10 @@ KIND = "GPUPolicy"
 # DNS-1123 label: what a namespace name and our rule/tenant names look like.
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A qualified Kubernetes name with optional DNS prefix: label keys, resource names.
-_QUALIFIED = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_QUALIFIED = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 _RESOURCE_PATTERN = r"^[A-Za-z0-9*]([-A-Za-z0-9_.*/]*[A-Za-z0-9*])?$"
 
 

@@ -1,0 +1,36 @@
+# Two commands from a fresh clone:  `make run` (install + serve on the embedded defaults)
+# and `make test` (install + lint + types + the whole test suite, end-to-end included).
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: install run test lint unit e2e controlplane bench bench-quick
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+run: install
+	$(BIN)/gpu-webhook serve
+
+lint: install
+	$(BIN)/ruff check webhook tests bench
+	$(BIN)/mypy
+
+# The real kube-apiserver, etcd and kubectl for tests/e2e, built from the Go module
+# proxy and cached outside the tree (first build 10-25 min, then seconds).
+controlplane:
+	bash tests/e2e/controlplane/build.sh
+
+unit: install
+	$(BIN)/pytest -m "not e2e"
+
+e2e: install controlplane
+	$(BIN)/pytest -m e2e
+
+test: lint controlplane
+	$(BIN)/pytest

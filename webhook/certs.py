@@ -1,0 +1,132 @@
+"""X.509 for the webhook: a CA and a serving certificate for the Service's DNS names.
+
+This is the one module that imports ``cryptography``. The API server verifies the
+webhook's certificate against the ``caBundle`` in the webhook configuration and checks
+that a SAN matches the Service DNS name it calls (``svc.ns.svc``) or the URL host.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_FILE, CA_KEY_FILE = "ca.pem", "ca-key.pem"
+CERT_FILE, KEY_FILE = "tls.crt", "tls.key"
+
+
+@dataclass(frozen=True)
+class Issued:
+    ca_pem: bytes
+    ca_key_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+    not_after: dt.datetime
+
+
+def service_names(service: str, namespace: str) -> list[str]:
+    """Every name the API server may use for the Service."""
+    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
+            f"{service}.{namespace}.svc.cluster.local"]
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def issue(dns_names: list[str], ip_addresses: list[str], *, days: int = 365,
+          ca_days: int = 3650, ca_pem: bytes | None = None,
+          ca_key_pem: bytes | None = None) -> Issued:
+    """A serving certificate for the names, signed by the given CA or by a new one."""
+    now = dt.datetime.now(dt.UTC)
+    if ca_pem is None or ca_key_pem is None:
+        ca_key = _key()
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpu-webhook CA")])
+        ca_cert = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name).issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=ca_days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
+        ca_key_pem = _pem_key(ca_key)
+    else:
+        ca_cert = x509.load_pem_x509_certificate(ca_pem)
+        loaded = serialization.load_pem_private_key(ca_key_pem, password=None)
+        if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+            raise ValueError("the CA key must be an EC key")
+        ca_key = loaded
+    key = _key()
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    not_after = now + dt.timedelta(days=days)
+    cn = dns_names[0] if dns_names else (ip_addresses[0] if ip_addresses else "gpu-webhook")
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn[:64])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_encipherment=False, key_cert_sign=False, crl_sign=False,
+            content_commitment=False, data_encipherment=False, key_agreement=False,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Issued(ca_pem, ca_key_pem, cert.public_bytes(serialization.Encoding.PEM),
+                  _pem_key(key), not_after)
+
+
+def write(issued: Issued, directory: str | Path, *, force: bool = False) -> list[Path]:
+    """Write the PEM files; refuse to overwrite existing ones unless ``force``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    files = {CA_FILE: issued.ca_pem, CA_KEY_FILE: issued.ca_key_pem,
+             CERT_FILE: issued.cert_pem, KEY_FILE: issued.key_pem}
+    existing = [d / n for n in files if (d / n).exists()]
+    if existing and not force:
+        raise FileExistsError(
+            f"{', '.join(str(p) for p in existing)} already exist; pass --force to replace them")
+    written = []
+    for name, data in files.items():
+        path = d / name
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                          0o600 if "key" in name else 0o644), "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # atomic: a server reloading never reads half a file
+        written.append(path)
+    return written
+
+
+def not_after(cert_pem: bytes) -> dt.datetime:
+    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc

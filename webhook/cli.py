@@ -1,0 +1,230 @@
+"""The ``gpu-webhook`` command line. Thin: parse flags, call the modules that do the work.
+
+Commands: ``serve``, ``certs``, ``policy check``, ``review``.
+Exit codes: 0 success/allowed, 1 denied or invalid policy, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from webhook import __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    from webhook.settings import Settings
+
+    p = argparse.ArgumentParser(prog="gpu-webhook",
+                                description="Admission webhook that governs GPU workloads.")
+    p.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
+    sub = p.add_subparsers(title="commands")
+
+    s = sub.add_parser("serve", help="run the HTTPS admission webhook")
+    Settings.add_arguments(s)
+    s.set_defaults(func=_serve)
+
+    c = sub.add_parser("certs", help="create a CA and a serving certificate")
+    c.add_argument("--service", default="gpu-webhook", help="Service name [gpu-webhook]")
+    c.add_argument("--namespace", default="gpu-webhook", help="Service namespace [gpu-webhook]")
+    c.add_argument("--dns", action="append", default=[], help="extra DNS name (repeatable)")
+    c.add_argument("--ip", action="append", default=[], help="extra IP address (repeatable)")
+    c.add_argument("--days", type=int, default=365, help="serving certificate validity [365]")
+    c.add_argument("--out", default="certs", help="output directory [certs]")
+    c.add_argument("--ca", help="existing CA certificate to sign with (with --ca-key)")
+    c.add_argument("--ca-key", help="existing CA private key")
+    c.add_argument("--force", action="store_true", help="overwrite existing files")
+    c.set_defaults(func=_certs)
+
+    pol = sub.add_parser("policy", help="policy tools")
+    psub = pol.add_subparsers(title="policy commands")
+    chk = psub.add_parser("check", help="validate policy files")
+    chk.add_argument("files", nargs="+", metavar="FILE")
+    chk.set_defaults(func=_policy_check)
+
+    r = sub.add_parser("review", help="show what the webhook would do with a manifest")
+    r.add_argument("-f", "--filename", required=True,
+                   help="Pod/Deployment/Job/... manifest (YAML or JSON; - for stdin)")
+    r.add_argument("--policy", help="policy file (default: the embedded example policy)")
+    r.add_argument("--namespace", help="namespace, when the manifest does not say")
+    r.add_argument("--namespace-labels", default="",
+                   help="labels of the namespace, k=v,k2=v2 (for namespaceSelector tenants)")
+    r.add_argument("--user", default="developer", help="requesting user [developer]")
+    r.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
+    r.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    r.set_defaults(func=_review)
+    return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from webhook.serve import run
+    from webhook.settings import Settings
+
+    return run(Settings.from_args(args))
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from webhook import certs
+
+    names = certs.service_names(args.service, args.namespace) + list(args.dns)
+    ca = ca_key = None
+    if bool(args.ca) != bool(args.ca_key):
+        print("gpu-webhook certs: --ca and --ca-key go together", file=sys.stderr)
+        return 2
+    try:
+        if args.ca:
+            ca, ca_key = Path(args.ca).read_bytes(), Path(args.ca_key).read_bytes()
+        issued = certs.issue(names, list(args.ip), days=args.days, ca_pem=ca, ca_key_pem=ca_key)
+        written = certs.write(issued, args.out, force=args.force)
+    except (OSError, ValueError) as exc:
+        print(f"gpu-webhook certs: {exc}", file=sys.stderr)
+        return 2
+    import base64
+
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    print(f"serving certificate for {', '.join(names + list(args.ip))} expires "
+          f"{issued.not_after:%Y-%m-%d} ({args.days} days): renew before then "
+          "(run this command again with --force and the same --ca/--ca-key).", file=sys.stderr)
+    print(base64.b64encode(issued.ca_pem).decode())  # the caBundle, for scripts
+    return 0
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    from webhook.policy.load import PolicyError, load_file
+
+    failed = 0
+    for f in args.files:
+        try:
+            policy = load_file(f)
+        except PolicyError as exc:
+            failed += 1
+            print(exc, file=sys.stderr)
+            continue
+        print(f"{f}: ok (policy {policy.metadata.name}, {len(policy.spec.tenants)} tenants)")
+    if failed:
+        print(f"{failed} of {len(args.files)} policy files invalid", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _review(args: argparse.Namespace) -> int:
+    from webhook.engine.mutate import mutate
+    from webhook.engine.validate import validate
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError, load_file, load_text
+    from webhook.policy.source import default_policy_text
+    from webhook.review import BadReview, parse_review, request_review
+
+    try:
+        policy = compile_policy(load_file(args.policy) if args.policy else
+                                load_text(default_policy_text(), "<embedded default>"))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        print(f"gpu-webhook review: cannot read {args.filename}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        ns_labels = dict(kv.split("=", 1) for kv in args.namespace_labels.split(",") if kv)
+    except ValueError:
+        print("gpu-webhook review: --namespace-labels takes k=v,k2=v2", file=sys.stderr)
+        return 2
+    results: list[dict[str, Any]] = []
+    denied = False
+    for doc in docs:
+        if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+            print(f"gpu-webhook review: {args.filename}: each document must be a Kubernetes "
+                  "object with apiVersion and kind", file=sys.stderr)
+            return 2
+        review = request_review(doc, namespace=args.namespace, username=args.user,
+                                groups=args.group or None)
+        body = orjson.dumps(review)
+        try:
+            req = parse_review(body)
+        except BadReview as exc:
+            print(f"gpu-webhook review: {exc}", file=sys.stderr)
+            return 2
+
+        def labels(_ns: str) -> dict[str, str]:
+            return ns_labels
+
+        m = mutate(req, policy, labels)
+        result: dict[str, Any] = {"kind": doc["kind"], "name": req.name or "(generated)",
+                                  "namespace": req.namespace}
+        if not m.allowed:
+            result.update(decision="denied", phase="mutating", message=m.message,
+                          warnings=m.warnings)
+            denied = True
+            results.append(result)
+            continue
+        import jsonpatch
+
+        original = parse_review(body).object or {}  # mutate edited its own copy
+        patched = jsonpatch.apply_patch(original, m.patch) if m.patch else original
+        vreq = parse_review(orjson.dumps(request_review(
+            copy.deepcopy(patched), namespace=req.namespace, username=args.user,
+            groups=args.group or None)))
+        v = validate(vreq, policy, labels)
+        result.update(
+            decision="allowed" if v.allowed else "denied",
+            phase="validating" if not v.allowed else None,
+            message=v.message or None,
+            warnings=m.warnings + v.warnings,
+            audit=[f.message for f in m.findings + v.findings if f.mode.value == "audit"],
+            changes=m.mutations, patch=m.patch, object=patched,
+        )
+        denied |= not v.allowed
+        results.append(result)
+    if args.output == "json":
+        print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for r in results:
+            _print_result(r)
+    return 1 if denied else 0
+
+
+def _print_result(r: dict[str, Any]) -> None:
+    head = f"{r['kind']} {r['namespace']}/{r['name']}: {r['decision'].upper()}"
+    if r.get("phase"):
+        head += f" (by the {r['phase']} webhook)"
+    print(head)
+    if r.get("message"):
+        for line in r["message"].splitlines():
+            print(f"  denied: {line}")
+    for w in r.get("warnings") or []:
+        print(f"  warning: {w}")
+    for a in r.get("audit") or []:
+        print(f"  audit: {a}")
+    if r.get("changes"):
+        print(f"  changes: {', '.join(r['changes'])}")
+    if r.get("object") is not None and r.get("patch"):
+        print("  patched object:")
+        dumped = yaml.safe_dump(r["object"], sort_keys=False)
+        print("    " + dumped.replace("\n", "\n    ").rstrip())
+    print()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

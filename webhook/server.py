@@ -1,0 +1,193 @@
+"""The HTTPS server the API server calls.
+
+``POST /mutate`` and ``POST /validate`` are answered by a bare ASGI handler: read the
+body (capped), parse it with orjson, run the engine, answer. Everything else (health,
+readiness, metrics) goes to a small FastAPI app, off the hot path. Framework request
+objects and pydantic models would double the cost of a review, and admission latency
+is added to every GPU pod creation in the cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from webhook import logs, metrics
+from webhook.engine.decision import Decision
+from webhook.engine.mutate import mutate
+from webhook.engine.target import NamespaceLabels, no_labels
+from webhook.engine.validate import QuotaCheck, validate
+from webhook.policy.source import PolicySource
+from webhook.reply import error_response, response
+from webhook.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+@dataclass
+class Runtime:
+    """What the server needs besides the policy: cluster-fed lookups and readiness."""
+
+    policy: PolicySource
+    namespace_labels: NamespaceLabels = no_labels
+    quota: QuotaCheck | None = None
+    ready_checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    max_body: int = MAX_BODY_BYTES
+
+
+class AdmissionApp:
+    """ASGI entry point: admission routes on the fast path, the rest to FastAPI."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.other = _control_app(runtime)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            if path == "/mutate" or path == "/validate":
+                await self._admit(path[1:], scope, receive, send)
+                return
+        await self.other(scope, receive, send)
+
+    async def _admit(self, webhook: str, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        body = await _read_body(scope, receive, self.runtime.max_body)
+        try:
+            if body is None:
+                raise BadReview(f"request body is larger than {self.runtime.max_body} bytes",
+                                413)
+            req = parse_review(body)
+        except BadReview as exc:
+            metrics.BAD_REVIEWS.labels(webhook, str(exc.status)).inc()
+            logs.event("bad review", logging.WARNING, webhook=webhook, status=exc.status,
+                       error=str(exc), client=_client(scope))
+            await _send(send, exc.status, {"error": str(exc)})
+            return
+        reply = self.decide(webhook, req)
+        await _send(send, 200, reply)
+        elapsed = time.perf_counter() - started
+        metrics.LATENCY.labels(webhook).observe(elapsed)
+
+    def decide(self, webhook: str, req: AdmissionRequest) -> dict[str, Any]:
+        """Run the engine for one parsed review and build the reply (never raises)."""
+        active = self.runtime.policy.active
+        assert active is not None, "the server starts only after a policy loaded"
+        try:
+            if webhook == "mutate":
+                decision = mutate(req, active.policy, self.runtime.namespace_labels)
+            else:
+                decision = validate(req, active.policy, self.runtime.namespace_labels,
+                                    self.runtime.quota)
+        except Exception as exc:  # a bug must deny (fail closed), never 500 or allow
+            metrics.ERRORS.labels(webhook).inc()
+            logging.getLogger("gpu_webhook").exception(
+                "review failed", extra={"fields": {"uid": req.uid, "webhook": webhook}})
+            return error_response(
+                req.uid,
+                f"gpu-webhook could not decide this request ({type(exc).__name__}); "
+                f"it is denied to stay safe. The webhook log has the details (uid {req.uid}).",
+                api_version=req.api_version)
+        _record(webhook, req, decision, active.policy.name, active.generation)
+        return response(req.uid, decision, allow_patch=webhook == "mutate",
+                        api_version=req.api_version)
+
+
+def _record(webhook: str, req: AdmissionRequest, d: Decision, policy: str, gen: int) -> None:
+    outcome = d.outcome
+    metrics.ADMISSIONS.labels(webhook, req.operation, req.kind, outcome).inc()
+    for f in d.findings:
+        metrics.FINDINGS.labels(webhook, f.rule.value, f.mode.value, d.tenant or "").inc()
+    for change in d.mutations:
+        metrics.MUTATIONS.labels(change).inc()
+    if outcome != "skipped" or logs.LOGGER.isEnabledFor(logging.DEBUG):
+        logs.event(
+            "decision", webhook=webhook, uid=req.uid, namespace=req.namespace,
+            name=req.name, kind=req.kind, operation=req.operation, user=req.username,
+            dry_run=req.dry_run, decision=outcome, tenant=d.tenant,
+            rules=sorted({f.rule.value for f in d.findings}), changes=d.mutations,
+            policy=policy, generation=gen,
+        )
+
+
+async def _read_body(scope: Scope, receive: Receive, cap: int) -> bytes | None:
+    """The request body, or None once it exceeds ``cap`` (checked before buffering it)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                if int(value) > cap:
+                    return None
+            except ValueError:
+                pass
+            break
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _send(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = orjson.dumps(payload)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else ""
+
+
+def _control_app(runtime: Runtime) -> FastAPI:
+    app = FastAPI(title="gpu-webhook", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz(response: Response) -> dict[str, Any]:
+        active = runtime.policy.active
+        checks = {name: bool(check()) for name, check in runtime.ready_checks.items()}
+        ready = active is not None and all(checks.values())
+        response.status_code = 200 if ready else 503
+        return {
+            "ready": ready,
+            "policy": active.policy.name if active else None,
+            "generation": active.generation if active else 0,
+            "lastReloadError": runtime.policy.last_error,
+            "checks": checks,
+        }
+
+    @app.get("/metrics")
+    def prom() -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/mutate")
+    @app.post("/validate")
+    def never() -> None:  # pragma: no cover - AdmissionApp answers these paths first
+        raise AssertionError
+
+    return app

@@ -1,0 +1,79 @@
+"""Server settings: every flag of ``gpu-webhook serve``, with its environment variable.
+
+Flags win over environment variables (``GPU_WEBHOOK_<NAME>``), which win over the
+defaults. With no flags at all the server runs on a laptop: dev certificates under
+``certs/``, the embedded example policy, no cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "0.0.0.0"
+    port: int = 8443
+    cert_dir: str = "certs"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_min_version: str = "1.2"
+    client_ca: str | None = None
+    policy: str | None = None
+    policy_poll_seconds: float = 2.0
+    log_level: str = "info"
+    workers: int = 1
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        for f in fields(Settings):
+            flag = "--" + f.name.replace("_", "-")
+            env = "GPU_WEBHOOK_" + f.name.upper()
+            kind = {int: int, float: float}.get(type(f.default), str)
+            parser.add_argument(flag, dest=f.name, type=kind, default=None,
+                                help=f"{_doc(f.name)} [env {env}; default {f.default}]")
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> Settings:
+        values: dict[str, object] = {}
+        for f in fields(Settings):
+            v = getattr(args, f.name, None)
+            if v is None:
+                env = os.environ.get("GPU_WEBHOOK_" + f.name.upper())
+                if env is not None:
+                    kind = {int: int, float: float}.get(type(f.default), str)
+                    try:
+                        v = kind(env)
+                    except ValueError:
+                        raise SystemExit(f"GPU_WEBHOOK_{f.name.upper()}={env!r} is not a "
+                                         f"valid {kind.__name__}") from None
+            if v is not None:
+                values[f.name] = v
+        s = Settings(**values)  # type: ignore[arg-type]
+        if s.tls_min_version not in ("1.2", "1.3"):
+            raise SystemExit(f"--tls-min-version must be 1.2 or 1.3, not {s.tls_min_version!r}")
+        if (s.tls_cert is None) != (s.tls_key is None):
+            raise SystemExit("--tls-cert and --tls-key go together: give both or neither")
+        return s
+
+
+_DOCS = {
+    "host": "Address to listen on.",
+    "port": "HTTPS port.",
+    "cert_dir": "Directory with tls.crt and tls.key; dev certificates are generated there "
+                "if both are missing.",
+    "tls_cert": "Serving certificate file (overrides --cert-dir).",
+    "tls_key": "Private key of the serving certificate.",
+    "tls_min_version": "Lowest TLS version accepted: 1.2 or 1.3.",
+    "client_ca": "CA for client certificates; when set, callers must present one (mTLS).",
+    "policy": "Policy file (the embedded example policy when unset).",
+    "policy_poll_seconds": "How often the policy file is checked for changes.",
+    "log_level": "debug, info, warning or error.",
+    "workers": "uvicorn worker processes.",
+}
+
+
+def _doc(name: str) -> str:
+    return _DOCS.get(name, "")
