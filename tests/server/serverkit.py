@@ -1,0 +1,145 @@
+"""Helpers to run the real webhook server the way a user does, and to talk to it.
+
+``gpu-webhook serve`` is started as a subprocess of the installed console script, on a
+free port of 127.0.0.1 with a fresh certificate directory; the tests talk to it with
+httpx over TLS, verifying the CA the server generated (``ca.pem``), so the certificate,
+the SANs and the TLS settings are exercised exactly as a caller sees them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from webhook.review import request_review
+
+START_TIMEOUT = 30.0  # generous: the first start also generates certificates
+STOP_TIMEOUT = 30.0  # uvicorn's graceful shutdown is capped at 20 s
+
+
+def console_script() -> str:
+    """The ``gpu-webhook`` script installed next to the interpreter running the tests."""
+    beside = Path(sys.executable).with_name("gpu-webhook")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("gpu-webhook")
+    if found is None:
+        pytest.skip("the gpu-webhook console script is not installed (pip install -e .)")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A running ``gpu-webhook serve`` process and how to reach it."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    cert_dir: Path
+    log_path: Path
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca(self) -> Path:
+        return self.cert_dir / "ca.pem"
+
+    def client(self) -> httpx.Client:
+        """An HTTP/1.1 keep-alive client that trusts only the server's own CA."""
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        c = httpx.Client(base_url=self.base_url, verify=ctx, timeout=10.0)
+        self.clients.append(c)
+        return c
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(tmp: Path, *extra: str) -> Server:
+    """Start ``gpu-webhook serve`` and return once /healthz answers over verified TLS."""
+    port = free_port()
+    cert_dir = tmp / "certs"
+    log_path = tmp / "server.log"
+    cmd = [console_script(), "serve", "--port", str(port), "--cert-dir", str(cert_dir),
+           "--host", "127.0.0.1", *extra]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_WEBHOOK_")}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
+    server = Server(proc, port, cert_dir, log_path)
+    deadline = time.monotonic() + START_TIMEOUT
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"gpu-webhook serve exited with {proc.returncode}:\n"
+                                 f"{server.log()}")
+        if server.ca.exists():
+            try:
+                ctx = ssl.create_default_context(cafile=str(server.ca))
+                r = httpx.get(server.base_url + "/healthz", verify=ctx, timeout=2.0)
+                if r.status_code == 200:
+                    return server
+            except (httpx.HTTPError, ssl.SSLError, OSError) as exc:
+                last = exc
+        time.sleep(0.1)
+    stop_server(server)
+    raise AssertionError(f"gpu-webhook serve did not become healthy in {START_TIMEOUT} s "
+                         f"(last error: {last!r}):\n{server.log()}")
+
+
+def stop_server(server: Server) -> int:
+    """SIGTERM, as the kubelet sends; returns the exit code."""
+    for c in server.clients:
+        c.close()
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait()
+    return int(server.process.returncode)
+
+
+ServerFactory = Callable[..., Server]
+
+
+def pod(name: str = "trainer", namespace: str = "research", *, gpus: object = 2,
+        **spec: Any) -> dict[str, Any]:
+    """A Pod manifest; ``gpus=None`` makes it a plain CPU pod."""
+    resources: dict[str, Any] = {"limits": {"cpu": "1"}}
+    if gpus is not None:
+        resources = {"limits": {"nvidia.com/gpu": gpus}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [{"name": "main", "image": "pytorch:2", "resources": resources}],
+                 **spec},
+    }
+
+
+def review(obj: dict[str, Any], uid: str = "4f1c9a55-0b5e-4d3c-9f00-1a2b3c4d5e6f",
+           **kw: Any) -> dict[str, Any]:
+    """The AdmissionReview the API server would send for ``obj``."""
+    return dict(request_review(obj, uid=uid, **kw))
