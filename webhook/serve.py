@@ -20,6 +20,7 @@ import uvloop
 from webhook import certs, logs
 from webhook.policy.load import PolicyError
 from webhook.policy.source import PolicySource, resolve
+from webhook.quota.store import MemoryStore
 from webhook.server import AdmissionApp, Runtime
 from webhook.settings import Settings
 
@@ -84,7 +85,8 @@ def run(settings: Settings) -> int:
         logs.event(msg, logging.ERROR)
         print(f"gpu-webhook: {msg}")
         return 2
-    runtime = Runtime(policy=source)
+    runtime = Runtime(policy=source,
+                      store=MemoryStore(ttl=active.policy.reservation_ttl))
     logs.event("starting", host=settings.host, port=settings.port,
                policy=active.policy.name, policy_source=active.source,
                tls_min=settings.tls_min_version, mtls=bool(settings.client_ca),

@@ -23,8 +23,10 @@ from webhook import logs, metrics
 from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
 from webhook.engine.target import NamespaceLabels, no_labels
-from webhook.engine.validate import QuotaCheck, validate
+from webhook.engine.validate import validate
 from webhook.policy.source import PolicySource
+from webhook.quota.admit import commit, needs_commit, precheck
+from webhook.quota.store import UsageStore
 from webhook.reply import error_response, response
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
 
@@ -42,7 +44,7 @@ class Runtime:
 
     policy: PolicySource
     namespace_labels: NamespaceLabels = no_labels
-    quota: QuotaCheck | None = None
+    store: UsageStore | None = None
     ready_checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
 
@@ -53,6 +55,7 @@ class AdmissionApp:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.other = _control_app(runtime)
+        self.quota = precheck(runtime.store) if runtime.store is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -76,21 +79,25 @@ class AdmissionApp:
                        error=str(exc), client=_client(scope))
             await _send(send, exc.status, {"error": str(exc)})
             return
-        reply = self.decide(webhook, req)
+        reply = await self.decide(webhook, req, _budget(scope))
         await _send(send, 200, reply)
         elapsed = time.perf_counter() - started
         metrics.LATENCY.labels(webhook).observe(elapsed)
 
-    def decide(self, webhook: str, req: AdmissionRequest) -> dict[str, Any]:
+    async def decide(self, webhook: str, req: AdmissionRequest, budget: float
+                     ) -> dict[str, Any]:
         """Run the engine for one parsed review and build the reply (never raises)."""
         active = self.runtime.policy.active
         assert active is not None, "the server starts only after a policy loaded"
+        store = self.runtime.store
         try:
             if webhook == "mutate":
                 decision = mutate(req, active.policy, self.runtime.namespace_labels)
             else:
                 decision = validate(req, active.policy, self.runtime.namespace_labels,
-                                    self.runtime.quota)
+                                    self.quota)
+                if store is not None and needs_commit(decision, req, active.policy):
+                    await commit(decision, req, active.policy, store, budget)
         except Exception as exc:  # a bug must deny (fail closed), never 500 or allow
             metrics.ERRORS.labels(webhook).inc()
             logging.getLogger("gpu_webhook").exception(
@@ -153,6 +160,25 @@ async def _send(send: Send, status: int, payload: dict[str, Any]) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+DEFAULT_BUDGET = 8.0  # seconds; the API server's default webhook timeout is 10 s
+
+
+def _budget(scope: Scope) -> float:
+    """Time left for a quota commit: the API server puts its deadline in ``?timeout=``
+    (e.g. ``timeout=5s``); keep a margin so the reply arrives before it gives up."""
+    qs = scope.get("query_string", b"")
+    if b"timeout=" in qs:
+        for part in qs.split(b"&"):
+            if part.startswith(b"timeout="):
+                value = part[8:].decode("ascii", "replace")
+                try:
+                    seconds = float(value[:-1]) if value.endswith("s") else float(value)
+                except ValueError:
+                    break
+                return max(0.2, min(DEFAULT_BUDGET, seconds * 0.8))
+    return DEFAULT_BUDGET
 
 
 def _client(scope: Scope) -> str:

@@ -15,6 +15,7 @@ from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Mode, Rule
 
 PROVENANCE_ANNOTATION = "gpu-webhook.dev/mutated"
+_SEVERITY = {Mode.AUDIT: 0, Mode.WARN: 1, Mode.ENFORCE: 2}
 
 
 @dataclass(slots=True)
@@ -22,6 +23,21 @@ class Finding:
     rule: Rule
     mode: Mode
     message: str
+
+
+@dataclass(slots=True)
+class Ask:
+    """What one admitted object would add to its tenant's usage (for quota)."""
+
+    tenant: str
+    namespace: str
+    product: str | None
+    resources: dict[str, float]  # per pod, effective request in devices
+    gpus: float  # per pod, GPU-equivalents
+    pods: int  # pods of this template at once (replicas / parallelism; 1 for a Pod)
+    is_pod: bool
+    pods_added: int  # pods this request adds (an UPDATE that scales 2 -> 5 adds 3)
+    kind: str
 
 
 @dataclass(slots=True)
@@ -35,6 +51,8 @@ class Decision:
     tenant: str | None = None
     skipped: str | None = None  # why no rule ran: kind, operation, exempt, no-gpu
     gpus: float = 0.0  # GPU-equivalents the object asks for (per pod)
+    ask: Ask | None = None  # what admitting it adds to quota usage (validating phase)
+    subject: str = ""  # "pod team-a/trainer-0", for messages written after the engine
 
     @property
     def outcome(self) -> str:
@@ -69,9 +87,13 @@ class Checker:
     def mode(self, rule: Rule) -> Mode:
         return self.policy.mode_for(rule, self.tenant)
 
-    def report(self, rule: Rule, text: str, where: str | None = None) -> Mode:
-        """Record a violation; returns the mode it was handled in."""
+    def report(self, rule: Rule, text: str, where: str | None = None,
+               at_most: Mode | None = None) -> Mode:
+        """Record a violation; returns the mode it was handled in. ``at_most`` caps the
+        severity (a workload that does not fit *now* only ever warns)."""
         mode = self.mode(rule)
+        if at_most is not None and _SEVERITY[at_most] < _SEVERITY[mode]:
+            mode = at_most
         if rule not in self.owned and mode is not Mode.ENFORCE:
             return mode
         subject = f"{self.subject}, {where}" if where else self.subject

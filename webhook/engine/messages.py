@@ -117,3 +117,45 @@ def tolerates_gpu_taint(keys: Iterable[str]) -> str:
 
 def malformed(pointer: str, expected: str) -> str:
     return f"the object is malformed: {pointer} must be {expected}."
+
+
+def owners(top: Iterable[tuple[str, float]]) -> str:
+    return ", ".join(f"{o} {num(n)}" for o, n in top)
+
+
+def quota_exceeded(scope: str, what: str, used: float, asked: float, cap: float,
+                   top: list[tuple[str, float]], asker: str, alternatives: list[str]) -> str:
+    """``tenant team-a would use 10 of its 8 GPUs (product a100): 6 in use (...), this pod
+    asks 4. 2 are free now; h100 has 4 free.``"""
+    free = max(cap - used, 0)
+    held = f"{num(used)} in use" + (f" ({owners(top)})" if top and used else "")
+    fits = (f"{num(free)} {'is' if free == 1 else 'are'} free now" if free
+            else "none is free now")
+    alt = f"; {'; '.join(alternatives)}" if alternatives else ""
+    hint = (f" Ask for {num(free)} or fewer, wait for running pods to finish, or ask the "
+            "platform team for more quota." if free else
+            " Wait for running pods to finish, free some up, or ask the platform team for "
+            "more quota.")
+    return (f"{scope} would use {num(used + asked)} of its {num(cap)} {what}: {held}, "
+            f"{asker} {num(asked)}. {fits[0].upper() + fits[1:]}{alt}.{hint}")
+
+
+def gang_never_fits(scope: str, what: str, pods: int, per_pod: float, cap: float) -> str:
+    most = int(cap // per_pod) if per_pod else 0
+    return (f"asks for {pods} pods x {num(per_pod)} = {num(pods * per_pod)} {what} at once, "
+            f"but {scope}'s quota is {num(cap)} {what}: it can never run in full. "
+            f"Run at most {most} pods of this size, or fewer {what} per pod.")
+
+
+def gang_not_free(scope: str, what: str, pods: int, per_pod: float, free: float,
+                  cap: float) -> str:
+    now = int(free // per_pod) if per_pod else 0
+    return (f"asks for {pods} pods x {num(per_pod)} {what}, but only {num(free)} of "
+            f"{scope}'s {num(cap)} {what} are free now: {now} of its pods can start now and "
+            "the rest will be refused until quota frees up.")
+
+
+def quota_unavailable(reason: str) -> str:
+    return (f"the GPU quota ledger cannot be reached ({reason}), so this GPU pod cannot be "
+            "counted against its quota. Retry in a moment; if it persists, tell the "
+            "platform team (the webhook's quota setting fails closed).")

@@ -10,10 +10,10 @@ down, or a reinvocation) is still held to the policy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import suppress
 
 from webhook.engine import messages
-from webhook.engine.decision import Checker, Decision
+from webhook.engine.decision import Ask, Checker, Decision
 from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.pinning import check_pinned
 from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
@@ -27,19 +27,6 @@ from webhook.workloads import replicas
 OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA})
 
 
-@dataclass(slots=True)
-class Ask:
-    """What one admitted object would add to its tenant's usage (for quota)."""
-
-    tenant: str
-    namespace: str
-    product: str | None
-    resources: dict[str, float]  # per pod, effective request in devices
-    gpus: float  # per pod, GPU-equivalents
-    pods: int  # pods of this template at once (replicas / parallelism; 1 for a Pod)
-    is_pod: bool
-
-
 # The quota hook: given the checker and the ask, report quota findings.
 QuotaCheck = Callable[[Checker, AdmissionRequest, Ask], None]
 
@@ -51,6 +38,7 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy,
     if target is None:
         return decision
     check = Checker(policy, target.tenant, target.subject, OWNED, decision)
+    decision.subject = target.subject
     try:
         if target.has_gpu:
             _gpu_pod(check, policy, target, req, quota)
@@ -82,5 +70,11 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     if quota is not None and target.tenant is not None and check.decision.allowed:
         assert req.object is not None
         pods = 1 if target.template.is_pod else replicas(req.group, req.kind, req.object)
-        quota(check, req, Ask(target.tenant.name, req.namespace, product, effective, gpus,
-                              pods, target.template.is_pod))
+        added = pods
+        if req.operation == "UPDATE" and req.old_object is not None:
+            with suppress(MalformedObject):  # an unreadable old object: count all pods
+                added = max(0, pods - replicas(req.group, req.kind, req.old_object))
+        ask = Ask(target.tenant.name, req.namespace, product, effective, gpus, pods,
+                  target.template.is_pod, added, req.kind)
+        check.decision.ask = ask
+        quota(check, req, ask)

@@ -107,6 +107,9 @@ class CompiledPolicy:
     exempt_users: frozenset[str]
     exempt_groups: frozenset[str]
     tenants: tuple[TenantRules, ...]
+    quota_fail_open: bool
+    reservation_ttl: float
+    by_name: Mapping[str, TenantRules]
     _by_namespace: Mapping[str, TenantRules]
     _by_selector: tuple[tuple[_Selector, TenantRules], ...]
     _is_gpu: dict[str, bool] = field(default_factory=dict)
@@ -210,6 +213,9 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         exempt_users=frozenset(users),
         exempt_groups=frozenset(ex.groups),
         tenants=tuple(tenants),
+        quota_fail_open=spec.quota_ledger.on_unavailable == "allow",
+        reservation_ttl=float(spec.quota_ledger.reservation_ttl_seconds),
+        by_name={t.name: t for t in tenants},
         _by_namespace=by_ns,
         _by_selector=tuple(by_sel),
     )

@@ -272,6 +272,17 @@ class Exemptions(_Strict):
     """``namespace/name`` of service accounts."""
 
 
+class QuotaLedger(_Strict):
+    """How quota reservations are committed and what happens when that is impossible."""
+
+    on_unavailable: Literal["deny", "allow"] = "deny"
+    """A GPU pod whose reservation cannot be committed (API server unreachable, budget
+    spent on conflicts): ``deny`` (fail closed) or ``allow`` (admit uncounted, warn)."""
+    reservation_ttl_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    """How long a reservation counts while its pod has not been seen; longer than the
+    watch lag of every replica, short enough that a refused pod's GPUs come back soon."""
+
+
 class Spec(_Strict):
     mode: Mode = Mode.ENFORCE
     rules: dict[Rule, RuleSettings] = Field(default_factory=dict)
@@ -288,6 +299,7 @@ class Spec(_Strict):
     """GPU pods in a namespace that belongs to no tenant: ``deny`` (rule tenant-required)
     or ``allow`` (no tenant rules apply; tolerations are still added)."""
     exemptions: Exemptions = Field(default_factory=Exemptions)
+    quota_ledger: QuotaLedger = Field(default_factory=QuotaLedger)
     tenants: list[Tenant] = Field(default_factory=list, max_length=4096)
 
     @field_validator("rules", mode="before")

@@ -1,0 +1,130 @@
+"""Usage stores: where quota usage lives and how a reservation is committed atomically.
+
+Two implementations share one interface:
+
+* :class:`MemoryStore`: usage and reservations in this process. Used when no cluster is
+  configured (``serve`` on a laptop, ``review``, tests, benchmarks). Atomic because the
+  check and the write happen with no ``await`` between them on one event loop; it does
+  not coordinate several replicas.
+* ``webhook.quota.ledger.LedgerStore``: pods from a watch-fed cache plus reservations in
+  a per-tenant ledger object in the Kubernetes API, committed with resourceVersion
+  compare-and-swap, so every replica sees every admission.
+
+A reservation is keyed by the pod's uid (the validating webhook sees the final object,
+uid and generated name included). It counts until its pod is seen in the cache, and
+expires after a TTL if the pod never appears (a later admission step refused it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from webhook.quota.check import UsageView
+from webhook.quota.usage import Charge, Totals, Usage
+
+
+class ReservationUnavailable(Exception):
+    """The shared state cannot be reached within the request's time budget."""
+
+
+class UsageStore(Protocol):
+    def view(self) -> UsageView:
+        """Usage as this replica knows it now (pods seen + reservations not yet seen)."""
+        ...
+
+    async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
+                      budget: float) -> bool:
+        """Atomically: if ``fits(view)`` then record the reservation. Returns whether it
+        was recorded; raises ReservationUnavailable when the state cannot be reached."""
+        ...
+
+    def ready(self) -> bool: ...
+
+
+class Combined:
+    """Usage of seen pods plus reservations, as one view (sums are per call, O(resources))."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Usage, b: Usage) -> None:
+        self.a, self.b = a, b
+
+    def tenant(self, name: str) -> Totals:
+        return _sum(self.a.tenant(name), self.b.tenant(name))
+
+    def namespace(self, name: str) -> Totals:
+        return _sum(self.a.namespace(name), self.b.namespace(name))
+
+    def top_owners(self, tenant: str, n: int = 3) -> list[tuple[str, float]]:
+        merged: dict[str, float] = dict(self.a.top_owners(tenant, 1000))
+        for o, g in self.b.top_owners(tenant, 1000):
+            merged[o] = merged.get(o, 0.0) + g
+        return sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
+def _sum(x: Totals, y: Totals) -> Totals:
+    if not y.pods:
+        return x
+    out = x.copy()
+    out.gpus += y.gpus
+    out.pods += y.pods
+    for r, n in y.resources.items():
+        out.resources[r] = out.resources.get(r, 0.0) + n
+    for p, n in y.products.items():
+        out.products[p] = out.products.get(p, 0.0) + n
+    return out
+
+
+@dataclass(slots=True)
+class _Reservation:
+    charge: Charge
+    expires: float
+
+
+class MemoryStore:
+    """Pods and reservations held in this process only."""
+
+    def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pods = Usage()
+        self.reserved = Usage()
+        self._reservations: dict[str, _Reservation] = {}
+        self.ttl = ttl
+        self.clock = clock
+
+    def ready(self) -> bool:
+        return True
+
+    def view(self) -> UsageView:
+        self._expire()
+        return Combined(self.pods, self.reserved)
+
+    def pod_seen(self, key: str, charge: Charge | None) -> None:
+        """A pod appeared, changed or (charge None) ended: it now counts as itself."""
+        self.pods.put(key, charge)
+        if self._reservations.pop(key, None) is not None:
+            self.reserved.put(key, None)
+
+    def load(self, pods: Iterable[tuple[str, Charge]]) -> None:
+        for key, charge in pods:
+            self.pods.put(key, charge)
+
+    async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
+                      budget: float = 1.0) -> bool:
+        if key in self.pods:
+            return True  # already counted as a running pod
+        if not fits(self.view()):
+            return False
+        self._reservations[key] = _Reservation(charge, self.clock() + self.ttl)
+        self.reserved.put(key, charge)
+        return True
+
+    def _expire(self) -> None:
+        if not self._reservations:
+            return
+        now = self.clock()
+        for key in [k for k, r in self._reservations.items() if r.expires <= now]:
+            del self._reservations[key]
+            self.reserved.put(key, None)

@@ -1,0 +1,161 @@
+"""What each tenant holds now: running GPU pods plus reservations not yet seen as pods.
+
+``Usage`` keeps running totals per tenant and per namespace, updated in O(1) as pods
+come and go, so a quota check never scans pods: its cost is the same with 1,000 or
+100,000 pods in the cluster. Only a denial message, which names the biggest consumers,
+looks at one tenant's owners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.engine.placement import restriction
+from webhook.policy.compiled import CompiledPolicy
+from webhook.quantity import QuantityError, gpu_count
+from webhook.resources import effective_request, gpu_containers
+from webhook.workloads import pod_template
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one GPU pod counts against its tenant's quota."""
+
+    tenant: str
+    namespace: str
+    owner: str  # "job/llm-pretrain", "deployment/web", "pod/notebook-x"
+    product: str | None
+    resources: Mapping[str, float]  # effective request, devices per resource
+    gpus: float  # GPU-equivalents (weights applied)
+
+
+@dataclass(slots=True)
+class Totals:
+    """Sums over a set of charges."""
+
+    gpus: float = 0.0
+    pods: int = 0
+    resources: dict[str, float] = field(default_factory=dict)
+    products: dict[str, float] = field(default_factory=dict)
+
+    def add(self, c: Charge, sign: int = 1) -> None:
+        self.gpus += sign * c.gpus
+        self.pods += sign
+        for r, n in c.resources.items():
+            self.resources[r] = self.resources.get(r, 0.0) + sign * n
+        if c.product is not None:
+            self.products[c.product] = self.products.get(c.product, 0.0) + sign * c.gpus
+
+    def copy(self) -> Totals:
+        return Totals(self.gpus, self.pods, dict(self.resources), dict(self.products))
+
+
+class Usage:
+    """Running totals of charges keyed by pod (uid), per tenant and per namespace."""
+
+    __slots__ = ("_by_key", "_namespace", "_owners", "_tenant")
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Charge] = {}
+        self._tenant: dict[str, Totals] = {}
+        self._namespace: dict[str, Totals] = {}
+        self._owners: dict[str, dict[str, float]] = {}  # tenant -> owner -> gpus
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._by_key
+
+    def put(self, key: str, charge: Charge | None) -> None:
+        """Set (or with None, remove) the charge of one pod."""
+        old = self._by_key.pop(key, None)
+        if old is not None:
+            self._apply(old, -1)
+        if charge is not None:
+            self._by_key[key] = charge
+            self._apply(charge, 1)
+
+    def _apply(self, c: Charge, sign: int) -> None:
+        self._tenant.setdefault(c.tenant, Totals()).add(c, sign)
+        self._namespace.setdefault(c.namespace, Totals()).add(c, sign)
+        owners = self._owners.setdefault(c.tenant, {})
+        left = owners.get(c.owner, 0.0) + sign * c.gpus
+        if left > 1e-9:
+            owners[c.owner] = left
+        else:
+            owners.pop(c.owner, None)
+
+    def tenant(self, name: str) -> Totals:
+        return self._tenant.get(name) or Totals()
+
+    def namespace(self, name: str) -> Totals:
+        return self._namespace.get(name) or Totals()
+
+    def top_owners(self, tenant: str, n: int = 3) -> list[tuple[str, float]]:
+        owners = self._owners.get(tenant, {})
+        return sorted(owners.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+    def charges(self) -> Iterable[tuple[str, Charge]]:
+        return self._by_key.items()
+
+
+def owner_of(pod: Mapping[str, Any]) -> str:
+    """A readable owner for messages: the Deployment behind a ReplicaSet, else the
+    controller's kind/name, else the pod itself."""
+    meta = pod.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or ():
+        if not isinstance(ref, dict) or not ref.get("controller"):
+            continue
+        kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
+        pth = (meta.get("labels") or {}).get("pod-template-hash")
+        if kind == "ReplicaSet" and pth and name.endswith("-" + pth):
+            return "deployment/" + name[: -len(pth) - 1]
+        return f"{kind.lower()}/{name}"
+    return "pod/" + str(meta.get("name") or meta.get("generateName", "") + "*")
+
+
+def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
+                  labels: Mapping[str, str] | None = None) -> Charge | None:
+    """The charge of a pod seen in the cluster, or None when it holds no GPU quota (no
+    GPU, terminal phase, no tenant, malformed)."""
+    if not isinstance(pod, dict):
+        return None
+    status = pod.get("status") or {}
+    if isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES:
+        return None
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    tenant = policy.tenant_for(namespace, labels)
+    if tenant is None:
+        return None
+    try:
+        template = pod_template("", "Pod", pod)
+        if template is None:
+            return None
+        containers = gpu_containers(template.spec, "/spec", policy.is_gpu)
+    except ValueError:
+        return None
+    per: list[tuple[Any, dict[str, float]]] = []
+    for c in containers:
+        counts: dict[str, float] = {}
+        for r in c.names:
+            raw = (c.limits or {}).get(r, (c.requests or {}).get(r))
+            try:
+                counts[r] = float(gpu_count(raw))
+            except QuantityError:
+                continue
+        per.append((c.kind, counts))
+    resources = effective_request(per)
+    if not resources:
+        return None
+    product = None
+    own = restriction(template.spec, "/spec", policy.product_label)
+    if own is not None and len(own.values) == 1:
+        product = policy.product_name(next(iter(own.values)))
+    gpus = sum(n * policy.weight(r) for r, n in resources.items())
+    return Charge(tenant.name, namespace, owner_of(pod), product, resources, gpus)
