@@ -1,0 +1,204 @@
+"""Where a GPU pod may run: tolerations for the GPU taint, node affinity to the tenant's
+products and racks, and the pod's own choices (nodeSelector, affinity, product label or
+annotation) kept when the tenant allows them and refused when it does not.
+
+The example policy's ``research`` tenant allows a100 and h100 (default a100) on racks
+rack-a and rack-b; every case runs through ``mutate_checked``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from enginekit import (
+    A100,
+    GPU,
+    GPU_TOLERATION,
+    H100,
+    PRODUCT_LABEL,
+    RACK_LABEL,
+    container,
+    expr,
+    gpus,
+    mutate_checked,
+    node_terms,
+    pod,
+    required_affinity,
+    validated,
+)
+
+from webhook.policy.model import Rule
+
+PRODUCT_REQUEST = "gpu.example.com/product"
+ZONE = "topology.kubernetes.io/zone"
+PINNED = [expr(PRODUCT_LABEL, A100), expr(RACK_LABEL, "rack-a", "rack-b")]
+
+
+# --- tolerations ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("existing", "expected"),
+    [
+        pytest.param(None, [GPU_TOLERATION], id="none: the GPU toleration is added"),
+        pytest.param([{"operator": "Exists"}], [{"operator": "Exists"}],
+                     id="key-less Exists tolerates every taint: nothing added"),
+        pytest.param([GPU_TOLERATION], [GPU_TOLERATION], id="already there: not duplicated"),
+        pytest.param([{"key": GPU, "operator": "Exists"}], [{"key": GPU, "operator": "Exists"}],
+                     id="GPU key with every effect: nothing added"),
+        pytest.param(
+            [{"key": GPU, "operator": "Exists", "effect": "NoExecute"}],
+            [{"key": GPU, "operator": "Exists", "effect": "NoExecute"}, GPU_TOLERATION],
+            id="GPU key for another effect: NoSchedule still added"),
+        pytest.param(
+            [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+            [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+             GPU_TOLERATION],
+            id="other tolerations are kept, the GPU one appended"),
+    ],
+)
+def test_gpu_toleration_is_added_once(existing: list[dict[str, Any]] | None,
+                                      expected: list[dict[str, Any]]) -> None:
+    extra = {"tolerations": existing} if existing is not None else {}
+    m = mutate_checked(pod(**extra))
+    assert m.decision.allowed, m.decision.message
+    assert m.patched["spec"]["tolerations"] == expected
+    assert ("gpu-tolerations" in m.decision.mutations) is (len(expected) > len(existing or []))
+
+
+# --- node affinity --------------------------------------------------------------------
+
+
+def test_pod_without_affinity_is_pinned_to_default_product_and_tenant_racks() -> None:
+    m = mutate_checked(pod())
+    assert m.decision.allowed
+    assert node_terms(m.patched) == [{"matchExpressions": PINNED}]
+    assert "gpu-node-affinity" in m.decision.mutations
+    # The pinned pod is what the validating webhook expects to see.
+    assert validated(m.patched).allowed
+
+
+@pytest.mark.parametrize(
+    ("terms", "expected"),
+    [
+        pytest.param(
+            [[expr(ZONE, "us-east-1a")], [expr(ZONE, "us-east-1b"), expr("disk", "nvme")]],
+            [[expr(ZONE, "us-east-1a"), *PINNED],
+             [expr(ZONE, "us-east-1b"), expr("disk", "nvme"), *PINNED]],
+            id="two terms: the requirement is ANDed into each, no third term"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, H100)], [expr(PRODUCT_LABEL, H100), expr(ZONE, "b")]],
+            [[expr(PRODUCT_LABEL, H100), expr(RACK_LABEL, "rack-a", "rack-b")],
+             [expr(PRODUCT_LABEL, H100), expr(ZONE, "b"), expr(RACK_LABEL, "rack-a", "rack-b")]],
+            id="pod's own allowed product is kept in every term"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, A100, H100)]],
+            [[expr(PRODUCT_LABEL, A100, H100), *PINNED]],
+            id="pod allows both products: narrowed to the default"),
+        pytest.param(
+            [[expr(RACK_LABEL, "rack-b")]],
+            [[expr(RACK_LABEL, "rack-b"), expr(PRODUCT_LABEL, A100)]],
+            id="pod's own rack inside the tenant's racks is kept"),
+    ],
+)
+def test_existing_required_affinity_is_narrowed_term_by_term(
+        terms: list[list[dict[str, Any]]], expected: list[list[dict[str, Any]]]) -> None:
+    m = mutate_checked(pod(affinity=required_affinity(*terms)))
+    assert m.decision.allowed, m.decision.message
+    assert node_terms(m.patched) == [{"matchExpressions": e} for e in expected]
+    assert validated(m.patched).allowed
+
+
+@pytest.mark.parametrize(
+    ("selector", "allowed", "rule", "expected_terms", "message"),
+    [
+        pytest.param({PRODUCT_LABEL: H100}, True, None,
+                     [{"matchExpressions": [expr(RACK_LABEL, "rack-a", "rack-b")]}], None,
+                     id="allowed product: no product affinity added"),
+        pytest.param({PRODUCT_LABEL: "NVIDIA-L4"}, False, Rule.ALLOWED_PRODUCTS, [],
+                     'asks for GPU product "l4" (nodeSelector nvidia.com/gpu.product), which '
+                     "tenant research may not use. Ask for one of: a100, h100.",
+                     id="product the tenant may not use: denied"),
+        pytest.param({RACK_LABEL: "rack-a"}, True, None,
+                     [{"matchExpressions": [expr(PRODUCT_LABEL, A100)]}], None,
+                     id="allowed rack: no rack affinity added"),
+        pytest.param({RACK_LABEL: "rack-z"}, False, Rule.TOPOLOGY, [],
+                     "its nodeSelector allows only topology.example.com/gpu-rack in [rack-z], "
+                     "but tenant research's GPU pods may run only on "
+                     "topology.example.com/gpu-rack in [rack-a, rack-b].",
+                     id="rack outside the tenant's: denied"),
+    ],
+)
+def test_existing_node_selector(selector: dict[str, str], allowed: bool, rule: Rule | None,
+                                expected_terms: list[dict[str, Any]],
+                                message: str | None) -> None:
+    m = mutate_checked(pod(nodeSelector=selector))
+    d = m.decision
+    assert d.allowed is allowed, d.message
+    assert m.patched["spec"]["nodeSelector"] == selector
+    assert node_terms(m.patched) == expected_terms
+    if rule is not None:
+        assert [f.rule for f in d.findings] == [rule]
+        assert message is not None and message in d.message
+
+
+def test_affinity_to_a_product_the_tenant_may_not_use_is_denied() -> None:
+    m = mutate_checked(pod(affinity=required_affinity([expr(PRODUCT_LABEL, "NVIDIA-L4")])))
+    assert not m.decision.allowed
+    assert [f.rule for f in m.decision.findings] == [Rule.ALLOWED_PRODUCTS]
+    assert "its node affinity allows only nvidia.com/gpu.product in [NVIDIA-L4]" in \
+        m.decision.message
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "pinned_to", "message"),
+    [
+        pytest.param({PRODUCT_REQUEST: "h100"}, None, H100, None, id="label, short name"),
+        pytest.param(None, {PRODUCT_REQUEST: H100}, H100, None,
+                     id="annotation, node label value"),
+        pytest.param({PRODUCT_REQUEST: "a100"}, {PRODUCT_REQUEST: A100}, A100, None,
+                     id="label and annotation agree"),
+        pytest.param({PRODUCT_REQUEST: "l4"}, None, None,
+                     'asks for GPU product "l4" (label gpu.example.com/product), which tenant '
+                     "research may not use. Ask for one of: a100, h100.",
+                     id="product the tenant may not use"),
+        pytest.param(None, {PRODUCT_REQUEST: "v100"}, None,
+                     'asks for GPU product "v100" (annotation gpu.example.com/product), which '
+                     "is not a product this cluster defines. Known products: a100, h100, l4.",
+                     id="unknown product"),
+        pytest.param({PRODUCT_REQUEST: "h100"}, {PRODUCT_REQUEST: "a100"}, None,
+                     "asks for several GPU products at once (h100, a100).",
+                     id="label and annotation disagree"),
+    ],
+)
+def test_pod_asks_for_a_product(labels: dict[str, str] | None,
+                                annotations: dict[str, str] | None, pinned_to: str | None,
+                                message: str | None) -> None:
+    m = mutate_checked(pod(labels=labels, annotations=annotations))
+    d = m.decision
+    if pinned_to is not None:
+        assert d.allowed, d.message
+        assert node_terms(m.patched) == [{"matchExpressions": [
+            expr(PRODUCT_LABEL, pinned_to), expr(RACK_LABEL, "rack-a", "rack-b")]}]
+    else:
+        assert not d.allowed
+        assert [f.rule for f in d.findings] == [Rule.ALLOWED_PRODUCTS]
+        assert message is not None and message in d.message
+
+
+def test_pinning_keeps_the_users_own_affinity_and_tolerations_intact() -> None:
+    """A realistic pod with preferred affinity, pod anti-affinity and extra tolerations:
+    only the required node affinity and the GPU toleration are added."""
+    preferred = [{"weight": 10, "preference": {"matchExpressions": [expr("disk", "nvme")]}}]
+    anti = {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "trainer"}},
+         "topologyKey": "kubernetes.io/hostname"}]}
+    affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred},
+                "podAntiAffinity": anti}
+    m = mutate_checked(pod(container(requests=gpus(2), limits=gpus(2)), affinity=affinity))
+    assert m.decision.allowed
+    aff = m.patched["spec"]["affinity"]
+    assert aff["podAntiAffinity"] == anti
+    assert aff["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == preferred
+    assert node_terms(m.patched) == [{"matchExpressions": PINNED}]
