@@ -50,6 +50,15 @@ def issue(dns_names: list[str], ip_addresses: list[str], *, days: int = 365,
           ca_days: int = 3650, ca_pem: bytes | None = None,
           ca_key_pem: bytes | None = None) -> Issued:
     """A serving certificate for the names, signed by the given CA or by a new one."""
+    if days < 1 or ca_days < 1:
+        raise ValueError("certificate validity must be at least 1 day")
+    if not dns_names and not ip_addresses:
+        raise ValueError("a serving certificate needs at least one DNS name or IP address")
+    for ip in ip_addresses:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ValueError(f"{ip!r} is not an IP address (give DNS names with --dns)") from None
     now = dt.datetime.now(dt.UTC)
     if ca_pem is None or ca_key_pem is None:
         ca_key = _key()
@@ -78,6 +87,10 @@ def issue(dns_names: list[str], ip_addresses: list[str], *, days: int = 365,
         if not isinstance(loaded, ec.EllipticCurvePrivateKey):
             raise ValueError("the CA key must be an EC key")
         ca_key = loaded
+    if now + dt.timedelta(days=days) > ca_cert.not_valid_after_utc:
+        raise ValueError(
+            f"the CA expires {ca_cert.not_valid_after_utc:%Y-%m-%d}, before a {days}-day "
+            "serving certificate would: use fewer --days or a new CA")
     key = _key()
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
@@ -130,3 +143,99 @@ def write(issued: Issued, directory: str | Path, *, force: bool = False) -> list
 
 def not_after(cert_pem: bytes) -> dt.datetime:
     return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
+
+
+@dataclass(frozen=True)
+class ServingPair:
+    """What the server tells about the certificate it serves (for logs and reload checks)."""
+
+    serial: int
+    subject: str
+    names: list[str]
+    not_before: dt.datetime
+    not_after: dt.datetime
+
+    def expired(self, now: dt.datetime | None = None) -> bool:
+        return (now or dt.datetime.now(dt.UTC)) >= self.not_after
+
+
+def check_pair(cert_pem: bytes, key_pem: bytes, *, cert_name: str = "certificate",
+               key_name: str = "key") -> ServingPair:
+    """Parse a serving certificate (chain) and its key; raise ValueError naming what is wrong.
+
+    The server checks a pair before it lets OpenSSL near it: loading a certificate whose
+    key does not match into a live SSLContext would leave that context without a usable
+    key, and every new handshake would fail.
+    """
+    try:
+        chain = x509.load_pem_x509_certificates(cert_pem)
+    except ValueError:
+        raise ValueError(f"{cert_name} holds no PEM certificate") from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{key_name} is not an unencrypted PEM private key ({exc})") from None
+    leaf = chain[0]
+    if leaf.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ) != key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo):
+        raise ValueError(f"{key_name} is not the private key of the certificate in {cert_name}")
+    return ServingPair(leaf.serial_number, leaf.subject.rfc4514_string(), _sans(leaf),
+                       leaf.not_valid_before_utc, leaf.not_valid_after_utc)
+
+
+def _sans(cert: x509.Certificate) -> list[str]:
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [*ext.get_values_for_type(x509.DNSName),
+            *(str(ip) for ip in ext.get_values_for_type(x509.IPAddress))]
+
+
+def common_names(cert_der: bytes) -> tuple[str, ...]:
+    """The subject common names of a DER certificate (a TLS peer's, for the CN allow-list)."""
+    cert = x509.load_der_x509_certificate(cert_der)
+    return tuple(str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME))
+
+
+def subject(cert_der: bytes) -> str:
+    """The RFC 4514 subject of a DER certificate (the ASGI TLS extension's client_cert_name)."""
+    return x509.load_der_x509_certificate(cert_der).subject.rfc4514_string()
+
+
+def issue_client(common_name: str, ca_pem: bytes, ca_key_pem: bytes, *,
+                 days: int = 365, organization: str | None = None) -> tuple[bytes, bytes]:
+    """A client certificate (EKU clientAuth) for mTLS, e.g. the API server's identity.
+
+    Returns (certificate PEM, key PEM).
+    """
+    now = dt.datetime.now(dt.UTC)
+    ca_cert = x509.load_pem_x509_certificate(ca_pem)
+    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key must be an EC key")
+    key = _key()
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(attrs))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_encipherment=False, key_cert_sign=False, crl_sign=False,
+            content_commitment=False, data_encipherment=False, key_agreement=False,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)

@@ -21,6 +21,8 @@ class Settings:
     tls_key: str | None = None
     tls_min_version: str = "1.2"
     client_ca: str | None = None
+    client_cn: str | None = None
+    cert_poll_seconds: float = 2.0
     policy: str | None = None
     policy_poll_seconds: float = 2.0
     log_level: str = "info"
@@ -56,7 +58,16 @@ class Settings:
             raise SystemExit(f"--tls-min-version must be 1.2 or 1.3, not {s.tls_min_version!r}")
         if (s.tls_cert is None) != (s.tls_key is None):
             raise SystemExit("--tls-cert and --tls-key go together: give both or neither")
+        if s.client_cn is not None and not s.client_ca:
+            raise SystemExit("--client-cn needs --client-ca: without a CA to verify client "
+                             "certificates there is no common name to check")
+        if s.client_cn is not None and not s.client_cn_list():
+            raise SystemExit("--client-cn is empty: give one or more names, comma-separated")
         return s
+
+    def client_cn_list(self) -> list[str]:
+        """The allowed client certificate common names (empty: any the CA signed)."""
+        return [n.strip() for n in (self.client_cn or "").split(",") if n.strip()]
 
 
 _DOCS = {
@@ -67,7 +78,11 @@ _DOCS = {
     "tls_cert": "Serving certificate file (overrides --cert-dir).",
     "tls_key": "Private key of the serving certificate.",
     "tls_min_version": "Lowest TLS version accepted: 1.2 or 1.3.",
-    "client_ca": "CA for client certificates; when set, callers must present one (mTLS).",
+    "client_ca": "CA for client certificates; when set, every path but /healthz and /readyz "
+                 "answers 403 to a caller without a certificate it signed (mTLS).",
+    "client_cn": "Comma-separated common names a client certificate must carry, e.g. "
+                 "kube-apiserver (needs --client-ca; default: any name the CA signed).",
+    "cert_poll_seconds": "How often tls.crt/tls.key are checked for a new certificate.",
     "policy": "Policy file (the embedded example policy when unset).",
     "policy_poll_seconds": "How often the policy file is checked for changes.",
     "log_level": "debug, info, warning or error.",
