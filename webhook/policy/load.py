@@ -16,9 +16,23 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from webhook.policy.model import API_VERSION, KIND, GPUPolicy
+from webhook.policy import model
+from webhook.policy.model import API_VERSION, KIND, FieldProblem, GPUPolicy
 
 MAX_POLICY_BYTES = 1 << 20  # a generous policy is tens of KiB; a bigger file is a mistake
+
+# What the schema's name patterns mean, in words: pydantic would print the regex.
+_PATTERN_WORDS = {
+    model._DNS_LABEL: "must be a DNS label: lowercase letters, digits and '-', "
+                      "starting and ending with a letter or digit (e.g. team-a)",
+    model._QUALIFIED: "must be a Kubernetes qualified name, optionally with a DNS prefix "
+                      "(e.g. nvidia.com/gpu.product)",
+    model._RESOURCE_PATTERN: "must be a resource name or a pattern with * "
+                             "(e.g. nvidia.com/mig-*)",
+    model._SERVICE_ACCOUNT: "must be namespace/name of a service account "
+                            "(e.g. gpu-operator/nvidia-device-plugin)",
+}
+_SCALARS = (str, int, float, bool)
 
 
 @dataclass(frozen=True)
@@ -108,11 +122,21 @@ def load_text(text: str, source: str = "<policy>") -> GPUPolicy:
 def _problem(error: object, root: yaml.Node) -> Problem:
     assert isinstance(error, dict)
     loc = [p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    ctx = error.get("ctx") or {}
+    cause = ctx.get("error")
+    if isinstance(cause, FieldProblem):
+        loc.extend(cause.loc)  # point at the field to fix, not the model that checked it
     path = _dotted(loc)
     message = str(error["msg"])
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     kind = error.get("type")
+    value = error.get("input")
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_WORDS:
+        message = _PATTERN_WORDS[ctx["pattern"]]
+    if (kind not in ("value_error", "extra_forbidden", "missing")
+            and isinstance(value, _SCALARS) and repr(value) not in message):
+        message += f" (got {value!r})"  # the bad value, so the fix is obvious
     if kind == "extra_forbidden":
         message = f"unknown field {loc[-1]!r}: check the spelling against policies/README.md"
     elif kind == "literal_error" and loc == ["apiVersion"]:
@@ -135,12 +159,13 @@ def _dotted(loc: list[object]) -> str:
 def _line(node: yaml.Node, loc: list[object]) -> int | None:
     """The 1-based line of the deepest YAML node along ``loc`` (the field's own line if it
     exists, its parent's if it is missing)."""
-    for part in loc:
+    for depth, part in enumerate(loc):
         child: yaml.Node | None = None
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 if k.value == part:
-                    child = v if not isinstance(part, str) or not _is_last(loc, part) else k
+                    # A key's own line for the last step: a block value starts below it.
+                    child = k if depth == len(loc) - 1 else v
                     break
         elif (isinstance(node, yaml.SequenceNode) and isinstance(part, int)
               and 0 <= part < len(node.value)):
@@ -150,6 +175,3 @@ def _line(node: yaml.Node, loc: list[object]) -> int | None:
         node = child
     return node.start_mark.line + 1
 
-
-def _is_last(loc: list[object], part: object) -> bool:
-    return loc[-1] is part

@@ -26,6 +26,7 @@ _QUALIFIED = (
     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _RESOURCE_PATTERN = r"^[A-Za-z0-9*]([-A-Za-z0-9_.*/]*[A-Za-z0-9*])?$"
+_SERVICE_ACCOUNT = r"^[a-z0-9-.]+/[a-z0-9-.]+$"  # namespace/name
 
 
 class Mode(StrEnum):
@@ -57,6 +58,19 @@ class Rule(StrEnum):
     MAX_PER_POD = "max-gpus-per-pod"
     NON_GPU_TOLERATIONS = "non-gpu-tolerations"
     QUOTA = "quota"
+
+
+class FieldProblem(ValueError):
+    """A cross-field error that names the field to fix.
+
+    A model validator can only fail as a whole, which would point the user at the line
+    of the whole ``spec``; ``loc`` (relative to the model that raises it) lets the loader
+    report the line and path of the offending field instead.
+    """
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 class _Strict(BaseModel):
@@ -114,7 +128,7 @@ class Products(_Strict):
         seen: dict[str, str] = {}
         for alias, value in self.aliases.items():
             if value in seen:
-                raise ValueError(
+                raise FieldProblem(("aliases", alias),
                     f"aliases {seen[value]!r} and {alias!r} both name {value!r}: "
                     "give each node label value one short name"
                 )
@@ -249,7 +263,7 @@ class Tenant(_Strict):
             and self.allowed_products is not None
             and self.default_product not in self.allowed_products
         ):
-            raise ValueError(
+            raise FieldProblem(("defaultProduct",),
                 f"defaultProduct {self.default_product!r} is not in allowedProducts "
                 f"{self.allowed_products}: add it there or pick one of them"
             )
@@ -266,7 +280,7 @@ class Exemptions(_Strict):
     namespaces: list[str] = Field(default_factory=list, max_length=4096)
     users: list[str] = Field(default_factory=list, max_length=4096)
     groups: list[str] = Field(default_factory=list, max_length=4096)
-    service_accounts: list[Annotated[str, Field(pattern=r"^[a-z0-9-.]+/[a-z0-9-.]+$")]] = Field(
+    service_accounts: list[Annotated[str, Field(pattern=_SERVICE_ACCOUNT)]] = Field(
         default_factory=list, max_length=4096
     )
     """``namespace/name`` of service accounts."""
@@ -309,7 +323,7 @@ class Spec(_Strict):
             known = {r.value for r in Rule}
             for key in value:
                 if key not in known:
-                    raise ValueError(
+                    raise FieldProblem((key,),
                         f"unknown rule {key!r}; the rules are: {', '.join(sorted(known))}"
                     )
         return value
@@ -320,46 +334,49 @@ class Spec(_Strict):
         names: set[str] = set()
         owner: dict[str, str] = {}
         for i, t in enumerate(self.tenants):
+            here: tuple[str | int, ...] = ("tenants", i)
             if t.name in names:
-                raise ValueError(f"tenants[{i}]: tenant name {t.name!r} is used twice")
+                raise FieldProblem((*here, "name"), f"tenant name {t.name!r} is used twice")
             names.add(t.name)
-            for ns in t.namespaces:
+            for k, ns in enumerate(t.namespaces):
                 if ns in owner:
-                    raise ValueError(
-                        f"tenants[{i}] ({t.name}): namespace {ns!r} already belongs to "
-                        f"tenant {owner[ns]!r}; a namespace has one tenant"
-                    )
+                    raise FieldProblem(
+                        (*here, "namespaces", k),
+                        f"namespace {ns!r} already belongs to tenant {owner[ns]!r}; "
+                        "a namespace has one tenant")
                 owner[ns] = t.name
-            products = list(t.allowed_products or [])
+            # Every place a tenant names a product, with the field that names it.
+            products: list[tuple[tuple[str | int, ...], str]] = [
+                (("allowedProducts", k), p) for k, p in enumerate(t.allowed_products or [])]
             if t.default_product:
-                products.append(t.default_product)
+                products.append((("defaultProduct",), t.default_product))
             if t.quota:
-                products.extend(t.quota.products)
-                for limits in t.quota.namespaces.values():
-                    products.extend(limits.products)
-            for p in products:
+                products.extend((("quota", "products", p), p) for p in t.quota.products)
+                for ns, limits in t.quota.namespaces.items():
+                    products.extend((("quota", "namespaces", ns, "products", p), p)
+                                    for p in limits.products)
+            for loc, p in products:
                 if p not in aliases:
-                    raise ValueError(
-                        f"tenants[{i}] ({t.name}): product {p!r} is not defined; "
-                        f"add it under spec.products.aliases (defined: "
-                        f"{', '.join(sorted(aliases)) or 'none'})"
-                    )
+                    raise FieldProblem(
+                        (*here, *loc),
+                        f"tenant {t.name}: product {p!r} is not defined; add it under "
+                        f"spec.products.aliases (defined: {', '.join(sorted(aliases)) or 'none'})")
             for ns in t.quota.namespaces if t.quota else {}:
                 if t.namespace_selector is None and ns not in t.namespaces:
-                    raise ValueError(
-                        f"tenants[{i}] ({t.name}): quota for namespace {ns!r}, which is not "
-                        "one of the tenant's namespaces"
-                    )
+                    raise FieldProblem(
+                        (*here, "quota", "namespaces", ns),
+                        f"tenant {t.name}: quota for namespace {ns!r}, which is not one of "
+                        "the tenant's namespaces")
             if (
                 t.quota
                 and t.quota.products
                 and t.default_product is None
                 and len(t.allowed_products or aliases) > 1
             ):
-                raise ValueError(
-                    f"tenants[{i}] ({t.name}): per-product quota needs every GPU pod pinned "
-                    "to one product: set defaultProduct for pods that do not ask for one"
-                )
+                raise FieldProblem(
+                    (*here, "quota", "products"),
+                    f"tenant {t.name}: per-product quota needs every GPU pod pinned to one "
+                    "product: set defaultProduct for pods that do not ask for one")
         return self
 
 
