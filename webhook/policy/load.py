@@ -93,7 +93,7 @@ def load_file(path: str | Path) -> GPUPolicy:
 def load_text(text: str, source: str = "<policy>") -> GPUPolicy:
     """Validate policy YAML given as text."""
     try:
-        docs = [d for d in yaml.compose_all(text, Loader=_NoAliasLoader) if d is not None]
+        docs = [d for d in yaml.compose_all(text, Loader=_NoAliasLoader) if not _empty(d)]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -117,6 +117,13 @@ def load_text(text: str, source: str = "<policy>") -> GPUPolicy:
         return GPUPolicy.model_validate(raw)
     except ValidationError as exc:
         raise PolicyError(source, [_problem(e, node) for e in exc.errors()]) from None
+
+
+def _empty(node: yaml.Node | None) -> bool:
+    """A document with nothing in it: a bare ``---`` (generated YAML often ends with one)
+    composes to an empty null scalar rather than to no document."""
+    return node is None or (isinstance(node, yaml.ScalarNode)
+                            and node.tag == "tag:yaml.org,2002:null" and node.value == "")
 
 
 def _problem(error: object, root: yaml.Node) -> Problem:
