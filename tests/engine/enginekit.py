@@ -21,9 +21,9 @@ import jsonpatch
 import kubernetes_validate
 import orjson
 
-from webhook.engine.decision import PROVENANCE_ANNOTATION, Decision
+from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
-from webhook.engine.target import NamespaceLabels, no_labels
+from webhook.engine.target import NamespaceLabels
 from webhook.engine.validate import validate
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
@@ -212,7 +212,14 @@ class Mutation:
 
 def mutate_checked(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
                    labels: NamespaceLabels = namespace_labels, **kw: Any) -> Mutation:
-    """Run the mutating webhook and check what every mutation must satisfy:
+    """Run the mutating webhook on ``manifest`` (see :func:`check_mutation`)."""
+    return check_mutation(request_review(copy.deepcopy(dict(manifest)), **kw), policy, labels)
+
+
+def check_mutation(payload: Mapping[str, Any], policy: CompiledPolicy | None = None,
+                   labels: NamespaceLabels = namespace_labels) -> Mutation:
+    """Run the mutating webhook on an AdmissionReview and check what every mutation
+    must satisfy:
 
     1. the patch applies (``jsonpatch``) to the object as the user sent it, and gives
        exactly the object the engine ended up with;
@@ -222,8 +229,8 @@ def mutate_checked(manifest: Mapping[str, Any], policy: CompiledPolicy | None = 
        verdict (idempotence: reinvocation must not stack tolerations or terms).
     """
     policy = policy or example_policy()
-    original = copy.deepcopy(dict(manifest))
-    req = review(original, **kw)
+    original = copy.deepcopy(payload["request"]["object"])
+    req = parse_review(orjson.dumps(payload))
     decision = mutate(req, policy, labels)
     patched = jsonpatch.apply_patch(original, decision.patch, in_place=False)
     if decision.allowed:
@@ -231,7 +238,9 @@ def mutate_checked(manifest: Mapping[str, Any], policy: CompiledPolicy | None = 
     else:
         assert decision.patch == [], "a denial must carry no patch"
     kubernetes_validate.validate(patched, K8S_VERSION, strict=True)
-    again = mutate(review(patched, **kw), policy, labels)
+    again_payload = copy.deepcopy(dict(payload))
+    again_payload["request"] = dict(again_payload["request"], object=copy.deepcopy(patched))
+    again = mutate(parse_review(orjson.dumps(again_payload)), policy, labels)
     assert again.patch == [], f"mutate is not idempotent: second run patched {again.patch}"
     assert again.allowed == decision.allowed
     return Mutation(decision, original, patched)
@@ -253,12 +262,3 @@ def admitted(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
     """Both webhooks in API-server order: mutate, then validate the mutated object."""
     m = mutate_checked(manifest, policy, labels, **kw)
     return m, validated(m.patched, policy, labels, **kw)
-
-
-__all__ = [
-    "A100", "GPU", "GPU_TOLERATION", "H100", "K8S_VERSION", "L4", "PRODUCT_LABEL",
-    "PROVENANCE_ANNOTATION", "RACK_LABEL", "REQUIRED", "Mutation", "admitted", "container",
-    "cronjob", "deployment", "example_policy", "example_variant", "expr", "gpus", "job",
-    "mutate_checked", "namespace_labels", "no_labels", "node_terms", "pod", "pod_spec",
-    "required_affinity", "review", "validated",
-]
