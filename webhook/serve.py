@@ -32,6 +32,8 @@ import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from webhook import certs, logs
+from webhook.cluster import attach, configured
+from webhook.kube import Unreachable
 from webhook.policy.load import PolicyError
 from webhook.policy.source import PolicySource, resolve
 from webhook.quota.store import MemoryStore
@@ -265,7 +267,8 @@ def run(settings: Settings) -> int:
                client_cns=client_cns, cert_serial=f"{reloader.serving.serial:x}",
                cert_names=reloader.serving.names,
                cert_not_after=reloader.serving.not_after.isoformat(),
-               usage_store="in-memory (no cluster configured)", pid=os.getpid())
+               usage_store="cluster ledger" if configured(settings.kubeconfig)
+               else "in-memory (no cluster configured)", pid=os.getpid())
     app: Any = AdmissionApp(runtime)
     if settings.client_ca:
         app = ClientCertGate(app, client_cns)
@@ -277,6 +280,15 @@ def run(settings: Settings) -> int:
     server = uvicorn.Server(config)
 
     async def main() -> None:
+        cluster = None
+        if configured(settings.kubeconfig):
+            try:
+                cluster = attach(runtime, source, settings.kubeconfig, settings.namespace,
+                                 asyncio.get_running_loop())
+            except Unreachable as exc:
+                logs.event("cannot use the cluster; not ready until it can", logging.ERROR,
+                           error=str(exc))
+                runtime.ready_checks["cluster"] = lambda: False
         watchers = [asyncio.ensure_future(source.watch(settings.policy_poll_seconds)),
                     asyncio.ensure_future(reloader.watch(settings.cert_poll_seconds))]
         try:
@@ -284,6 +296,8 @@ def run(settings: Settings) -> int:
         finally:
             for w in watchers:
                 w.cancel()
+            if cluster is not None:
+                cluster.stop()
 
     uvloop.run(main())
     return 0

@@ -27,6 +27,8 @@ class Settings:
     policy_poll_seconds: float = 2.0
     log_level: str = "info"
     workers: int = 1
+    kubeconfig: str | None = None
+    namespace: str | None = None
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +89,9 @@ _DOCS = {
     "policy_poll_seconds": "How often the policy file is checked for changes.",
     "log_level": "debug, info, warning or error.",
     "workers": "uvicorn worker processes.",
+    "kubeconfig": "kubeconfig of the cluster whose pods count against quota (in a pod, the "
+                  "service account is used; with neither, usage is kept in memory).",
+    "namespace": "Namespace of the quota ledger objects (default: the pod's own namespace).",
 }
 
 

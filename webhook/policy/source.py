@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -41,6 +42,7 @@ class PolicySource:
         self._stamp: tuple[int, int, int, int] | None = None
         self.active: Active | None = None
         self.last_error: str | None = None
+        self.on_change: list[Callable[[], None]] = []
 
     def load(self) -> Active:
         """First load; raises PolicyError (the server refuses to start on a bad policy)."""
@@ -89,6 +91,8 @@ class PolicySource:
             return False
         self._install(compiled, self.path)
         self.last_error = None
+        for callback in self.on_change:
+            callback()
         return True
 
     def _fail(self, message: str) -> None:

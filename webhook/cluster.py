@@ -1,0 +1,75 @@
+"""Wiring the webhook to a cluster: watches, the quota ledger and readiness.
+
+Used by ``serve`` when a cluster is configured (``--kubeconfig``, or running in a pod).
+Without one the server keeps its in-memory usage store and says so in its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+from webhook import kube, logs
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.source import PolicySource
+from webhook.quota.cache import ClusterState
+from webhook.quota.ledger import LedgerStore
+from webhook.server import Runtime
+
+
+def configured(kubeconfig: str | None) -> bool:
+    return bool(kubeconfig) or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def ledger_namespace(explicit: str | None) -> str:
+    """Where the ledger lives: --namespace, else the pod's own namespace."""
+    if explicit:
+        return explicit
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or "gpu-webhook"
+    except OSError:
+        return "gpu-webhook"
+
+
+@dataclass
+class Cluster:
+    state: ClusterState
+    store: LedgerStore
+    watchers: list[kube.Watcher]
+
+    def stop(self) -> None:
+        for w in self.watchers:
+            w.stop()
+
+
+def attach(runtime: Runtime, source: PolicySource, kubeconfig: str | None,
+           namespace: str | None, loop: asyncio.AbstractEventLoop) -> Cluster:
+    """Start the pod and namespace watches and put the ledger store into ``runtime``.
+    Raises kube.Unreachable when credentials cannot even be loaded."""
+    api = kube.connect(kubeconfig)
+
+    def policy() -> CompiledPolicy:
+        assert source.active is not None
+        return source.active.policy
+
+    active = source.active
+    assert active is not None
+    state = ClusterState(policy)
+    ns = ledger_namespace(namespace)
+    store = LedgerStore(state, kube.ConfigMaps(api, ns), ttl=active.policy.reservation_ttl)
+    pods = kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event))
+    namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
+    state.on_relabel = pods.resync
+    source.on_change.append(pods.resync)  # a new policy may charge pods differently
+    namespaces.start()
+    pods.start()
+    runtime.store = store
+    runtime.namespace_labels = state.namespace_labels
+    runtime.ready_checks["caches-synced"] = state.synced
+    logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
+               ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
+    return Cluster(state, store, [pods, namespaces])

@@ -1,0 +1,211 @@
+"""The one module that talks to the Kubernetes API (through the ``kubernetes`` client).
+
+Everything else speaks the product's terms: pods and namespaces arrive as plain dicts
+from :class:`Watcher`, the ledger reads and writes one ConfigMap with a resourceVersion
+precondition, and API failures become :class:`Conflict`, :class:`NotFound` or
+:class:`Unreachable` with a message that says what was tried.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from webhook import logs
+
+Event = tuple[str, dict[str, Any]]  # ("ADDED"|"MODIFIED"|"DELETED"|"SYNCED"|"RESET", obj)
+
+
+class KubeError(Exception):
+    pass
+
+
+class Conflict(KubeError):
+    """The object changed since it was read (HTTP 409): read again and retry."""
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Unreachable(KubeError):
+    """The API server did not answer usefully (network, TLS, auth, 5xx, timeout)."""
+
+
+def connect(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from a kubeconfig file, or the in-cluster service account."""
+    cfg = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=cfg)
+        else:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=cfg)
+    except (config.ConfigException, OSError) as exc:
+        where = kubeconfig or "the in-cluster service account"
+        raise Unreachable(f"cannot load cluster credentials from {where}: {exc}") from None
+    cfg.retries = 0  # retries are ours: a webhook has a deadline
+    return client.ApiClient(cfg)
+
+
+def _map(exc: Exception, what: str) -> KubeError:
+    if isinstance(exc, ApiException):
+        if exc.status == 409:
+            return Conflict(f"{what}: conflict")
+        if exc.status == 404:
+            return NotFound(f"{what}: not found")
+        return Unreachable(f"{what}: HTTP {exc.status} {exc.reason}")
+    return Unreachable(f"{what}: {type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMap:
+    """A ConfigMap's data and the resourceVersion it was read at."""
+
+    data: dict[str, str]
+    resource_version: str | None  # None: the object does not exist yet
+
+
+class ConfigMaps:
+    """Read and compare-and-swap write of ConfigMaps in one namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, timeout: float = 2.0) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.timeout = timeout
+
+    def read(self, name: str) -> StoredMap:
+        try:
+            cm = self.core.read_namespaced_config_map(name, self.namespace,
+                                                      _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return StoredMap({}, None)
+            raise _map(exc, f"read configmap {self.namespace}/{name}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _map(exc, f"read configmap {self.namespace}/{name}") from None
+        return StoredMap(dict(cm.data or {}), cm.metadata.resource_version if cm.metadata
+                         else None)
+
+    def write(self, name: str, data: dict[str, str], resource_version: str | None,
+              labels: dict[str, str]) -> None:
+        """Create (when ``resource_version`` is None) or replace only if unchanged since
+        it was read; raise Conflict otherwise."""
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace, labels=labels,
+                                         resource_version=resource_version),
+            data=data,
+        )
+        what = f"write configmap {self.namespace}/{name}"
+        try:
+            if resource_version is None:
+                self.core.create_namespaced_config_map(self.namespace, body,
+                                                       _request_timeout=self.timeout)
+            else:
+                self.core.replace_namespaced_config_map(name, self.namespace, body,
+                                                        _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 409:  # AlreadyExists on create, stale version on replace
+                raise Conflict(what) from None
+            raise _map(exc, what) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _map(exc, what) from None
+
+
+class Watcher:
+    """List then watch a collection in a background thread, handing each event to
+    ``deliver`` (called from that thread). After the initial list it sends
+    ("SYNCED", {}); after a relist (watch expired, 410 Gone) it first sends
+    ("RESET", {}) so the consumer can drop state and rebuild."""
+
+    def __init__(self, api: client.ApiClient, kind: str,
+                 deliver: Callable[[str, dict[str, Any]], None]) -> None:
+        core = client.CoreV1Api(api)
+        self.api = api
+        self.kind = kind
+        list_fn: Callable[..., Any]
+        if kind == "pods":
+            list_fn = core.list_pod_for_all_namespaces
+        else:
+            list_fn = core.list_namespace
+
+        def raw_list(**kw: Any) -> Any:
+            # No docstring on purpose: the client's Watch then skips deserialising every
+            # event into model objects, and we read the plain dicts (much cheaper).
+            return list_fn(**kw)
+
+        self.list_fn: Callable[..., Any] = raw_list
+        self.deliver = deliver
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+        self._relist = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch-{kind}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def resync(self) -> None:
+        """Relist (and RESET the consumer) when the current watch window ends (<= 60 s)."""
+        self._relist.set()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        first = True
+        while not self._stop.is_set():
+            try:
+                rv = self._list(first)
+                first = False
+                backoff = 0.5
+                self._watch(rv)
+            except Exception as exc:  # any failure: log, back off, relist
+                logs.event(f"{self.kind} watch failed; relisting", logging.WARNING,
+                           error=f"{type(exc).__name__}: {exc}", retry_in=backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _list(self, first: bool) -> str:
+        resp = self.list_fn(_preload_content=False, _request_timeout=30)
+        body = orjson.loads(resp.data)
+        if not first:
+            self.deliver("RESET", {})
+        for item in body.get("items") or ():
+            self.deliver("ADDED", item)
+        self.deliver("SYNCED", {})
+        self.synced.set()
+        return str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    def _watch(self, rv: str) -> None:
+        w = watch.Watch()  # type: ignore[no-untyped-call]
+        while not self._stop.is_set():
+            if self._relist.is_set():
+                self._relist.clear()
+                return
+            for ev in w.stream(  # type: ignore[no-untyped-call]
+                    self.list_fn, resource_version=rv, allow_watch_bookmarks=True,
+                    timeout_seconds=60, _request_timeout=90):
+                typ = ev.get("type")
+                raw = ev.get("raw_object") or {}
+                if typ == "ERROR":
+                    code = raw.get("code")
+                    raise KubeError(f"watch error {code}: {raw.get('message')}")
+                meta = raw.get("metadata") or {}
+                rv = meta.get("resourceVersion", rv)
+                if typ == "BOOKMARK":
+                    continue
+                self.deliver(str(typ), raw)
+                if self._stop.is_set():
+                    return
+            time.sleep(0)  # the server closed the watch at timeout_seconds: resume
