@@ -55,10 +55,10 @@ def resource_not_allowed(resource: str, tenant: str, allowed: Iterable[str]) -> 
     )
 
 
-def unknown_product(asked: str, source: str, known: Iterable[str]) -> str:
+def unknown_product(asked: str, source: str, usable: Iterable[str]) -> str:
     return (
         f'asks for GPU product "{asked}" ({source}), which is not a product this cluster '
-        f"defines. Known products: {one_of(known)}."
+        f"defines. Ask for one of: {one_of(usable)}."
     )
 
 

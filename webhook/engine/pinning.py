@@ -47,11 +47,14 @@ def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate
     if sel is not None and isinstance(sel.get(policy.product_label), str):
         asks.append((sel[policy.product_label], f"nodeSelector {policy.product_label}"))
     names: list[str] = []
+    tenant = check.tenant
     for value, source in asks:
         name = policy.product_name(value)
         if name is None:
-            check.report(Rule.ALLOWED_PRODUCTS,
-                         messages.unknown_product(value, source, sorted(policy.product_value)))
+            # Offer what this pod may actually use, not every product of the cluster.
+            usable = (tenant.allowed_products if tenant and tenant.allowed_products is not None
+                      else sorted(policy.product_value))
+            check.report(Rule.ALLOWED_PRODUCTS, messages.unknown_product(value, source, usable))
             return None, True
         if name not in names:
             names.append(name)
@@ -59,7 +62,6 @@ def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate
         check.report(Rule.ALLOWED_PRODUCTS, messages.products_disagree(names))
         return None, True
     if names:
-        tenant = check.tenant
         if tenant and tenant.allowed_products is not None and names[0] not in \
                 tenant.allowed_products:
             check.report(Rule.ALLOWED_PRODUCTS,
