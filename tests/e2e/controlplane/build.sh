@@ -65,6 +65,18 @@ log "bin dir: $bin_dir"
 
 mkdir -p "$bin_dir" "$src_dir"
 
+# One build per version at a time (e.g. parallel test workers); a waiter
+# finds the binaries the first one built.
+if command -v flock >/dev/null; then
+    exec 9>"$version_dir/.build.lock"
+    flock 9
+    if have_all; then
+        log "built by a concurrent run: $bin_dir"
+        echo "$bin_dir"
+        exit 0
+    fi
+fi
+
 go_version_ok() {  # $1 = required "go" line of a go.mod, e.g. 1.26.0
     local need=$1 have
     have=${go_line#go}
