@@ -1,0 +1,253 @@
+"""``gpu-webhook review -f MANIFEST``: what the webhook would do, offline.
+
+Run as a developer or platform engineer would, on manifest files: the decision, the
+messages, the changes and the patched object; exit 0 when allowed, 1 when denied and 2
+when the input cannot be used (with a message, never a traceback).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+Run = Callable[..., subprocess.CompletedProcess[str]]  # the gpu_webhook fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TRAINER = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer
+  namespace: research
+spec:
+  containers:
+    - name: main
+      image: pytorch:2
+      resources:
+        limits:
+          nvidia.com/gpu: 2
+"""
+
+MISMATCH = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: half, namespace: research}
+spec:
+  containers:
+    - name: main
+      image: pytorch:2
+      resources:
+        requests: {nvidia.com/gpu: 1}
+        limits: {nvidia.com/gpu: 2}
+"""
+
+DEPLOYMENT = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: serving}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+        - name: server
+          image: triton:24
+          resources: {limits: {nvidia.com/gpu: 1}}
+"""
+
+CPU_POD = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: research}
+spec:
+  containers: [{name: web, image: nginx}]
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> str:
+    (tmp_path / name).write_text(text)
+    return name
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    out = orjson.loads(done.stdout)
+    assert isinstance(out, list)
+    return out
+
+
+def test_allowed_pod_prints_changes_and_patched_object(gpu_webhook: Run,
+                                                        tmp_path: Path) -> None:
+    done = gpu_webhook("review", "-f", _write(tmp_path, "pod.yaml", TRAINER))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "Pod research/trainer: ALLOWED"
+    assert "  changes: gpu-requests, gpu-tolerations, gpu-node-affinity" in lines
+    start = lines.index("  patched object:")
+    body = "\n".join(line[4:] for line in lines[start + 1:] if line.startswith("    "))
+    patched = yaml.safe_load(body)
+    assert patched["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": 2}
+    assert patched["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    [term] = patched["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {e["key"]: e["values"] for e in term["matchExpressions"]} == {
+        "nvidia.com/gpu.product": ["NVIDIA-A100-SXM4-80GB"],
+        "topology.example.com/gpu-rack": ["rack-a", "rack-b"],
+    }
+
+
+def test_denied_pod_exits_1_with_the_message(gpu_webhook: Run, tmp_path: Path) -> None:
+    done = gpu_webhook("review", "-f", _write(tmp_path, "pod.yaml", MISMATCH))
+    assert done.returncode == 1
+    assert done.stdout.startswith(
+        "Pod research/half: DENIED (by the mutating webhook)\n"
+        '  denied: pod research/half, container "main": nvidia.com/gpu request 1 differs '
+        "from limit 2.")
+    assert "[rule gpu-requests-match-limits, tenant research]" in done.stdout
+    assert "patched object" not in done.stdout
+
+
+def test_denied_by_the_validating_webhook(gpu_webhook: Run, tmp_path: Path) -> None:
+    big = TRAINER.replace("nvidia.com/gpu: 2", "nvidia.com/gpu: 9")
+    done = gpu_webhook("review", "-f", _write(tmp_path, "pod.yaml", big))
+    assert done.returncode == 1
+    assert "DENIED (by the validating webhook)" in done.stdout
+    assert "allows at most 8 per container" in done.stdout
+
+
+def test_deployment_template_is_reviewed(gpu_webhook: Run, tmp_path: Path) -> None:
+    f = _write(tmp_path, "deploy.yaml", DEPLOYMENT.replace("serving", "research"))
+    done = gpu_webhook("review", "-f", f, "-o", "json")
+    assert done.returncode == 0, done.stdout
+    [r] = _json(done)
+    assert (r["kind"], r["namespace"], r["name"], r["decision"]) == (
+        "Deployment", "research", "web", "allowed")
+    assert all(op["path"].startswith("/spec/template/") for op in r["patch"])
+    tpl = r["object"]["spec"]["template"]
+    assert tpl["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": 1}
+    assert r["object"]["spec"]["replicas"] == 3
+
+
+def test_multi_document_file_reviews_each(gpu_webhook: Run, tmp_path: Path) -> None:
+    service = "apiVersion: v1\nkind: Service\nmetadata: {name: svc}\nspec: {ports: [{port: 80}]}\n"
+    text = "---\n".join([TRAINER, MISMATCH, CPU_POD, service]) + "---\n"
+    done = gpu_webhook("review", "-f", _write(tmp_path, "all.yaml", text))
+    assert done.returncode == 1  # one document is denied
+    heads = [line for line in done.stdout.splitlines() if line and not line.startswith(" ")]
+    assert heads == [
+        "Pod research/trainer: ALLOWED",
+        "Pod research/half: DENIED (by the mutating webhook)",
+        "Pod research/web: ALLOWED",
+        "Service default/svc: ALLOWED",
+    ]
+
+
+@pytest.mark.parametrize(("labels", "decision", "message"), [
+    ("gpu.example.com/tenant=inference", "allowed", None),
+    ("gpu.example.com/tenant=inference,team=ml", "allowed", None),
+    ("gpu.example.com/tenant=other", "denied", "belongs to no GPU tenant"),
+    ("", "denied", "belongs to no GPU tenant"),
+], ids=["inference", "inference-plus-other-labels", "other-tenant-label", "no-labels"])
+def test_namespace_labels_select_the_selector_tenant(gpu_webhook: Run, tmp_path: Path,
+                                                     labels: str, decision: str,
+                                                     message: str | None) -> None:
+    f = _write(tmp_path, "deploy.yaml", DEPLOYMENT)
+    done = gpu_webhook("review", "-f", f, "--namespace-labels", labels, "-o", "json")
+    [r] = _json(done)
+    assert r["decision"] == decision, r
+    assert done.returncode == (0 if decision == "allowed" else 1)
+    if message:
+        assert message in r["message"]
+    else:
+        # The inference tenant pins its pods to L4 nodes.
+        terms = r["object"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA-L4"]
+
+
+def test_namespace_flag_places_a_manifest_without_one(gpu_webhook: Run,
+                                                      tmp_path: Path) -> None:
+    text = TRAINER.replace("  namespace: research\n", "")
+    f = _write(tmp_path, "pod.yaml", text)
+    assert gpu_webhook("review", "-f", f).returncode == 1  # "default" has no tenant
+    done = gpu_webhook("review", "-f", f, "--namespace", "research")
+    assert done.returncode == 0
+    assert done.stdout.startswith("Pod research/trainer: ALLOWED")
+
+
+def test_json_output_is_parseable(gpu_webhook: Run, tmp_path: Path) -> None:
+    f = _write(tmp_path, "all.yaml", TRAINER + "---\n" + MISMATCH)
+    done = gpu_webhook("review", "-f", f, "-o", "json")
+    allowed, denied = _json(done)
+    assert allowed["decision"] == "allowed"
+    assert allowed["changes"] == ["gpu-requests", "gpu-tolerations", "gpu-node-affinity"]
+    assert isinstance(allowed["patch"], list) and allowed["patch"]
+    assert denied["decision"] == "denied"
+    assert denied["phase"] == "mutating"
+    assert "differs from limit 2" in denied["message"]
+
+
+def test_stdin_manifest(gpu_webhook: Run) -> None:
+    done = gpu_webhook("review", "-f", "-", stdin=TRAINER)
+    assert done.returncode == 0
+    assert done.stdout.startswith("Pod research/trainer: ALLOWED")
+
+
+def test_policy_flag(gpu_webhook: Run, tmp_path: Path) -> None:
+    example = (ROOT / "policies" / "multi-tenant.yaml").read_text()
+    policy = _write(tmp_path, "policy.yaml", example.replace(
+        "namespaces: [research, research-dev]", "namespaces: [research-dev]"))
+    done = gpu_webhook("review", "-f", _write(tmp_path, "pod.yaml", TRAINER),
+                       "--policy", policy)
+    assert done.returncode == 1
+    assert 'namespace "research" belongs to no GPU tenant' in done.stdout
+
+
+@pytest.mark.parametrize(("args", "stdin", "message"), [
+    (["-f", "missing.yaml"], None, "cannot read missing.yaml: [Errno 2] No such file"),
+    (["-f", "."], None, "cannot read ."),
+    (["-f", "broken.yaml"], None, "cannot read broken.yaml"),
+    (["-f", "-"], "- just\n- a list\n", "each document must be a Kubernetes object"),
+    (["-f", "-"], "apiVersion: v1\nmetadata: {name: x}\n",
+     "each document must be a Kubernetes object"),
+    (["-f", "-", "--namespace-labels", "team"], TRAINER, "--namespace-labels takes k=v"),
+    (["-f", "-", "--policy", "nope.yaml"], TRAINER, "nope.yaml: cannot read the file"),
+], ids=["missing-file", "directory", "yaml-syntax", "not-an-object", "no-kind",
+        "bad-labels", "missing-policy"])
+def test_unusable_input_exits_2_without_traceback(gpu_webhook: Run, tmp_path: Path,
+                                                  args: list[str], stdin: str | None,
+                                                  message: str) -> None:
+    _write(tmp_path, "broken.yaml", "metadata: [\n")
+    done = gpu_webhook("review", *args, stdin=stdin)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_output_piped_into_head_exits_quietly(console_script: str, tmp_path: Path) -> None:
+    # Many documents, so the output outgrows the pipe buffer after head has gone.
+    manifest = "---\n".join(TRAINER.replace("name: trainer", f"name: t{i}")
+                            for i in range(400))
+    _write(tmp_path, "many.yaml", manifest)
+    done = subprocess.run(
+        f"'{console_script}' review -f many.yaml | head -n 3; exit ${{PIPESTATUS[0]}}",
+        shell=True, executable="/bin/bash", capture_output=True, text=True, cwd=tmp_path,
+        timeout=120)
+    assert done.stdout.splitlines() == [
+        "Pod research/t0: ALLOWED",
+        "  changes: gpu-requests, gpu-tolerations, gpu-node-affinity",
+        "  patched object:",
+    ]
+    assert "Traceback" not in done.stderr
+    assert "BrokenPipeError" not in done.stderr
+    assert done.returncode == 141  # 128 + SIGPIPE, as a shell reports for any such command
