@@ -29,7 +29,7 @@ EPSILON = 1e-9
 class UsageView(Protocol):
     def tenant(self, name: str) -> Totals: ...
     def namespace(self, name: str) -> Totals: ...
-    def top_owners(self, tenant: str, n: int = 3) -> list[tuple[str, float]]: ...
+    def top_owners(self, scope: tuple[str, ...], n: int = 3) -> list[tuple[str, float]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,7 @@ class Line:
     cap: float
     used: float
     per_pod: float
+    holders: tuple[str, ...]  # the usage scope whose biggest holders the message names
     product: str | None = None
 
     def free(self) -> float:
@@ -50,25 +51,29 @@ class Line:
 def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
     """Every cap that applies to this ask, tenant-wide first, then the namespace's."""
     out: list[Line] = []
-    scopes: list[tuple[str, Limits | None, Totals]] = [
-        (f"tenant {tenant.name}", tenant.quota, usage.tenant(tenant.name)),
+    scopes: list[tuple[str, Limits | None, Totals, tuple[str, ...]]] = [
+        (f"tenant {tenant.name}", tenant.quota, usage.tenant(tenant.name),
+         ("tenant", tenant.name)),
         (f"namespace {ask.namespace}", tenant.namespace_quota.get(ask.namespace),
-         usage.namespace(ask.namespace)),
+         usage.namespace(ask.namespace), ("namespace", ask.namespace)),
     ]
-    for scope, limits, totals in scopes:
+    for scope, limits, totals, holders in scopes:
         if limits is None:
             continue
         if limits.gpus is not None:
-            out.append(Line(scope, "GPUs", limits.gpus, totals.gpus, ask.gpus))
+            out.append(Line(scope, "GPUs", limits.gpus, totals.gpus, ask.gpus, holders))
         for r, n in ask.resources.items():
             cap = limits.resources.get(r)
             if cap is not None:
-                out.append(Line(scope, r, cap, totals.resources.get(r, 0.0), n))
+                out.append(Line(scope, r, cap, totals.resources.get(r, 0.0), n, holders))
         if ask.product is not None and ask.product in limits.products:
+            product_holders = (("product", tenant.name, ask.product)
+                               if holders[0] == "tenant" else holders)
             out.append(Line(scope, f"{ask.product} GPUs", limits.products[ask.product],
-                            totals.products.get(ask.product, 0.0), ask.gpus, ask.product))
+                            totals.products.get(ask.product, 0.0), ask.gpus,
+                            product_holders, ask.product))
         if limits.pods is not None:
-            out.append(Line(scope, "GPU pods", limits.pods, totals.pods, 1.0))
+            out.append(Line(scope, "GPU pods", limits.pods, totals.pods, 1.0, holders))
     return out
 
 
@@ -93,7 +98,7 @@ def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -
     for line in lines(tenant, ask, usage):
         if line.used + line.per_pod > line.cap + EPSILON:
             fits = False
-            top = usage.top_owners(tenant.name)
+            top = usage.top_owners(line.holders)
             check.report(Rule.QUOTA, messages.quota_exceeded(
                 line.scope, line.what, line.used, line.per_pod, line.cap, top,
                 "this pod asks", _alternatives(tenant, line, usage, ask)))

@@ -58,9 +58,9 @@ class Combined:
     def namespace(self, name: str) -> Totals:
         return _sum(self.a.namespace(name), self.b.namespace(name))
 
-    def top_owners(self, tenant: str, n: int = 3) -> list[tuple[str, float]]:
-        merged: dict[str, float] = dict(self.a.top_owners(tenant, 1000))
-        for o, g in self.b.top_owners(tenant, 1000):
+    def top_owners(self, scope: tuple[str, ...], n: int = 3) -> list[tuple[str, float]]:
+        merged: dict[str, float] = dict(self.a.top_owners(scope, 1000))
+        for o, g in self.b.top_owners(scope, 1000):
             merged[o] = merged.get(o, 0.0) + g
         return sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 

@@ -63,7 +63,9 @@ class Usage:
         self._by_key: dict[str, Charge] = {}
         self._tenant: dict[str, Totals] = {}
         self._namespace: dict[str, Totals] = {}
-        self._owners: dict[str, dict[str, float]] = {}  # tenant -> owner -> gpus
+        # Who holds what, per scope a message may name: ("tenant", t), ("product", t, p),
+        # ("namespace", ns) -> owner -> GPU-equivalents.
+        self._owners: dict[tuple[str, ...], dict[str, float]] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -83,12 +85,16 @@ class Usage:
     def _apply(self, c: Charge, sign: int) -> None:
         self._tenant.setdefault(c.tenant, Totals()).add(c, sign)
         self._namespace.setdefault(c.namespace, Totals()).add(c, sign)
-        owners = self._owners.setdefault(c.tenant, {})
-        left = owners.get(c.owner, 0.0) + sign * c.gpus
-        if left > 1e-9:
-            owners[c.owner] = left
-        else:
-            owners.pop(c.owner, None)
+        scopes: list[tuple[str, ...]] = [("tenant", c.tenant), ("namespace", c.namespace)]
+        if c.product is not None:
+            scopes.append(("product", c.tenant, c.product))
+        for scope in scopes:
+            owners = self._owners.setdefault(scope, {})
+            left = owners.get(c.owner, 0.0) + sign * c.gpus
+            if left > 1e-9:
+                owners[c.owner] = left
+            else:
+                owners.pop(c.owner, None)
 
     def tenant(self, name: str) -> Totals:
         return self._tenant.get(name) or Totals()
@@ -96,8 +102,10 @@ class Usage:
     def namespace(self, name: str) -> Totals:
         return self._namespace.get(name) or Totals()
 
-    def top_owners(self, tenant: str, n: int = 3) -> list[tuple[str, float]]:
-        owners = self._owners.get(tenant, {})
+    def top_owners(self, scope: tuple[str, ...], n: int = 3) -> list[tuple[str, float]]:
+        """The biggest holders in a scope: ("tenant", t), ("product", t, p) or
+        ("namespace", ns). Scans one scope's owners: used for denial messages only."""
+        owners = self._owners.get(scope, {})
         return sorted(owners.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
     def charges(self) -> Iterable[tuple[str, Charge]]:

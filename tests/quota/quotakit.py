@@ -1,0 +1,88 @@
+"""Builders for the quota tests: a small policy with caps, GPU pods as the cluster
+stores them, and validating-webhook runs against a usage store."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from webhook.engine.decision import Decision
+from webhook.engine.validate import validate
+from webhook.policy.compiled import CompiledPolicy, compile_policy
+from webhook.policy.load import load_text
+from webhook.quota.admit import commit, needs_commit, precheck
+from webhook.quota.store import MemoryStore
+from webhook.review import parse_review, request_review
+
+POLICY = """
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {name: quota-test}
+spec:
+  gpuResources:
+    names: [nvidia.com/gpu]
+    patterns: ["nvidia.com/mig-*"]
+    weights: {nvidia.com/mig-1g.10gb: 0.125}
+  products:
+    aliases: {a100: A100, h100: H100}
+  tenants:
+    - name: team-a
+      namespaces: [team-a, team-a-dev]
+      allowedProducts: [a100, h100]
+      defaultProduct: a100
+      quota:
+        gpus: 8
+        products: {a100: 6, h100: 4}
+        pods: 5
+        namespaces:
+          team-a-dev: {gpus: 2}
+    - name: team-b
+      namespaces: [team-b]
+      quota:
+        resources: {nvidia.com/gpu: 4}
+"""
+
+
+def policy() -> CompiledPolicy:
+    return compile_policy(load_text(POLICY))
+
+
+def pod(name: str, namespace: str = "team-a", gpus: int | str = 1, *,
+        resource: str = "nvidia.com/gpu", product: str | None = "A100",
+        uid: str | None = None, phase: str | None = None,
+        init: list[dict[str, Any]] | None = None,
+        owner: tuple[str, str] | None = None) -> dict[str, Any]:
+    """A pod as the API server stores it after the mutating webhook (pinned, both
+    request and limit set)."""
+    spec: dict[str, Any] = {"containers": [{
+        "name": "main", "image": "x",
+        "resources": {"limits": {resource: gpus}, "requests": {resource: gpus}}}]}
+    if init:
+        spec["initContainers"] = init
+    if product:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": [product]}]}]}}}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}"}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": owner[0],
+                                    "name": owner[1], "uid": "o", "controller": True}]
+    out: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    if phase:
+        out["status"] = {"phase": phase}
+    return out
+
+
+def admit(store: MemoryStore, p: CompiledPolicy, obj: dict[str, Any], *,
+          dry_run: bool = False, operation: str = "CREATE",
+          old: dict[str, Any] | None = None) -> Decision:
+    """Run the validating webhook with quota exactly as the server does."""
+    review = request_review(obj, dry_run=dry_run, operation=operation)
+    review["request"]["oldObject"] = old
+    req = parse_review(orjson.dumps(review))
+    d = validate(req, p, quota=precheck(store))
+    if needs_commit(d, req, p):
+        asyncio.run(commit(d, req, p, store, budget=1.0))
+    return d

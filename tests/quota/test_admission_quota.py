@@ -1,0 +1,157 @@
+"""Quota at admission: the validating webhook with the in-memory store, as ``serve``
+runs it without a cluster. Atomicity across replicas is tested against a real API
+server in tests/e2e."""
+
+from __future__ import annotations
+
+import pytest
+from quotakit import POLICY, admit, pod, policy
+
+from webhook.engine.decision import Decision
+from webhook.policy.compiled import compile_policy
+from webhook.policy.load import load_text
+from webhook.quota.store import MemoryStore
+from webhook.quota.usage import charge_of_pod
+
+
+def store_with(*pods: dict) -> MemoryStore:
+    store = MemoryStore(ttl=60)
+    p = policy()
+    for obj in pods:
+        store.pod_seen(obj["metadata"]["uid"], charge_of_pod(obj, p))
+    return store
+
+
+def quota_messages(d: Decision) -> list[str]:
+    return [f.message for f in d.findings if f.rule.value == "quota"]
+
+
+def test_pods_are_admitted_until_the_cap_and_the_message_has_the_numbers() -> None:
+    store = store_with(pod("llm-0", gpus=2, owner=("Job", "llm-pretrain")),
+                       pod("llm-1", gpus=2, owner=("Job", "llm-pretrain")),
+                       pod("notebook-x", gpus=1))
+    d = admit(store, policy(), pod("new", gpus=2, product="H100"))
+    assert d.allowed, d.message
+    d = admit(store, policy(), pod("big", gpus=3, product="H100"))
+    assert not d.allowed
+    assert d.message == (
+        "pod team-a/big: tenant team-a would use 10 of its 8 GPUs: 7 in use "
+        "(job/llm-pretrain 4, pod/new 2, pod/notebook-x 1), this pod asks 3. 1 is free now. "
+        "Ask for 1 or fewer, wait for running pods to finish, or ask the platform team for "
+        "more quota. [rule quota, tenant team-a]\n"
+        # The product cap is exceeded too; its holders are only that product's.
+        "pod team-a/big: tenant team-a would use 5 of its 4 h100 GPUs: 2 in use (pod/new 2), "
+        "this pod asks 3. 2 are free now. Ask for 2 or fewer, wait for running pods to "
+        "finish, or ask the platform team for more quota. [rule quota, tenant team-a]"
+    )
+
+
+def test_a_product_cap_suggests_another_product_with_room() -> None:
+    store = store_with(*(pod(f"a{i}", gpus=2) for i in range(3)))  # a100: 6 of 6
+    d = admit(store, policy(), pod("more", gpus=1))
+    assert not d.allowed
+    (msg,) = quota_messages(d)
+    assert "would use 7 of its 6 a100 GPUs" in msg
+    assert "none is free now; h100 has 4 free" in msg.lower()
+
+
+def test_namespace_cap_inside_the_tenant() -> None:
+    store = store_with(pod("dev-1", "team-a-dev", 2))
+    d = admit(store, policy(), pod("dev-2", "team-a-dev", 1))
+    assert not d.allowed
+    assert "namespace team-a-dev would use 3 of its 2 GPUs" in d.message
+
+
+def test_pod_count_cap() -> None:
+    store = store_with(*(pod(f"p{i}", gpus=1, product="H100") for i in range(5)))
+    d = admit(store, policy(), pod("sixth", gpus=1, product="H100"))
+    assert not d.allowed
+    assert "would use 6 of its 5 GPU pods" in d.message
+
+
+def test_per_resource_cap_in_devices() -> None:
+    store = store_with(pod("b1", "team-b", 3, product=None))
+    assert not admit(store, policy(), pod("b2", "team-b", 2, product=None)).allowed
+    assert admit(store, policy(), pod("b3", "team-b", 1, product=None)).allowed
+
+
+def test_dry_run_is_checked_but_never_reserves() -> None:
+    store = store_with()
+    p = policy()
+    for i in range(20):
+        assert admit(store, p, pod(f"dry{i}", gpus=4, product="H100"), dry_run=True).allowed
+    assert store.view().tenant("team-a").gpus == 0
+    over = admit(store, p, pod("dry-over", gpus=9, product="H100"), dry_run=True)
+    assert not over.allowed and "would use 9 of its 8 GPUs" in over.message
+
+
+def test_admitted_pods_are_reserved_so_a_burst_never_exceeds_the_cap() -> None:
+    store = store_with()
+    p = policy()
+    results = [admit(store, p, pod(f"burst{i}", gpus=1, product="H100")).allowed
+               for i in range(10)]
+    assert results.count(True) == 4  # h100 cap 4 (before the total of 8 or 5 pods)
+    assert store.view().tenant("team-a").products == {"h100": 4.0}
+
+
+def test_a_reservation_expires_when_its_pod_never_appears() -> None:
+    now = [1000.0]
+    store = MemoryStore(ttl=60, clock=lambda: now[0])
+    p = policy()
+    assert admit(store, p, pod("ghost", gpus=4, product="H100")).allowed
+    assert not admit(store, p, pod("waiting", gpus=4, product="H100")).allowed
+    now[0] += 61  # the ghost was refused by a later admission step and never created
+    assert store.view().tenant("team-a").gpus == 0
+    assert admit(store, p, pod("waiting", gpus=4, product="H100")).allowed
+
+
+def test_a_seen_pod_replaces_its_reservation_without_double_counting() -> None:
+    store = store_with()
+    p = policy()
+    obj = pod("real", gpus=2, product="H100")
+    assert admit(store, p, obj).allowed
+    store.pod_seen(obj["metadata"]["uid"], charge_of_pod(obj, p))
+    assert store.view().tenant("team-a").gpus == 2
+    store.pod_seen(obj["metadata"]["uid"], None)  # deleted
+    assert store.view().tenant("team-a").gpus == 0
+
+
+def _deployment(replicas: int, gpus: int) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "trainer", "namespace": "team-a"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"a": "b"}},
+                     "template": {"metadata": {"labels": {"a": "b"}},
+                                  "spec": pod("t", gpus=gpus, product="H100")["spec"]}}}
+
+
+def test_a_gang_that_can_never_fit_is_denied_at_apply_time() -> None:
+    d = admit(store_with(), policy(), _deployment(3, 2))  # 6 h100 GPUs > cap 4
+    assert not d.allowed
+    assert ("deployment team-a/trainer, pod template: asks for 3 pods x 2 = 6 h100 GPUs at "
+            "once, but tenant team-a's quota is 4 h100 GPUs: it can never run in full. "
+            "Run at most 2 pods of this size, or fewer h100 GPUs per pod.") in d.message
+
+
+def test_a_gang_that_fits_only_later_gets_a_warning() -> None:
+    store = store_with(pod("busy", gpus=3, product="H100"))
+    d = admit(store, policy(), _deployment(2, 1))
+    assert d.allowed
+    assert any("only 1 of tenant team-a's 4 h100 GPUs are free now: 1 of its pods can start"
+               in w for w in d.warnings), d.warnings
+
+
+def test_scaling_up_counts_only_the_added_pods() -> None:
+    store = store_with(pod("t-1", gpus=1, product="H100"), pod("t-2", gpus=1, product="H100"))
+    d = admit(store, policy(), _deployment(4, 1), operation="UPDATE", old=_deployment(2, 1))
+    assert d.allowed and not d.warnings  # 2 running + 2 added = 4 of 4
+
+
+@pytest.mark.parametrize("mode", ["warn", "audit"])
+def test_quota_in_warn_or_audit_mode_admits(mode: str) -> None:
+    rules = f"  rules:\n    quota: {{mode: {mode}}}\n  tenants:"
+    p = compile_policy(load_text(POLICY.replace("  tenants:", rules)))
+    store = store_with()
+    d = admit(store, p, pod("huge", gpus=5, product="H100"))
+    assert d.allowed
+    assert bool(d.warnings) == (mode == "warn")
+    assert d.findings and d.findings[0].mode.value == mode
