@@ -69,6 +69,13 @@ def product_not_allowed(product: str, source: str, tenant: str, allowed: Iterabl
     )
 
 
+def selector_short_name(label: str, short: str, value: str) -> str:
+    return (
+        f'has nodeSelector {label}: "{short}", the short name of a product; nodes carry the '
+        f'full value, so no node matches it. Set it to "{value}".'
+    )
+
+
 def products_disagree(asked: Iterable[str]) -> str:
     return (
         f"asks for several GPU products at once ({one_of(asked)}). "

@@ -45,7 +45,14 @@ def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate
                 asks.append((m[key], f"{label} {key}"))
     sel = child_map(template.spec, "nodeSelector", template.spec_pointer)
     if sel is not None and isinstance(sel.get(policy.product_label), str):
-        asks.append((sel[policy.product_label], f"nodeSelector {policy.product_label}"))
+        value = sel[policy.product_label]
+        if value in policy.product_value and value not in policy.product_value.values():
+            # A short name matches no node: nodes carry the full label value, so the pod
+            # would never schedule (and the validating webhook would refuse it).
+            check.report(Rule.ALLOWED_PRODUCTS, messages.selector_short_name(
+                policy.product_label, value, policy.product_value[value]))
+            return None, True
+        asks.append((value, f"nodeSelector {policy.product_label}"))
     names: list[str] = []
     tenant = check.tenant
     for value, source in asks:
