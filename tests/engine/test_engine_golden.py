@@ -66,6 +66,8 @@ MESSAGE_CASES: dict[str, tuple[Callable[[], Decision], list[Rule]]] = {
     "allowed-products-unknown": (
         mutating(pod(annotations={"gpu.example.com/product": "v100"})),
         [Rule.ALLOWED_PRODUCTS]),
+    "allowed-products-short-name-selector": (
+        mutating(pod(nodeSelector={PRODUCT_LABEL: "h100"})), [Rule.ALLOWED_PRODUCTS]),
     "allowed-products-unpinned": (
         validating(pod(nodeSelector={RACK_LABEL: "rack-a"})), [Rule.ALLOWED_PRODUCTS]),
     "topology": (mutating(pod(nodeSelector={RACK_LABEL: "rack-z"})), [Rule.TOPOLOGY]),

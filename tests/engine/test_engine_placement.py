@@ -120,6 +120,11 @@ def test_existing_required_affinity_is_narrowed_term_by_term(
                      'asks for GPU product "l4" (nodeSelector nvidia.com/gpu.product), which '
                      "tenant research may not use. Ask for one of: a100, h100.",
                      id="product the tenant may not use: denied"),
+        pytest.param({PRODUCT_LABEL: "h100"}, False, Rule.ALLOWED_PRODUCTS, [],
+                     'has nodeSelector nvidia.com/gpu.product: "h100", the short name of a '
+                     'product; nodes carry the full value, so no node matches it. Set it to '
+                     '"NVIDIA-H100-80GB-HBM3".',
+                     id="short product name: would never schedule, denied"),
         pytest.param({RACK_LABEL: "rack-a"}, True, None,
                      [{"matchExpressions": [expr(PRODUCT_LABEL, A100)]}], None,
                      id="allowed rack: no rack affinity added"),
