@@ -17,12 +17,12 @@ def serve(tmp_path: Path) -> Iterator[ServerFactory]:
     started: list[Server] = []
     n = 0
 
-    def factory(*extra: str) -> Server:
+    def factory(*extra: str, ca: Path | None = None) -> Server:
         nonlocal n
         n += 1
         d = tmp_path / f"server{n}"
         d.mkdir()
-        s = start_server(d, *extra)
+        s = start_server(d, *extra, ca=ca)
         started.append(s)
         return s
 

@@ -55,6 +55,7 @@ class Server:
     port: int
     cert_dir: Path
     log_path: Path
+    ca_file: Path | None = None  # when the server runs on certificates given by flags
     clients: list[httpx.Client] = field(default_factory=list)
 
     @property
@@ -63,7 +64,7 @@ class Server:
 
     @property
     def ca(self) -> Path:
-        return self.cert_dir / "ca.pem"
+        return self.ca_file or self.cert_dir / "ca.pem"
 
     def client(self) -> httpx.Client:
         """An HTTP/1.1 keep-alive client that trusts only the server's own CA."""
@@ -76,8 +77,9 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(tmp: Path, *extra: str) -> Server:
-    """Start ``gpu-webhook serve`` and return once /healthz answers over verified TLS."""
+def start_server(tmp: Path, *extra: str, ca: Path | None = None) -> Server:
+    """Start ``gpu-webhook serve`` and return once /healthz answers over verified TLS
+    (trusting ``ca``, or the CA of the dev certificates the server generates)."""
     port = free_port()
     cert_dir = tmp / "certs"
     log_path = tmp / "server.log"
@@ -86,7 +88,7 @@ def start_server(tmp: Path, *extra: str) -> Server:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_WEBHOOK_")}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
-    server = Server(proc, port, cert_dir, log_path)
+    server = Server(proc, port, cert_dir, log_path, ca)
     deadline = time.monotonic() + START_TIMEOUT
     last: Exception | None = None
     while time.monotonic() < deadline:
