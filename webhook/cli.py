@@ -1,6 +1,6 @@
 """The ``gpu-webhook`` command line. Thin: parse flags, call the modules that do the work.
 
-Commands: ``serve``, ``certs``, ``policy check``, ``review``.
+Commands: ``serve``, ``certs``, ``manifests``, ``policy check``, ``review``.
 Exit codes: 0 success/allowed, 1 denied or invalid policy, 2 usage or input error.
 """
 
@@ -63,6 +63,32 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="overwrite existing files")
     c.set_defaults(func=_certs)
 
+    m = sub.add_parser(
+        "manifests", help="print the webhook configurations for a policy (YAML)",
+        description="Print a MutatingWebhookConfiguration and a ValidatingWebhookConfiguration "
+                    "whose matchConditions send only GPU pods and workloads, derived from the "
+                    "policy. failurePolicy Fail: while the webhook is down, matching GPU "
+                    "requests are rejected; Ignore: they are admitted unchecked (no quota, no "
+                    "pinning). Pods without GPUs are never sent either way.")
+    m.add_argument("--policy", help="policy file (default: the embedded example policy)")
+    m.add_argument("--name", default="gpu-webhook", help="configuration name [gpu-webhook]")
+    m.add_argument("--namespace", default="gpu-webhook",
+                   help="the webhook's namespace, never sent to it [gpu-webhook]")
+    m.add_argument("--service", default="gpu-webhook", help="Service name [gpu-webhook]")
+    m.add_argument("--port", type=int, default=443, help="Service port [443]")
+    m.add_argument("--url", help="call https://HOST:PORT instead of the Service (a webhook "
+                                 "outside the cluster, e.g. for tests)")
+    m.add_argument("--ca-file", help="PEM CA of the serving certificate, put in caBundle "
+                                     "(leave out when cert-manager injects it)")
+    m.add_argument("--timeout-seconds", type=int, default=5, help="per call, 1-30 [5]")
+    m.add_argument("--mutating-failure-policy", choices=["Fail", "Ignore"], default="Fail",
+                   help="when the webhook is down: Fail rejects GPU requests, Ignore admits "
+                        "them unmutated [Fail]")
+    m.add_argument("--validating-failure-policy", choices=["Fail", "Ignore"], default="Fail",
+                   help="when the webhook is down: Fail rejects GPU requests, Ignore admits "
+                        "them unchecked (quota not enforced) [Fail]")
+    m.set_defaults(func=_manifests)
+
     pol = sub.add_parser("policy", help="policy tools")
     psub = pol.add_subparsers(title="policy commands")
     chk = psub.add_parser("check", help="validate policy files")
@@ -114,6 +140,37 @@ def _certs(args: argparse.Namespace) -> int:
           f"{issued.not_after:%Y-%m-%d} ({args.days} days): renew before then "
           "(run this command again with --force and the same --ca/--ca-key).", file=sys.stderr)
     print(base64.b64encode(issued.ca_pem).decode())  # the caBundle, for scripts
+    return 0
+
+
+def _manifests(args: argparse.Namespace) -> int:
+    from webhook import manifests
+    from webhook.policy.load import PolicyError, load_file, load_text
+    from webhook.policy.source import default_policy_text
+
+    try:
+        policy = (load_file(args.policy) if args.policy else
+                  load_text(default_policy_text(), "<embedded default>"))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        ca = Path(args.ca_file).read_bytes() if args.ca_file else None
+        if ca is not None and b"-----BEGIN CERTIFICATE-----" not in ca:
+            raise ValueError(f"{args.ca_file} holds no PEM certificate")
+        objects = manifests.render(policy, manifests.Options(
+            name=args.name, namespace=args.namespace, service=args.service, port=args.port,
+            url=args.url, ca_bundle=ca, timeout_seconds=args.timeout_seconds,
+            mutating_failure_policy=args.mutating_failure_policy,
+            validating_failure_policy=args.validating_failure_policy))
+    except (OSError, ValueError) as exc:
+        print(f"gpu-webhook manifests: {exc}", file=sys.stderr)
+        return 2
+    source = args.policy or "the embedded example policy"
+    print(manifests.to_yaml(objects, header=(
+        f"# Rendered by `gpu-webhook manifests` from {source} (policy "
+        f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
+        "tolerations, nonGpuPodsToleratingGpuTaints or exemptions change.\n")), end="")
     return 0
 
 

@@ -1,0 +1,238 @@
+"""The webhook configurations the API server needs, rendered from the policy.
+
+``gpu-webhook manifests`` prints a MutatingWebhookConfiguration and a
+ValidatingWebhookConfiguration (admissionregistration.k8s.io/v1). They are derived from
+the policy so that the API server sends only what the webhook acts on:
+
+- ``matchConditions`` (CEL, evaluated in the API server) pass only pods and pod templates
+  with a GPU resource (by the policy's names and patterns) in any container's or init
+  container's limits or requests. When ``nonGpuPodsToleratingGpuTaints`` is ``strip`` the
+  mutating webhook (``deny``: the validating one) also gets pods that tolerate a GPU taint
+  key. Requests from exempt users, groups and service accounts are not sent.
+- ``namespaceSelector`` leaves out kube-system, the webhook's own namespace and the
+  policy's exempt namespaces, so a webhook that is down can never block the pods that
+  would bring it back.
+
+failurePolicy, per webhook (both default to Fail):
+
+- ``Fail``: while no replica answers, every GPU pod or GPU workload create/update that
+  matches is rejected ("failed calling webhook"). Nothing escapes quota or pinning; pods
+  without GPUs are unaffected because they are never sent.
+- ``Ignore``: while no replica answers, matching requests are admitted as they are: no
+  GPU requests completed, no tolerations or node affinity injected, no quota charged.
+
+The configurations must be rendered again when the policy's GPU resources, toleration
+keys, ``nonGpuPodsToleratingGpuTaints`` or exemptions change.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+from webhook.policy.model import GPUPolicy, TolerationPolicy
+
+FailurePolicy = Literal["Fail", "Ignore"]
+GROUP = "gpu-webhook.dev"
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
+
+RULES: list[dict[str, Any]] = [
+    # A pod's resources and placement are immutable: only its creation matters.
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["pods"], "scope": "Namespaced"},
+    # Workloads are checked at `kubectl apply`, so a developer sees the problem there and
+    # not as an event on a ReplicaSet.
+    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"],
+     "scope": "Namespaced"},
+    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["jobs", "cronjobs"], "scope": "Namespaced"},
+]
+
+
+@dataclass(frozen=True)
+class Options:
+    name: str = "gpu-webhook"
+    """Name of both configurations (and the prefix of the webhooks' names)."""
+    namespace: str = "gpu-webhook"
+    service: str = "gpu-webhook"
+    port: int = 443
+    url: str | None = None
+    """Call this base URL (``https://host:port``) instead of the Service."""
+    ca_bundle: bytes | None = None
+    """PEM of the CA that signed the serving certificate."""
+    timeout_seconds: int = 5
+    mutating_failure_policy: FailurePolicy = "Fail"
+    validating_failure_policy: FailurePolicy = "Fail"
+
+
+def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, Any]]:
+    """The MutatingWebhookConfiguration and ValidatingWebhookConfiguration."""
+    if not 1 <= options.timeout_seconds <= 30:
+        raise ValueError("timeoutSeconds must be between 1 and 30 (the API server's limit)")
+    if options.url is not None and not options.url.startswith("https://"):
+        raise ValueError(f"--url must start with https:// (got {options.url!r})")
+    spec = policy.spec
+    gpu = gpu_pod_expression(spec.gpu_resources.names, spec.gpu_resources.patterns)
+    keys = sorted({t.key for t in spec.tolerations if t.key})
+    tolerating = tolerates_expression(keys) if keys else None
+    choice = spec.non_gpu_pods_tolerating_gpu_taints
+    wanted = {
+        "mutate": gpu if choice is not TolerationPolicy.STRIP or not tolerating
+        else f"{gpu} || {tolerating}",
+        "validate": gpu if choice is not TolerationPolicy.DENY or not tolerating
+        else f"{gpu} || {tolerating}",
+    }
+    exempt = exemption_expression(spec.exemptions.users, spec.exemptions.groups,
+                                  [f"system:serviceaccount:{sa.replace('/', ':')}"
+                                   for sa in spec.exemptions.service_accounts])
+    excluded = sorted({"kube-system", options.namespace, *spec.exemptions.namespaces})
+
+    def webhook(kind: str, failure: FailurePolicy) -> dict[str, Any]:
+        conditions = [{"name": "gpu-pods" if wanted[kind] == gpu
+                       else "gpu-pods-or-gpu-tolerations",
+                       "expression": for_pod_spec(lambda s: _or_terms(wanted[kind], s))}]
+        if exempt:
+            conditions.append({"name": "not-exempt", "expression": exempt})
+        hook: dict[str, Any] = {
+            "name": f"{kind}.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config(kind, options),
+            "rules": RULES,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": {"matchExpressions": [
+                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}]},
+            "matchConditions": conditions,
+            "sideEffects": "NoneOnDryRun",  # quota reservations are skipped for dry runs
+            "timeoutSeconds": options.timeout_seconds,
+            "failurePolicy": failure,
+        }
+        if kind == "mutate":
+            # Another mutating webhook may add a GPU container after ours ran.
+            hook["reinvocationPolicy"] = "IfNeeded"
+        return hook
+
+    labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": options.name, "labels": labels},
+         "webhooks": [webhook("mutate", options.mutating_failure_policy)]},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingWebhookConfiguration",
+         "metadata": {"name": options.name, "labels": labels},
+         "webhooks": [webhook("validate", options.validating_failure_policy)]},
+    ]
+
+
+def to_yaml(objects: Iterable[dict[str, Any]], header: str = "") -> str:
+    docs = [yaml.safe_dump(o, sort_keys=False, width=100) for o in objects]
+    return header + "---\n".join(docs)
+
+
+# --- CEL -------------------------------------------------------------------------------
+# The expressions are built from placeholders: "S" stands for the pod spec, and is
+# replaced by the path to it for each kind (see for_pod_spec).
+
+_SPEC = "{S}"
+
+
+def _quote(s: str) -> str:
+    # Policy names and patterns are restricted to [-A-Za-z0-9_./*] by the schema; the
+    # check keeps a future schema change from producing an expression that means
+    # something else.
+    if any(c in s for c in "'\\\n"):
+        raise ValueError(f"{s!r} cannot be put in a CEL string")
+    return f"'{s}'"
+
+
+def _list(values: Iterable[str]) -> str:
+    return "[" + ", ".join(_quote(v) for v in values) + "]"
+
+
+def resource_test(var: str, names: Iterable[str], patterns: Iterable[str]) -> str:
+    """CEL that is true when the resource name ``var`` is a GPU resource."""
+    terms = []
+    names = list(names)
+    if names:
+        terms.append(f"{var} in {_list(names)}")
+    for p in patterns:
+        parts = p.split("*")
+        if len(parts) == 1:
+            terms.append(f"{var} == {_quote(p)}")
+        elif p == "*":
+            return "true"
+        elif len(parts) == 2 and parts[1] == "":
+            terms.append(f"{var}.startsWith({_quote(parts[0])})")
+        elif len(parts) == 2 and parts[0] == "":
+            terms.append(f"{var}.endsWith({_quote(parts[1])})")
+        else:  # RE2 through matches(); "." is the only regex character a name can hold
+            regex = "^" + ".*".join(part.replace(".", "[.]") for part in parts) + "$"
+            terms.append(f"{var}.matches({_quote(regex)})")
+    return " || ".join(terms) if terms else "false"
+
+
+def gpu_pod_expression(names: Iterable[str], patterns: Iterable[str]) -> str:
+    """CEL over the pod spec placeholder: any container or init container asks for a GPU."""
+    gpu = resource_test("r", names, patterns)
+    container = (f"has(c.resources) && ("
+                 f"(has(c.resources.limits) && c.resources.limits.exists(r, {gpu})) || "
+                 f"(has(c.resources.requests) && c.resources.requests.exists(r, {gpu})))")
+    return (f"(has({_SPEC}.containers) && {_SPEC}.containers.exists(c, {container})) || "
+            f"(has({_SPEC}.initContainers) && {_SPEC}.initContainers.exists(c, {container}))")
+
+
+def tolerates_expression(keys: list[str]) -> str:
+    """CEL over the pod spec placeholder: a toleration names a GPU taint key."""
+    return (f"(has({_SPEC}.tolerations) && {_SPEC}.tolerations.exists(t, "
+            f"has(t.key) && t.key in {_list(keys)}))")
+
+
+def _or_terms(expr: str, spec: str) -> str:
+    return expr.replace(_SPEC, spec)
+
+
+def for_pod_spec(test: Callable[[str], str]) -> str:
+    """Apply ``test`` to the pod spec of whichever kind the request is about.
+
+    The spec is picked once into a one-element list so the test is written once and
+    binds it as ``s``; a template missing on the way gives an empty list (false), never
+    an evaluation error, which failurePolicy Fail would turn into a rejection.
+    """
+    template = ("has(object.spec.template) && has(object.spec.template.spec) ? "
+                "[object.spec.template.spec] : []")
+    cron = ("has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec) && "
+            "has(object.spec.jobTemplate.spec.template) && "
+            "has(object.spec.jobTemplate.spec.template.spec) ? "
+            "[object.spec.jobTemplate.spec.template.spec] : []")
+    specs = (f"(request.kind.kind == 'Pod' ? [object.spec] : "
+             f"request.kind.kind == 'CronJob' ? ({cron}) : ({template}))")
+    return f"{specs}.exists(s, {test('s')})"
+
+
+def exemption_expression(users: list[str], groups: list[str], accounts: list[str]) -> str:
+    """CEL that is false for a request the policy exempts by user, group or account."""
+    terms = []
+    if users or accounts:
+        terms.append(f"(has(request.userInfo.username) && request.userInfo.username in "
+                     f"{_list([*users, *accounts])})")
+    if groups:
+        terms.append(f"(has(request.userInfo.groups) && "
+                     f"request.userInfo.groups.exists(g, g in {_list(groups)}))")
+    return f"!({' || '.join(terms)})" if terms else ""
+
+
+def _client_config(kind: str, options: Options) -> dict[str, Any]:
+    config: dict[str, Any]
+    if options.url:
+        config = {"url": f"{options.url.rstrip('/')}/{kind}"}
+    else:
+        config = {"service": {"name": options.service, "namespace": options.namespace,
+                              "path": f"/{kind}", "port": options.port}}
+    if options.ca_bundle:
+        config["caBundle"] = base64.b64encode(options.ca_bundle).decode()
+    return config
