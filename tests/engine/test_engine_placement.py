@@ -60,8 +60,7 @@ PINNED = [expr(PRODUCT_LABEL, A100), expr(RACK_LABEL, "rack-a", "rack-b")]
 )
 def test_gpu_toleration_is_added_once(existing: list[dict[str, Any]] | None,
                                       expected: list[dict[str, Any]]) -> None:
-    extra = {"tolerations": existing} if existing is not None else {}
-    m = mutate_checked(pod(**extra))
+    m = mutate_checked(pod(tolerations=existing) if existing is not None else pod())
     assert m.decision.allowed, m.decision.message
     assert m.patched["spec"]["tolerations"] == expected
     assert ("gpu-tolerations" in m.decision.mutations) is (len(expected) > len(existing or []))

@@ -94,7 +94,7 @@ def test_maximums(namespace: str, containers: list[dict[str, Any]], rules: list[
     m, v = admitted(pod(*containers, namespace=namespace))
     assert m.decision.allowed  # the caps belong to the validating webhook
     assert [f.rule for f in v.findings] == rules
-    assert v.allowed is not rules
+    assert v.allowed is (not rules)
     if snippet is not None:
         assert snippet in v.message
 
@@ -122,7 +122,7 @@ def test_gpu_pod_must_be_pinned_to_allowed_products_and_racks(spec: dict[str, An
                                                               rules: list[Rule]) -> None:
     v = validated(pod(**spec))
     assert [f.rule for f in v.findings] == rules
-    assert v.allowed is not rules
+    assert v.allowed is (not rules)
 
 
 def test_unpinned_message_says_what_to_add() -> None:
