@@ -31,16 +31,19 @@ def check_requests(check: Checker, containers: list[ContainerGPUs], patch: Patch
             req_raw = c.requests.get(res) if c.requests else None
             lim_raw = c.limits.get(res) if c.limits else None
             where = c.describe()
-            try:
-                req = gpu_count(req_raw) if req_raw is not None else None
-            except QuantityError as exc:
-                check.report(Rule.GPU_QUANTITY, messages.bad_quantity(res, "request", str(exc)),
-                             where)
-                continue
+            # The limit first: it is what people write for an extended resource, and the
+            # API server copies a limit into a missing request before admission, so a bad
+            # limit arrives as a bad request too and must be named as what was written.
             try:
                 lim = gpu_count(lim_raw) if lim_raw is not None else None
             except QuantityError as exc:
                 check.report(Rule.GPU_QUANTITY, messages.bad_quantity(res, "limit", str(exc)),
+                             where)
+                continue
+            try:
+                req = gpu_count(req_raw) if req_raw is not None else None
+            except QuantityError as exc:
+                check.report(Rule.GPU_QUANTITY, messages.bad_quantity(res, "request", str(exc)),
                              where)
                 continue
             if req is not None and lim is not None and req != lim:
