@@ -1,0 +1,68 @@
+"""The floor to compare with: a bare ASGI app that parses the review with orjson,
+echoes the uid and allows, served with the same uvicorn settings as the webhook (our
+SSLContext from ``webhook.serve``, one worker, uvloop, httptools, no access log).
+
+The difference between this and ``gpu-webhook serve`` on the same requests is what the
+webhook itself costs: the envelope checks, the engine, metrics and the decision log.
+
+    python -m bench.baseline --host 127.0.0.1 --port P --cert-dir D
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+import uvicorn
+import uvloop
+
+from webhook import serve
+from webhook.settings import Settings
+
+Message = MutableMapping[str, Any]
+HEADERS = [(b"content-type", b"application/json")]
+
+
+async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Message]],
+              send: Callable[[Message], Awaitable[None]]) -> None:
+    if scope["type"] != "http":
+        return
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    uid = ""
+    if scope["method"] == "POST":
+        review = orjson.loads(b"".join(chunks))
+        uid = review["request"]["uid"]
+    body = orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                         "response": {"uid": uid, "allowed": True}})
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [*HEADERS, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.baseline", description=__doc__)
+    Settings.add_arguments(parser)
+    settings = Settings.from_args(parser.parse_args(argv))
+    cert, key = serve.tls_files(settings)
+    context = serve.ssl_context(settings, cert, key)
+    # The keyword arguments of serve.run's uvicorn config, with the plain httptools
+    # protocol (ours adds the ASGI tls extension, part of what the webhook costs).
+    config = serve._Config(
+        app, context, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+        lifespan="off", access_log=False, log_config=None, timeout_keep_alive=30,
+        timeout_graceful_shutdown=20,
+    )
+    uvloop.run(uvicorn.Server(config).serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""In-process costs: the pure core per review, the quota check against stores of
+1,000 and 100,000 GPU pods, and the memory the store takes.
+
+Times are medians of ``timeit.repeat`` runs (the minimum would flatter, the mean is
+pulled up by the other engineers' jobs on a shared machine).
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import statistics
+import timeit
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from bench import mix
+from bench.population import NAMESPACES, population
+from webhook.engine.decision import Ask, Checker, Decision
+from webhook.engine.validate import OWNED
+from webhook.quota.admit import precheck
+from webhook.quota.check import check_pod
+from webhook.quota.store import MemoryStore
+from webhook.review import parse_review
+
+GPU = "nvidia.com/gpu"
+
+
+def per_call_us(fn: Callable[[], object], seconds: float, repeat: int = 7) -> dict[str, float]:
+    """Median and spread of ``fn``'s cost in microseconds, ``repeat`` runs of about
+    ``seconds / repeat`` each."""
+    fn()
+    number, t = 1, 0.0
+    while t < 0.02:  # calibrate: one run of at least 20 ms
+        number *= 2
+        t = timeit.timeit(fn, number=number)
+    number = max(1, int(number * (seconds / repeat) / t))
+    runs = [r / number * 1e6 for r in timeit.repeat(fn, number=number, repeat=repeat)]
+    return {"median_us": round(statistics.median(runs), 2), "min_us": round(min(runs), 2),
+            "max_us": round(max(runs), 2), "calls": number * repeat}
+
+
+def store_of(n: int, **kw: Any) -> MemoryStore:
+    s = MemoryStore()
+    s.load(population(n, **kw))
+    return s
+
+
+def reviews(seconds: float) -> dict[str, Any]:
+    """Per review: parse + engine + reply, what the hot path does minus ASGI, metrics
+    and the decision log (those are in the HTTP numbers)."""
+    store = store_of(1000)
+    hook = precheck(store)
+    mix.check(hook)
+    out: dict[str, Any] = {}
+    per = seconds / len(mix.items())
+    for key, item in mix.items().items():
+        out[key] = per_call_us(lambda item=item: mix.decide(item, hook), per)  # type: ignore[misc]
+    body = mix.items()["mutate:gpu-needs-mutation"].body
+    out["parse-only"] = per_call_us(lambda: parse_review(body), per)
+    return out
+
+
+def _quota_case(store: MemoryStore, gpus: float) -> Callable[[], bool]:
+    policy = mix.policy()
+    tenant = policy.by_name["research"]
+    ask = Ask("research", "research", "a100", {GPU: gpus}, gpus, 1, True, 1, "Pod")
+
+    def run() -> bool:
+        check = Checker(policy, tenant, "pod research/x", OWNED, Decision())
+        return check_pod(check, tenant, ask, store.view())
+
+    return run
+
+
+def quota(seconds: float, sizes: tuple[int, ...] = (1_000, 100_000)) -> dict[str, Any]:
+    """The quota check (``check_pod`` on a fresh store view, as the validating webhook
+    runs it for a dry run and inside the reservation) at each store size. "allowed" is
+    the common case; "denied" builds the message, which ranks the tenant's biggest
+    owners, with the tenant holding 1% of all pods as separate owners."""
+    out: dict[str, Any] = {"namespaces": NAMESPACES, "sizes": {}}
+    per = seconds / (2 * len(sizes))
+    for n in sizes:
+        allowed = store_of(n)
+        assert _quota_case(allowed, 2)()
+        denied = store_of(n, focus="research", focus_share=0.01)
+        assert not _quota_case(denied, 40)()
+        out["sizes"][str(n)] = {
+            "allowed": per_call_us(_quota_case(allowed, 2), per),
+            "denied": per_call_us(_quota_case(denied, 40), per),
+        }
+        del allowed, denied
+        gc.collect()
+    lo, hi = (out["sizes"][str(n)] for n in (sizes[0], sizes[-1]))
+    out["ratio"] = {k: round(hi[k]["median_us"] / lo[k]["median_us"], 2) for k in lo}
+    return out
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def store_memory(n: int = 100_000) -> dict[str, Any]:
+    """Memory held by a MemoryStore of ``n`` pods: RSS growth while building it, and
+    the bytes tracemalloc attributes to it (the exact figure; RSS includes allocator
+    slack and is what a container limit sees)."""
+    gc.collect()
+    before = _rss_bytes()
+    store = store_of(n)
+    gc.collect()
+    rss = _rss_bytes() - before
+    del store
+    gc.collect()
+    tracemalloc.start()
+    store = store_of(n)
+    traced, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"pods": len(store.pods), "namespaces": NAMESPACES,
+            "rss_delta_mb": round(rss / 2**20, 1), "traced_mb": round(traced / 2**20, 1)}
