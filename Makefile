@@ -6,12 +6,15 @@ BIN := $(VENV)/bin
 
 .PHONY: install run test lint unit e2e controlplane bench bench-quick
 
+# wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
 install: $(VENV)/.installed
+	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk) \
+		|| echo "wrk is not installed: make bench and tests/bench need it (apt-get install wrk)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
 run: install
@@ -34,3 +37,11 @@ e2e: install controlplane
 
 test: lint controlplane
 	$(BIN)/pytest
+
+# Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs
+# (bench/README.md). About 6 minutes; bench-quick is a smoke run of every part (~40 s).
+bench: install
+	$(BIN)/python -m bench.run
+
+bench-quick: install
+	$(BIN)/python -m bench.run --quick
