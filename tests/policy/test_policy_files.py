@@ -112,7 +112,8 @@ def test_requests_and_tolerations() -> None:
     ("research", {}, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, None),
     ("inference", {}, None, ["NVIDIA-L4"]),  # the only allowed product
     ("research", {"labels": {"gpu.example.com/product": "l4"}}, None, "may not use"),
-    ("research", {"labels": {"gpu.example.com/product": "v100"}}, None, "Known products"),
+    ("research", {"labels": {"gpu.example.com/product": "v100"}}, None,
+     "not a product this cluster defines"),
 ], ids=["default", "label", "annotation-full-value", "node-selector", "single-product",
         "not-allowed", "unknown"])
 def test_products(namespace: str, metadata: dict[str, Any],
