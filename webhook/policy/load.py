@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from webhook.policy import model
 from webhook.policy.model import API_VERSION, KIND, FieldProblem, GPUPolicy
@@ -71,6 +72,11 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 def load_file(path: str | Path) -> GPUPolicy:
     """Load and validate the policy at ``path``; raise PolicyError with located problems."""
+    return load_text(read_file(path), str(path))
+
+
+def read_file(path: str | Path) -> str:
+    """The text of a policy (or policy test) file, size-capped; PolicyError if unusable."""
     source = str(path)
     try:
         with open(path, "rb") as f:
@@ -87,11 +93,21 @@ def load_file(path: str | Path) -> GPUPolicy:
     except UnicodeDecodeError as exc:
         raise PolicyError(
             source, [Problem("", None, f"not UTF-8 text ({exc.reason})")]) from None
-    return load_text(text, source)
+    return text
 
 
 def load_text(text: str, source: str = "<policy>") -> GPUPolicy:
     """Validate policy YAML given as text."""
+    return load_document(text, source, GPUPolicy, KIND)
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def load_document(text: str, source: str, model: type[Model], kind: str) -> Model:
+    """One YAML document validated as ``model`` (whose ``apiVersion`` is API_VERSION and
+    ``kind`` is ``kind``), with every problem located; shared by the policy and the
+    policy test suites (``webhook.policytest``)."""
     try:
         docs = [d for d in yaml.compose_all(text, Loader=_NoAliasLoader) if not _empty(d)]
     except yaml.MarkedYAMLError as exc:
@@ -103,18 +119,19 @@ def load_text(text: str, source: str = "<policy>") -> GPUPolicy:
         raise PolicyError(source, [Problem("", None, f"YAML syntax: {exc}")]) from None
     if not docs:
         raise PolicyError(source, [Problem("", None, "the file is empty; "
-                                           f"expected a {KIND} document")])
+                                           f"expected a {kind} document")])
     if len(docs) > 1:
         raise PolicyError(source, [Problem("", docs[1].start_mark.line + 1,
-                                           "one policy per file: split the documents")])
+                                           f"one {'policy' if kind == KIND else kind} per file: "
+                                           "split the documents")])
     node = docs[0]
     raw = yaml.SafeLoader(text).construct_document(node)
     if not isinstance(raw, dict):
         raise PolicyError(source, [Problem("", node.start_mark.line + 1,
                                            f"expected a mapping with apiVersion: {API_VERSION}, "
-                                           f"kind: {KIND}")])
+                                           f"kind: {kind}")])
     try:
-        return GPUPolicy.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         raise PolicyError(source, [_problem(e, node) for e in exc.errors()]) from None
 
