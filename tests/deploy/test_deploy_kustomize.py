@@ -1,0 +1,226 @@
+"""deploy/: each overlay builds, every object is valid for Kubernetes, and the objects
+hold the properties an operator relies on (replicas, probes, security, least privilege,
+a caBundle that matches the serving certificate). The committed webhook configurations
+must be what ``gpu-webhook manifests`` renders now.
+
+Building needs ``kubectl kustomize``: the kubectl built for the e2e tests (or one on PATH,
+or $KUBECTL); without one, the build checks are skipped and the base files are still
+validated one by one.
+"""
+
+from __future__ import annotations
+
+import base64
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+GPU_WEBHOOK = str(Path(sys.executable).with_name("gpu-webhook"))
+VERSION = kubernetes_validate.latest_version()
+SERVICE_NAMES = ["gpu-webhook", "gpu-webhook.gpu-webhook", "gpu-webhook.gpu-webhook.svc",
+                 "gpu-webhook.gpu-webhook.svc.cluster.local"]
+
+
+def find_kubectl() -> str | None:
+    if os.environ.get("KUBECTL"):
+        return os.environ["KUBECTL"]
+    built = sorted(glob.glob(os.path.expanduser("~/.cache/gpu-webhook/controlplane/*/bin/kubectl")))
+    return built[-1] if built else shutil.which("kubectl")
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    kubectl = find_kubectl()
+    if kubectl is None:
+        pytest.skip("no kubectl for `kubectl kustomize` (run tests/e2e/controlplane/build.sh)")
+    done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"{len(found)} {kind}"
+    return found[0]
+
+
+def validate_all(objects: list[dict[str, Any]]) -> None:
+    for obj in objects:
+        if obj["apiVersion"].startswith("cert-manager.io/"):
+            continue  # a CRD: no schema here; test_cert_manager_overlay checks its shape
+        kubernetes_validate.validate(obj, VERSION, strict=True)
+
+
+@pytest.fixture(scope="module")
+def self_managed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
+    # The documented command, on a copy: certificates are never committed.
+    copy = tmp_path_factory.mktemp("deploy") / "deploy"
+    shutil.copytree(DEPLOY, copy)
+    certs = copy / "overlays" / "self-managed" / "certs"
+    done = subprocess.run([GPU_WEBHOOK, "certs", "--namespace", "gpu-webhook", "--out",
+                           str(certs)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return kustomize(copy / "overlays" / "self-managed"), certs
+
+
+@pytest.fixture(scope="module")
+def cert_manager() -> list[dict[str, Any]]:
+    return kustomize(DEPLOY / "overlays" / "cert-manager")
+
+
+# --- in step with the code and the policy -----------------------------------------------
+
+def test_committed_webhook_configurations_are_what_manifests_renders_now():
+    done = subprocess.run([GPU_WEBHOOK, "manifests", "--policy", "policies/multi-tenant.yaml",
+                           "--namespace", "gpu-webhook"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert (DEPLOY / "base" / "webhooks.yaml").read_text() == done.stdout, (
+        "deploy/base/webhooks.yaml is stale: run `gpu-webhook manifests --policy "
+        "policies/multi-tenant.yaml --namespace gpu-webhook > deploy/base/webhooks.yaml`")
+
+
+def test_base_policy_is_the_example_policy():
+    # kustomize reads no file outside deploy/base, so the ConfigMap's source is a copy.
+    assert yaml.safe_load((DEPLOY / "base" / "policy.yaml").read_text()) == yaml.safe_load(
+        (ROOT / "policies" / "multi-tenant.yaml").read_text())
+
+
+def test_base_files_validate_one_by_one():
+    for path in sorted((DEPLOY / "base").glob("*.yaml")):
+        if path.name in ("kustomization.yaml", "policy.yaml"):
+            continue
+        objects = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        for obj in objects:
+            obj.setdefault("metadata", {}).setdefault("namespace", "gpu-webhook")
+            if obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding",
+                               "MutatingWebhookConfiguration",
+                               "ValidatingWebhookConfiguration"):
+                del obj["metadata"]["namespace"]
+        validate_all(objects)
+
+
+# --- the built overlays ------------------------------------------------------------------
+
+def test_self_managed_overlay_is_valid_and_trusts_its_certificate(self_managed):
+    objects, certs = self_managed
+    validate_all(objects)
+    secret = one(objects, "Secret")
+    assert secret["metadata"] == {"name": "gpu-webhook-tls", "namespace": "gpu-webhook"}
+    assert sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]  # never the CA key
+    ca_pem = (certs / "ca.pem").read_bytes()
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for hook in one(objects, kind)["webhooks"]:
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem
+    check_common(objects)
+
+
+def test_cert_manager_overlay_is_valid_and_wired_to_cert_manager(cert_manager):
+    objects = cert_manager
+    validate_all(objects)
+    assert not by_kind(objects, "Secret")  # cert-manager writes it
+    issuers = {o["metadata"]["name"]: o for o in by_kind(objects, "Issuer")}
+    certificates = {o["metadata"]["name"]: o for o in by_kind(objects, "Certificate")}
+    for obj in [*issuers.values(), *certificates.values()]:
+        assert obj["apiVersion"] == "cert-manager.io/v1"
+        assert obj["metadata"]["namespace"] == "gpu-webhook"
+    for cert in certificates.values():
+        assert cert["spec"]["issuerRef"]["name"] in issuers
+    serving = certificates["gpu-webhook-serving"]["spec"]
+    assert serving["secretName"] == "gpu-webhook-tls"
+    assert serving["dnsNames"] == SERVICE_NAMES
+    assert "server auth" in serving["usages"]
+    assert certificates["gpu-webhook-ca"]["spec"]["isCA"] is True
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = one(objects, kind)
+        assert config["metadata"]["annotations"] == {
+            "cert-manager.io/inject-ca-from": "gpu-webhook/gpu-webhook-serving"}
+        assert all("caBundle" not in h["clientConfig"] for h in config["webhooks"])
+    check_common(objects)
+
+
+def check_common(objects: list[dict[str, Any]]) -> None:
+    """What both overlays must get right about the workload itself."""
+    ns = one(objects, "Namespace")["metadata"]["name"]
+    deployment = one(objects, "Deployment")
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    assert deployment["metadata"]["namespace"] == ns
+    assert spec["replicas"] == 3
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["terminationGracePeriodSeconds"] == 30
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert isinstance(sc["runAsUser"], int) and sc["runAsUser"] > 0
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert "memory" in container["resources"]["limits"]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}
+    assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert all("subPath" not in m for m in mounts.values())  # subPath mounts never update
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["certs"]["secret"]["secretName"] == "gpu-webhook-tls"
+    assert "emptyDir" in volumes["tmp"] and mounts["tmp"]["mountPath"] == "/tmp"
+    args = container["args"]
+    assert f"--cert-dir={mounts['certs']['mountPath']}" in args
+    policy_cm = volumes["policy"]["configMap"]["name"]
+    assert f"--policy={mounts['policy']['mountPath']}/policy.yaml" in args
+    configmaps = {c["metadata"]["name"]: c for c in by_kind(objects, "ConfigMap")}
+    assert yaml.safe_load(configmaps[policy_cm]["data"]["policy.yaml"]) == yaml.safe_load(
+        (ROOT / "policies" / "multi-tenant.yaml").read_text())
+
+    pdb = one(objects, "PodDisruptionBudget")
+    labels = spec["template"]["metadata"]["labels"]
+    assert pdb["spec"]["minAvailable"] == 2
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    service = one(objects, "Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https",
+                                         "protocol": "TCP"}]
+
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for hook in one(objects, kind)["webhooks"]:
+            ref = hook["clientConfig"]["service"]
+            assert (ref["name"], ref["namespace"], ref["port"]) == (
+                service["metadata"]["name"], ns, 443)
+            excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+            assert ns in excluded and "kube-system" in excluded
+
+    check_rbac(objects, ns, pod["serviceAccountName"])
+
+
+def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
+    rules = [(o["kind"], r) for o in by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+             for r in o["rules"]]
+    for _, rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "secrets" not in rule["resources"], "the webhook reads no Secret via the API"
+        if rule.get("apiGroups") == ["admissionregistration.k8s.io"]:
+            assert rule["resourceNames"] == ["gpu-webhook"]  # only its own configurations
+    cluster_writes = {v for kind, r in rules if kind == "ClusterRole" for v in r["verbs"]
+                      if v in ("create", "update", "delete", "deletecollection")}
+    assert cluster_writes == set()
+    for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                        "namespace": ns}]

@@ -1,0 +1,218 @@
+"""``gpu-webhook manifests``: the webhook configurations it renders are valid Kubernetes
+objects, and their CEL matchConditions send exactly the requests the policy acts on.
+
+The expressions are evaluated here with a CEL implementation (``common-expression-language``)
+on realistic objects; the e2e tests install the same configurations into a real
+kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from webhook import manifests
+from webhook.policy.compiled import compile_policy
+from webhook.policy.load import load_file, load_text
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = ROOT / "policies" / "multi-tenant.yaml"
+GPU_WEBHOOK = str(Path(sys.executable).with_name("gpu-webhook"))
+# The oldest Kubernetes with matchConditions GA, and the newest schema at hand.
+VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
+
+
+def policy(spec: str = "") -> Any:
+    return load_text("apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicy\n"
+                     "metadata: {name: p}\nspec:\n" + spec, "<test>")
+
+
+def render(**options: Any) -> list[dict[str, Any]]:
+    return manifests.render(load_file(str(POLICY)), manifests.Options(**options))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([GPU_WEBHOOK, "manifests", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("options", [{}, {"url": "https://127.0.0.1:8443", "ca_bundle": b"x"}])
+def test_rendered_objects_validate_against_the_kubernetes_schema(version, options):
+    for obj in render(**options):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_cli_prints_both_configurations_as_yaml(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    done = cli("--policy", str(POLICY), "--ca-file", str(ca), "--namespace", "gpu-system",
+               "--timeout-seconds", "3", "--validating-failure-policy", "Ignore")
+    assert done.returncode == 0, done.stderr
+    docs = list(yaml.safe_load_all(done.stdout))
+    assert [d["kind"] for d in docs] == ["MutatingWebhookConfiguration",
+                                         "ValidatingWebhookConfiguration"]
+    mutating, validating = docs[0]["webhooks"][0], docs[1]["webhooks"][0]
+    assert mutating["clientConfig"]["service"] == {
+        "name": "gpu-webhook", "namespace": "gpu-system", "path": "/mutate", "port": 443}
+    assert validating["clientConfig"]["service"]["path"] == "/validate"
+    assert base64.b64decode(mutating["clientConfig"]["caBundle"]) == ca.read_bytes()
+    assert (mutating["failurePolicy"], validating["failurePolicy"]) == ("Fail", "Ignore")
+    assert mutating["timeoutSeconds"] == validating["timeoutSeconds"] == 3
+    assert mutating["reinvocationPolicy"] == "IfNeeded"
+    assert "reinvocationPolicy" not in validating
+    for hook in (mutating, validating):
+        assert hook["sideEffects"] == "NoneOnDryRun"
+        assert hook["admissionReviewVersions"] == ["v1"]
+        # Never the webhook's own namespace, kube-system or the policy's exempt ones.
+        assert hook["namespaceSelector"]["matchExpressions"] == [{
+            "key": "kubernetes.io/metadata.name", "operator": "NotIn",
+            "values": ["gpu-operator", "gpu-system", "kube-system"]}]
+
+
+def test_rules_cover_pods_on_create_and_workloads_on_create_and_update():
+    hook = render()[0]["webhooks"][0]
+    got = {(g, r): tuple(rule["operations"]) for rule in hook["rules"]
+           for g in rule["apiGroups"] for r in rule["resources"]}
+    assert got == {
+        ("", "pods"): ("CREATE",),
+        **{("apps", r): ("CREATE", "UPDATE")
+           for r in ("deployments", "replicasets", "statefulsets", "daemonsets")},
+        **{("batch", r): ("CREATE", "UPDATE") for r in ("jobs", "cronjobs")},
+    }
+
+
+def test_url_client_config_for_a_webhook_outside_the_cluster():
+    hook = render(url="https://127.0.0.1:9443")[1]["webhooks"][0]
+    assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/validate"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--url", "http://127.0.0.1:8443"], "https://"),
+    (["--timeout-seconds", "31"], "between 1 and 30"),
+    (["--ca-file", "pyproject.toml"], "no PEM certificate"),
+    (["--policy", "missing.yaml"], "missing.yaml"),
+])
+def test_bad_options_are_usage_errors(args, message):
+    done = cli(*args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert done.stdout == ""
+
+
+# --- what the CEL conditions let through ----------------------------------------------
+
+cel = pytest.importorskip("cel", reason="common-expression-language is not installed")
+
+
+def container(limits=None, requests=None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": "app", "image": "busybox"}
+    res = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    if res:
+        c["resources"] = res
+    return c
+
+
+def pod_spec(*containers, init=(), tolerations=None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": list(containers) or [container()]}
+    if init:
+        spec["initContainers"] = list(init)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return spec
+
+
+def wrap(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    template = {"metadata": {}, "spec": spec}
+    if kind == "Pod":
+        return {"apiVersion": "v1", "kind": "Pod", "spec": spec}
+    if kind == "CronJob":
+        return {"kind": kind, "spec": {"schedule": "* * * * *",
+                                       "jobTemplate": {"spec": {"template": template}}}}
+    return {"kind": kind, "spec": {"template": template}}
+
+
+def sent(hook: dict[str, Any], obj: dict[str, Any], *, user: str = "dev",
+         groups: list[str] | None = None) -> bool:
+    """Whether the API server would call this webhook: every matchCondition is true."""
+    user_info: dict[str, Any] = {"username": user}
+    if groups:
+        user_info["groups"] = groups
+    context = {"object": obj, "request": {
+        "kind": {"group": "", "version": "v1", "kind": obj["kind"]}, "userInfo": user_info}}
+    results = [cel.evaluate(mc["expression"], context) for mc in hook["matchConditions"]]
+    assert all(isinstance(r, bool) for r in results), results
+    return all(results)
+
+
+GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+KINDS = ["Pod", "Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("spec", "gpu"), [
+    (pod_spec(container(limits={"nvidia.com/gpu": "1"})), True),
+    (pod_spec(container(requests={"nvidia.com/gpu.shared": 1})), True),
+    (pod_spec(container(limits={"nvidia.com/mig-1g.10gb": "1"})), True),  # pattern
+    (pod_spec(container(limits={"cpu": "1"}), init=[container(limits={"nvidia.com/gpu": 1})]),
+     True),
+    (pod_spec(container(limits={"cpu": "1", "memory": "1Gi"})), False),
+    (pod_spec(container()), False),
+    (pod_spec(container(limits={"example.com/gpu": "1", "nvidia.com/gpux": "1"})), False),
+])
+def test_only_gpu_pods_and_templates_are_sent(kind, spec, gpu):
+    mutating, validating = (o["webhooks"][0] for o in render())
+    obj = wrap(kind, spec)
+    assert sent(mutating, obj) is gpu
+    assert sent(validating, obj) is gpu
+
+
+def test_non_gpu_pods_tolerating_gpu_taints_go_where_the_policy_acts_on_them():
+    obj = wrap("Pod", pod_spec(tolerations=GPU_TOLERATION))
+    everything = wrap("Pod", pod_spec(tolerations=[{"operator": "Exists"}]))
+    for choice, to_mutating, to_validating in [("strip", True, False), ("deny", False, True),
+                                               ("allow", False, False)]:
+        p = policy(f"  nonGpuPodsToleratingGpuTaints: {choice}\n")
+        mutating, validating = (o["webhooks"][0] for o in manifests.render(p))
+        assert (sent(mutating, obj), sent(validating, obj)) == (to_mutating, to_validating)
+        # A key-less toleration tolerates every taint; the engine leaves it alone.
+        assert not sent(mutating, everything) and not sent(validating, everything)
+
+
+def test_exempt_users_groups_and_service_accounts_are_not_sent():
+    p = policy("  exemptions:\n    users: [alice]\n    groups: [gpu-admins]\n"
+               "    serviceAccounts: [gpu-operator/device-plugin]\n")
+    hook = manifests.render(p)[0]["webhooks"][0]
+    obj = wrap("Pod", pod_spec(container(limits={"nvidia.com/gpu": 1})))
+    assert sent(hook, obj, user="bob", groups=["dev"])
+    assert not sent(hook, obj, user="alice")
+    assert not sent(hook, obj, user="bob", groups=["dev", "gpu-admins"])
+    assert not sent(hook, obj, user="system:serviceaccount:gpu-operator:device-plugin")
+
+
+@pytest.mark.parametrize(("pattern", "hits", "misses"), [
+    ("example.com/*", ["example.com/a100"], ["example.org/a100"]),
+    ("*.shared", ["nvidia.com/gpu.shared"], ["nvidia.com/gpu"]),
+    ("amd.com/*-gpu*", ["amd.com/mi300-gpu", "amd.com/x-gpu-2"], ["amd.com/gpu", "amdxcom/-gpu"]),
+    ("nvidia.com/gpu", ["nvidia.com/gpu"], ["nvidia.com/gpu2"]),
+])
+def test_patterns_match_as_the_policy_does(pattern, hits, misses):
+    p = policy(f"  gpuResources:\n    names: []\n    patterns: ['{pattern}']\n")
+    hook = manifests.render(p)[1]["webhooks"][0]
+    compiled = compile_policy(p)
+    for name in hits + misses:
+        obj = wrap("Pod", pod_spec(container(limits={name: 1})))
+        assert sent(hook, obj) is (name in hits) is compiled.is_gpu(name), name
+
+
+def test_malformed_templates_are_not_sent_rather_than_failing_the_condition():
+    hook = render()[0]["webhooks"][0]
+    assert not sent(hook, {"kind": "Deployment", "spec": {}})
+    assert not sent(hook, {"kind": "CronJob", "spec": {"jobTemplate": {}}})
