@@ -1,0 +1,146 @@
+"""Fixtures for the end-to-end suite: one real control plane, the webhook deployed on it
+as a cluster would run it, and a fresh tenant namespace per test.
+
+One etcd + kube-apiserver serves the whole session (starting it takes seconds; the
+binaries are built once by ``tests/e2e/controlplane/build.sh`` and cached). Each test
+module gets its own webhook deployment and installs its webhook configurations for its
+own tests only, removing them when it ends, so modules never see each other's webhook.
+Namespaces are never deleted (without a controller-manager, deletion never finishes),
+so every test gets a new one, labelled to join the tenant it needs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controlplane.cluster import ControlPlane, build_binaries
+from e2ekit import (
+    LEDGER_NAMESPACE,
+    MUTATED_ANNOTATION,
+    TENANT_LABEL,
+    Deployment,
+    apply,
+    deployed,
+    gpu_pod,
+    short_id,
+    wait_until,
+)
+
+_VERSIONS: dict[str, str] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _VERSIONS:
+        terminalreporter.write_sep("-", "e2e control plane")
+        for name, version in _VERSIONS.items():
+            terminalreporter.write_line(f"{name}: {version}")
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory,
+                  pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver for the whole session, with admin credentials."""
+    t0 = time.monotonic()
+    cp = ControlPlane(build_binaries(), tmp_path_factory.mktemp("controlplane"))
+    cp.start()
+    try:
+        client = cp.kubectl("version", "--client", "-o", "yaml").stdout
+        kubectl = next((line.split(":", 1)[1].strip() for line in client.splitlines()
+                        if line.strip().startswith("gitVersion:")), "?")
+        _VERSIONS["kube-apiserver"] = cp.version
+        _VERSIONS["kubectl"] = kubectl
+        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"\ne2e control plane: kube-apiserver {cp.version}, "
+                                f"kubectl {kubectl}, ready in {time.monotonic() - t0:.1f}s")
+        cp.kubectl("create", "namespace", LEDGER_NAMESPACE)
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def webhook(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> Iterator[Deployment]:
+    """The webhook deployed and its configurations installed for this module.
+
+    A module sets ``E2E_REPLICAS = 2`` for two replicas behind a round-robin proxy.
+    """
+    replicas = getattr(request.module, "E2E_REPLICAS", 1)
+    workdir = tmp_path_factory.mktemp(f"webhook-{request.module.__name__}")
+    with deployed(control_plane, workdir, replicas=replicas) as d:
+        d.install()
+        try:
+            wait_installed(control_plane, d)
+            yield d
+        finally:
+            d.uninstall()
+            wait_uninstalled(control_plane)
+
+
+NamespaceFactory = Callable[[str], str]
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> NamespaceFactory:
+    """``namespace(tenant)``: a new namespace labelled to join ``tenant``."""
+
+    def make(tenant: str) -> str:
+        name = f"e2e-{tenant}-{short_id()}"
+        create_namespace(control_plane, name, tenant)
+        return name
+
+    return make
+
+
+def create_namespace(cp: ControlPlane, name: str, tenant: str | None) -> None:
+    labels = f"\n  labels:\n    {TENANT_LABEL}: {tenant}" if tenant else ""
+    cp.kubectl("apply", "-f", "-",
+               input=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}{labels}\n")
+
+
+# The API server learns of webhook configurations through a watch: a probe pod in a
+# namespace of its own shows when it calls (or stops calling) ours.
+_PROBE_NS = "e2e-probe"
+
+
+def _probe(cp: ControlPlane) -> dict[str, Any] | None:
+    if cp.kubectl("get", "namespace", _PROBE_NS, check=False).returncode != 0:
+        create_namespace(cp, _PROBE_NS, "research")
+    out = apply(cp, _PROBE_NS, gpu_pod(f"probe-{short_id()}"), dry_run=True)
+    if out.returncode != 0:
+        return None
+    import yaml
+
+    obj: dict[str, Any] = yaml.safe_load(out.stdout)
+    return obj
+
+
+def wait_installed(cp: ControlPlane, d: Deployment) -> None:
+    def called() -> bool:
+        obj = _probe(cp)
+        return bool(obj and MUTATED_ANNOTATION in (obj["metadata"].get("annotations") or {}))
+
+    try:
+        wait_until("the API server to call the webhook", called, timeout=30, every=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{d.logs()}") from None
+
+
+def wait_uninstalled(cp: ControlPlane) -> None:
+    def quiet() -> bool:
+        obj = _probe(cp)
+        return bool(obj and MUTATED_ANNOTATION not in (obj["metadata"].get("annotations") or {}))
+
+    wait_until("the API server to stop calling the webhook", quiet, timeout=30, every=0.2)

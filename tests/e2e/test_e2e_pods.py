@@ -1,0 +1,162 @@
+"""GPU pods applied with kubectl through the real API server: what a developer sees.
+
+The mutating webhook completes GPU requests and limits, adds the GPU nodes' toleration
+and pins the pod to its tenant's product and racks; when it refuses, kubectl prints the
+API server's own prefix followed by our message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from conftest import NamespaceFactory
+from controlplane.cluster import ControlPlane
+from e2ekit import MUTATED_ANNOTATION, Deployment, apply, denial_prefix, get, gpu_pod
+
+pytestmark = pytest.mark.e2e
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+H100 = "NVIDIA-H100-80GB-HBM3"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+PRODUCT_LABEL, RACK_LABEL = "nvidia.com/gpu.product", "topology.example.com/gpu-rack"
+
+
+def gpu_resources(pod: dict[str, Any]) -> dict[str, Any]:
+    res = pod["spec"]["containers"][0]["resources"]
+    return {k: res.get(k, {}).get("nvidia.com/gpu") for k in ("requests", "limits")}
+
+
+def required_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    terms: list[dict[str, Any]] = affinity["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    return terms
+
+
+def requirement(term: dict[str, Any], key: str) -> dict[str, Any] | None:
+    return next((e for e in term.get("matchExpressions", []) if e["key"] == key), None)
+
+
+@pytest.mark.parametrize(("limits", "requests"), [("2", None), (None, "2"), (2, None)],
+                         ids=["limits-only", "requests-only", "integer-limit"])
+def test_gpu_request_and_limit_are_completed(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+    limits: Any, requests: Any,
+) -> None:
+    ns = namespace("research")
+    out = apply(control_plane, ns, gpu_pod("train", limits=limits, requests=requests))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pod/train created"
+
+    stored = get(control_plane, ns, "pod", "train")
+    assert gpu_resources(stored) == {"requests": "2", "limits": "2"}
+
+
+@pytest.mark.parametrize(("limits", "requests", "message"), [
+    ("2", "1", 'container "train": nvidia.com/gpu request 1 differs from limit 2. GPU requests '
+               "must equal limits: set both to 2, or drop the request (it defaults to the "
+               "limit). [rule gpu-requests-match-limits, tenant research]"),
+    ("500m", None, "container \"train\": nvidia.com/gpu limit '500m' is not a whole number. "
+                   'GPUs are whole devices: ask for a whole number of 1 or more, e.g. "1". '
+                   "[rule gpu-whole-number, tenant research]"),
+], ids=["request-differs-from-limit", "fractional"])
+def test_unusable_gpu_quantities_are_refused_with_our_message(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+    limits: str, requests: str | None, message: str,
+) -> None:
+    ns = namespace("research")
+    out = apply(control_plane, ns, gpu_pod("bad", limits=limits, requests=requests))
+
+    assert out.returncode != 0
+    expected = ('Error from server (Forbidden): error when creating "STDIN": '
+                + denial_prefix(webhook.mutating) + f"pod {ns}/bad, " + message)
+    assert out.stderr.strip() == expected
+    assert control_plane.kubectl("get", "pod", "bad", "-n", ns, check=False).returncode != 0
+
+
+def test_toleration_affinity_and_provenance_on_the_stored_pod(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("research")
+    # Two ORed terms of the developer's own: every one must gain the tenant's
+    # requirements, and no term may be appended (that would widen the placement).
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]},
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["big"]}]},
+        ]}}}
+    pod = gpu_pod("pinned", limits="1", affinity=own,
+                  labels={"gpu.example.com/product": "h100"})
+    out = apply(control_plane, ns, pod)
+    assert out.returncode == 0, out.stderr
+
+    stored = get(control_plane, ns, "pod", "pinned")
+    assert GPU_TOLERATION in stored["spec"]["tolerations"]
+    terms = required_terms(stored)
+    assert [t["matchExpressions"][0]["key"] for t in terms] == ["zone", "pool"]
+    for term in terms:
+        assert requirement(term, PRODUCT_LABEL) == {
+            "key": PRODUCT_LABEL, "operator": "In", "values": [H100]}
+        assert requirement(term, RACK_LABEL) == {
+            "key": RACK_LABEL, "operator": "In", "values": ["rack-a", "rack-b"]}
+    mutated = stored["metadata"]["annotations"][MUTATED_ANNOTATION]
+    # No "gpu-requests": the API server itself copies a limit into a missing request.
+    assert set(mutated.split(",")) == {"gpu-tolerations", "gpu-node-affinity"}
+
+
+def test_a_pod_without_affinity_is_pinned_to_the_default_product(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("research")
+    assert apply(control_plane, ns, gpu_pod("plain", limits="1")).returncode == 0
+
+    terms = required_terms(get(control_plane, ns, "pod", "plain"))
+    assert len(terms) == 1
+    assert requirement(terms[0], PRODUCT_LABEL) == {
+        "key": PRODUCT_LABEL, "operator": "In", "values": [A100]}
+
+
+def test_resubmitting_the_stored_pod_changes_nothing(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("research")
+    assert apply(control_plane, ns, gpu_pod("first", limits="1")).returncode == 0
+    stored = get(control_plane, ns, "pod", "first")
+    provenance = stored["metadata"]["annotations"][MUTATED_ANNOTATION]
+
+    # What the webhook produced, submitted again as a new pod: a second pass of the
+    # webhook (as on reinvocation) must not add a toleration, term or annotation.
+    again = {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "second",
+                          "annotations": {MUTATED_ANNOTATION: provenance}},
+             "spec": {k: stored["spec"][k] for k in ("containers", "tolerations", "affinity")}}
+    out = apply(control_plane, ns, again)
+    assert out.returncode == 0, out.stderr
+    second = get(control_plane, ns, "pod", "second")
+    for key in ("containers", "tolerations", "affinity"):
+        assert second["spec"][key] == stored["spec"][key], key
+    assert second["metadata"]["annotations"][MUTATED_ANNOTATION] == provenance
+
+    # And a server-side dry run of it shows the same.
+    dry = apply(control_plane, ns, dict(again, metadata={**again["metadata"], "name": "third"}),
+                dry_run=True)
+    assert dry.returncode == 0, dry.stderr
+    third = yaml.safe_load(dry.stdout)
+    for key in ("containers", "tolerations", "affinity"):
+        assert third["spec"][key] == stored["spec"][key], key
+
+
+def test_a_namespace_of_no_tenant_may_not_run_gpu_pods(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("nobody")
+    out = apply(control_plane, ns, gpu_pod("stray", limits="1"))
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        'Error from server (Forbidden): error when creating "STDIN": '
+        + denial_prefix(webhook.mutating)
+        + f'pod {ns}/stray: namespace "{ns}" belongs to no GPU tenant, so it may not run GPU '
+        "pods. Ask the platform team to add it to a tenant in GPU policy e2e, or remove the "
+        "GPU request. [rule tenant-required, policy e2e]")
