@@ -1,0 +1,122 @@
+"""Deployments and Jobs: their pod templates are mutated and checked when they are
+applied, so a developer hears about a problem from ``kubectl apply``, not from a
+ReplicaSet event. And a tenant in warn mode: kubectl prints our warnings, nothing is
+blocked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import NamespaceFactory
+from controlplane.cluster import ControlPlane
+from e2ekit import MUTATED_ANNOTATION, Deployment, apply, denial_prefix, get, gpu_pod
+
+pytestmark = pytest.mark.e2e
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def deployment(name: str, limits: str, replicas: int = 2) -> dict[str, Any]:
+    pod = gpu_pod(name, limits=limits)
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]}},
+    }
+
+
+def job(name: str, limits: str | None = None, requests: str | None = None,
+        parallelism: int = 1) -> dict[str, Any]:
+    pod = gpu_pod(name, limits=limits, requests=requests)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"parallelism": parallelism, "completions": parallelism,
+                 "template": {"spec": {**pod["spec"], "restartPolicy": "Never"}}},
+    }
+
+
+def template_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+    return spec
+
+
+def test_deployment_template_is_mutated_at_apply(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("research")
+    out = apply(control_plane, ns, deployment("trainer", limits="2"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "deployment.apps/trainer created"
+
+    stored = get(control_plane, ns, "deployment", "trainer")
+    spec = template_spec(stored)
+    assert spec["containers"][0]["resources"] == {
+        "limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}
+    assert GPU_TOLERATION in spec["tolerations"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert {e["key"] for t in terms for e in t["matchExpressions"]} == {
+        "nvidia.com/gpu.product", "topology.example.com/gpu-rack"}
+    assert MUTATED_ANNOTATION in stored["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_job_template_requests_are_completed_at_apply(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("research")
+    # Templates are not defaulted like pods: a request without a limit would be
+    # refused by the API server's own validation if the webhook did not complete it.
+    out = apply(control_plane, ns, job("finetune", requests="1"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "job.batch/finetune created"
+
+    spec = template_spec(get(control_plane, ns, "job", "finetune"))
+    assert spec["containers"][0]["resources"] == {
+        "limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+    assert GPU_TOLERATION in spec["tolerations"]
+
+
+def test_a_bad_template_is_refused_at_apply(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("research")
+    out = apply(control_plane, ns, deployment("half", limits="500m"))
+
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        'Error from server (Forbidden): error when creating "STDIN": '
+        + denial_prefix(webhook.mutating)
+        + f"deployment {ns}/half, pod template, container \"train\": nvidia.com/gpu limit "
+        "'500m' is not a whole number. GPUs are whole devices: ask for a whole number of 1 "
+        'or more, e.g. "1". [rule gpu-whole-number, tenant research]')
+    assert control_plane.kubectl("get", "deployment", "half", "-n", ns,
+                                 check=False).returncode != 0
+
+
+def test_warn_mode_tenant_sees_warnings_and_the_pod_is_created(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("trial")
+    out = apply(control_plane, ns, gpu_pod("big", limits="2"))
+
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pod/big created"
+    assert (f"Warning: pod {ns}/big: asks for 2 GPUs in all (counted as Kubernetes does: app "
+            "containers and sidecars together, or the largest init container); tenant trial "
+            "allows at most 1 per pod. Ask for 1 or fewer, or split the work across pods. "
+            "[rule max-gpus-per-pod, tenant trial]") in out.stderr.splitlines()
+    stored = get(control_plane, ns, "pod", "big")
+    assert GPU_TOLERATION in stored["spec"]["tolerations"]
+
+
+def test_warn_mode_deployment_warns_at_apply(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("trial")
+    out = apply(control_plane, ns, deployment("serve", limits="4"))
+
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "deployment.apps/serve created"
+    assert (f"Warning: deployment {ns}/serve, pod template: asks for 4 GPUs in all") in out.stderr
