@@ -116,7 +116,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if not isinstance(group, str) or not isinstance(version, str) or not isinstance(kname, str):
         raise BadReview("request.kind.group, .version and .kind must be strings")
     operation = req.get("operation")
-    if operation not in _OPERATIONS:
+    if not isinstance(operation, str) or operation not in _OPERATIONS:
         raise BadReview(f"request.operation must be one of {sorted(_OPERATIONS)}, "
                         f"not {_short(operation)}")
     obj = req.get("object")
