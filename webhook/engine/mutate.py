@@ -41,12 +41,14 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
             _gpu_pod(check, policy, target, req, patch)
         else:
             _non_gpu_pod(check, policy, target, patch)
+        if decision.mutations:
+            # Inside the try: a metadata that is not a mapping is only found here when
+            # no rule before needed the pod's labels (a non-GPU pod being stripped).
+            _annotate(target, decision.mutations, patch)
     except MalformedObject as exc:
         decision.allowed = False
         decision.message = f"{target.subject}: {messages.malformed(exc.pointer, str(exc))}"
         return decision
-    if decision.mutations:
-        _annotate(target, decision.mutations, patch)
     decision.patch = patch.ops
     return check.finish()
 

@@ -35,6 +35,8 @@ def _terms(spec: dict[str, Any], ptr: str) -> list[dict[str, Any]]:
     for i, t in enumerate(terms):
         if not isinstance(t, dict):
             raise MalformedObject(f"{tptr}/nodeSelectorTerms/{i}", "a mapping")
+        # Checked here so that _term_values and pin can iterate it as a list.
+        child_list(t, "matchExpressions", f"{tptr}/nodeSelectorTerms/{i}")
     return terms
 
 

@@ -42,5 +42,5 @@ def gpu_taint_tolerations(pod_tolerations: list[Any], gpu_keys: frozenset[str]) 
     them would change how the pod treats every other taint."""
     return [
         i for i, t in enumerate(pod_tolerations)
-        if isinstance(t, dict) and t.get("key") in gpu_keys
+        if isinstance(t, dict) and isinstance(t.get("key"), str) and t["key"] in gpu_keys
     ]
