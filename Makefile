@@ -21,7 +21,7 @@ run: install
 	$(BIN)/gpu-webhook serve
 
 lint: install
-	$(BIN)/ruff check webhook tests bench
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 # The real kube-apiserver, etcd and kubectl for tests/e2e, built from the Go module
