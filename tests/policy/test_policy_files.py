@@ -8,6 +8,7 @@ run) on small manifests, so a README claim that drifts from the code fails here.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ from webhook.review import parse_review, request_review
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "policies"
-ALL = sorted(POLICIES.rglob("*.yaml"))
+# Policy files only: policies/tests/ holds policy test suites (kind GPUPolicyTest).
+ALL = sorted(p for p in POLICIES.rglob("*.yaml")
+             if re.search(r"^kind: GPUPolicy\s*$", p.read_text(), re.M))
 EXAMPLES = POLICIES / "examples"
 README = (POLICIES / "README.md").read_text()
 
