@@ -59,6 +59,8 @@ class Combined:
         return _sum(self.a.namespace(name), self.b.namespace(name))
 
     def top_owners(self, scope: tuple[str, ...], n: int = 3) -> list[tuple[str, float]]:
+        if not self.b.owners_in(scope):  # the usual case: no reservation in this scope
+            return self.a.top_owners(scope, n)
         merged: dict[str, float] = dict(self.a.top_owners(scope, 1000))
         for o, g in self.b.top_owners(scope, 1000):
             merged[o] = merged.get(o, 0.0) + g

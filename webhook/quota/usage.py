@@ -8,8 +8,10 @@ looks at one tenant's owners.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import neg
 from typing import Any
 
 from webhook.engine.placement import restriction
@@ -106,7 +108,14 @@ class Usage:
         """The biggest holders in a scope: ("tenant", t), ("product", t, p) or
         ("namespace", ns). Scans one scope's owners: used for denial messages only."""
         owners = self._owners.get(scope, {})
-        return sorted(owners.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+        # The order of sorted(key=(-gpus, owner))[:n] without a full sort or a Python
+        # key call per owner: nsmallest over (-gpus, owner) pairs built in C, about a
+        # quarter of the cost of sorting (bench/README.md: quota denial at 100,000 pods).
+        best = heapq.nsmallest(n, zip(map(neg, owners.values()), owners.keys(), strict=True))
+        return [(o, -g) for g, o in best]
+
+    def owners_in(self, scope: tuple[str, ...]) -> bool:
+        return bool(self._owners.get(scope))
 
     def charges(self) -> Iterable[tuple[str, Charge]]:
         return self._by_key.items()
