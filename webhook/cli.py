@@ -1,7 +1,9 @@
 """The ``gpu-webhook`` command line. Thin: parse flags, call the modules that do the work.
 
-Commands: ``serve``, ``certs``, ``manifests``, ``policy check``, ``review``.
-Exit codes: 0 success/allowed, 1 denied or invalid policy, 2 usage or input error.
+Commands: ``serve``, ``certs``, ``manifests``, ``policy check``, ``review`` (also
+``review --replay``), ``test``.
+Exit codes: 0 success/allowed, 1 denied, invalid policy or a failed policy test, 2 usage
+or input error.
 """
 
 from __future__ import annotations
@@ -95,10 +97,21 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("files", nargs="+", metavar="FILE")
     chk.set_defaults(func=_policy_check)
 
-    r = sub.add_parser("review", help="show what the webhook would do with a manifest")
-    r.add_argument("-f", "--filename", required=True,
+    r = sub.add_parser(
+        "review", help="show what the webhook would do with a manifest",
+        description="Run a manifest through the webhook offline (-f), or replay recorded "
+                    "AdmissionReviews against a candidate policy and report which decisions "
+                    "would change (--replay FILE --policy NEW [--baseline-policy CURRENT]).")
+    r.add_argument("-f", "--filename",
                    help="Pod/Deployment/Job/... manifest (YAML or JSON; - for stdin)")
-    r.add_argument("--policy", help="policy file (default: the embedded example policy)")
+    r.add_argument("--policy", help="policy file (default: the embedded example policy); "
+                                    "with --replay, the candidate policy")
+    r.add_argument("--replay", metavar="FILE",
+                   help="AdmissionReviews as JSON lines (one full review per line, e.g. "
+                        "from an audit log): report decisions that change from the baseline "
+                        "policy to --policy; exits 0 unless the input is unreadable")
+    r.add_argument("--baseline-policy", metavar="FILE",
+                   help="with --replay: the current policy (default: the embedded one)")
     r.add_argument("--namespace", help="namespace, when the manifest does not say")
     r.add_argument("--namespace-labels", default="",
                    help="labels of the namespace, k=v,k2=v2 (for namespaceSelector tenants)")
@@ -106,6 +119,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
     r.add_argument("-o", "--output", choices=["text", "json"], default="text")
     r.set_defaults(func=_review)
+
+    t = sub.add_parser(
+        "test", help="run policy test suites (kind GPUPolicyTest)",
+        description="Run every policy test suite (YAML, kind GPUPolicyTest) under DIR, or "
+                    "one suite file: each case goes through mutate -> patch -> validate, "
+                    "with quota against the suite's usage snapshot; admitted pods reserve "
+                    "quota for the cases after them. Exit 1 when a case fails, 2 when a "
+                    "suite cannot run. Format: policies/tests/README.md.")
+    t.add_argument("path", metavar="DIR", help="directory of suites, or one suite file")
+    t.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    t.set_defaults(func=_test)
     return p
 
 
@@ -191,7 +215,75 @@ def _policy_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _test(args: argparse.Namespace) -> int:
+    from webhook import policytest
+
+    target = Path(args.path)
+    if not target.exists():
+        print(f"gpu-webhook test: {target} does not exist", file=sys.stderr)
+        return 2
+    paths = policytest.discover(target)
+    if not paths:
+        print(f"gpu-webhook test: no policy test suites (kind {policytest.KIND}) under "
+              f"{target}", file=sys.stderr)
+        return 2
+    results = [policytest.run_path(p) for p in paths]
+    if args.output == "json":
+        print(orjson.dumps(policytest.as_json(results), option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(policytest.render_text(results))
+    if any(s.error is not None for s in results):
+        return 2
+    return 1 if any(s.failed for s in results) else 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from webhook import replay
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError, load_file, load_text
+    from webhook.policy.source import default_policy_text
+
+    if args.filename:
+        print("gpu-webhook review: give -f or --replay, not both", file=sys.stderr)
+        return 2
+    if not args.policy:
+        print("gpu-webhook review: --replay needs --policy CANDIDATE", file=sys.stderr)
+        return 2
+    try:
+        candidate = compile_policy(load_file(args.policy))
+        baseline = compile_policy(load_file(args.baseline_policy) if args.baseline_policy
+                                  else load_text(default_policy_text(), "<embedded default>"))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        with open(args.replay, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        print(f"gpu-webhook review: cannot read {args.replay}: {exc.strerror}",
+              file=sys.stderr)
+        return 2
+    report = replay.replay(lines, baseline, candidate)
+    if report.reviewed == 0:
+        print(f"gpu-webhook review: {args.replay} holds no AdmissionReview (one JSON "
+              "object per line)", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(orjson.dumps(replay.as_json(report), option=orjson.OPT_INDENT_2).decode())
+    else:
+        base = args.baseline_policy or "the embedded policy"
+        print(replay.render_text(report, f"{base} ({baseline.name})",
+                                 f"{args.policy} ({candidate.name})"))
+    return 0
+
+
 def _review(args: argparse.Namespace) -> int:
+    if args.replay:
+        return _replay(args)
+    if not args.filename:
+        print("gpu-webhook review: give -f MANIFEST (or --replay FILE --policy CANDIDATE)",
+              file=sys.stderr)
+        return 2
     from webhook.engine.mutate import mutate
     from webhook.engine.validate import validate
     from webhook.policy.compiled import compile_policy
