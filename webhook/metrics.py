@@ -40,6 +40,19 @@ ERRORS = Counter(
     ["webhook"],
     registry=REGISTRY,
 )
+OVERLOAD = Counter(
+    "gpu_webhook_overload_refusals_total",
+    "Admission requests answered with an HTTP error because of load, by webhook and "
+    "reason: inflight (429, --max-inflight reached), deadline (503, queued past the "
+    "deadline), body-timeout (408, the body did not arrive in time).",
+    ["webhook", "reason"],
+    registry=REGISTRY,
+)
+INFLIGHT = Gauge(
+    "gpu_webhook_inflight_requests",
+    "Admission requests being handled now (bounded by --max-inflight).",
+    registry=REGISTRY,
+)
 LATENCY = Histogram(
     "gpu_webhook_admission_duration_seconds",
     "Server-side time to decide a review, from full body to reply.",

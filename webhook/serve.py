@@ -22,6 +22,7 @@ import logging
 import os
 import ssl
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from webhook.kube import Unreachable
 from webhook.policy.load import PolicyError
 from webhook.policy.source import PolicySource, resolve
 from webhook.quota.store import MemoryStore
-from webhook.server import AdmissionApp, Receive, Runtime, Scope, Send
+from webhook.server import ARRIVED, AdmissionApp, Receive, Runtime, Scope, Send
 from webhook.settings import Settings
 
 DEV_NAMES = ["localhost", *certs.service_names("gpu-webhook", "gpu-webhook")]
@@ -181,6 +182,9 @@ class TLSInfoProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # The request's first byte: its deadline counts from here, so time spent queued
+        # behind other requests on a busy event loop counts against it.
+        self.scope[ARRIVED] = time.monotonic()  # type: ignore[literal-required]
         if self._tls is not None:
             self.scope["extensions"] = {"tls": self._tls}  # type: ignore[dict-item]
 
@@ -260,7 +264,9 @@ def run(settings: Settings) -> int:
                    logging.ERROR, not_after=reloader.serving.not_after.isoformat())
     client_cns = settings.client_cn_list()
     runtime = Runtime(policy=source,
-                      store=MemoryStore(ttl=active.policy.reservation_ttl))
+                      store=MemoryStore(ttl=active.policy.reservation_ttl),
+                      max_inflight=settings.max_inflight,
+                      request_timeout=settings.request_timeout)
     logs.event("starting", host=settings.host, port=settings.port,
                policy=active.policy.name, policy_source=active.source,
                tls_min=settings.tls_min_version, mtls=bool(settings.client_ca),

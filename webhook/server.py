@@ -5,10 +5,24 @@ body (capped), parse it with orjson, run the engine, answer. Everything else (he
 readiness, metrics) goes to a small FastAPI app, off the hot path. Framework request
 objects and pydantic models would double the cost of a review, and admission latency
 is added to every GPU pod creation in the cluster.
+
+Overload. Every admission request has a deadline: ``--request-timeout``, shortened to
+80% of the API server's own ``?timeout=``, counted from the request's first byte (the
+protocol stamps it, so time spent queued behind other requests counts). And at most
+``--max-inflight`` admission requests are handled at once. Past either limit the answer
+is an HTTP error, not an AdmissionReview: 429 with ``Retry-After`` at once when too many
+requests are in flight; 408 when the body does not arrive in time; 503 when a request
+waited past its deadline before the engine could run. The API server treats any
+non-200 answer as a failed call and applies the webhook's ``failurePolicy``, which is
+exactly the platform team's stated choice for "the webhook cannot answer" (Fail: refuse
+the pod; Ignore: admit it unchecked). Answering a fail-closed denial instead would
+override that choice, and queueing past the deadline would only make the API server
+give up on its own, later, with every queued connection still held.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -47,6 +61,8 @@ class Runtime:
     store: UsageStore | None = None
     ready_checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
+    max_inflight: int = 256  # admission requests handled at once; more get 429
+    request_timeout: float = 8.0  # seconds from a request's first byte to its answer
 
 
 class AdmissionApp:
@@ -56,6 +72,7 @@ class AdmissionApp:
         self.runtime = runtime
         self.other = _control_app(runtime)
         self.quota = precheck(runtime.store) if runtime.store is not None else None
+        self.inflight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -67,7 +84,37 @@ class AdmissionApp:
 
     async def _admit(self, webhook: str, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        body = await _read_body(scope, receive, self.runtime.max_body)
+        if self.inflight >= self.runtime.max_inflight:
+            # Checked before any await: refusing costs no body read and no parse.
+            await self._overloaded(webhook, scope, send, 429, "inflight",
+                                   f"overloaded: {self.inflight} admission requests in flight "
+                                   f"(--max-inflight {self.runtime.max_inflight}); retry")
+            return
+        self.inflight += 1
+        metrics.INFLIGHT.inc()
+        try:
+            await self._admit_within(webhook, scope, receive, send, started)
+        finally:
+            self.inflight -= 1
+            metrics.INFLIGHT.dec()
+
+    async def _admit_within(self, webhook: str, scope: Scope, receive: Receive, send: Send,
+                            started: float) -> None:
+        now = time.monotonic()
+        limit = min(self.runtime.request_timeout, _budget(scope))
+        deadline = _arrived(scope, now) + limit
+        try:
+            body = await asyncio.wait_for(
+                _read_body(scope, receive, self.runtime.max_body), max(0.0, deadline - now))
+        except TimeoutError:
+            await self._overloaded(webhook, scope, send, 408, "body-timeout",
+                                   f"the request body did not arrive within {limit:g} s")
+            return
+        if time.monotonic() > deadline:
+            await self._overloaded(webhook, scope, send, 503, "deadline",
+                                   f"overloaded: the review waited past its {limit:g} s "
+                                   "deadline before it could be decided; retry")
+            return
         try:
             if body is None:
                 raise BadReview(f"request body is larger than {self.runtime.max_body} bytes",
@@ -79,10 +126,17 @@ class AdmissionApp:
                        error=str(exc), client=_client(scope))
             await _send(send, exc.status, {"error": str(exc)})
             return
-        reply = await self.decide(webhook, req, _budget(scope))
+        reply = await self.decide(webhook, req, max(0.0, deadline - time.monotonic()))
         await _send(send, 200, reply)
         elapsed = time.perf_counter() - started
         metrics.LATENCY.labels(webhook).observe(elapsed)
+
+    async def _overloaded(self, webhook: str, scope: Scope, send: Send, status: int,
+                          reason: str, message: str) -> None:
+        metrics.OVERLOAD.labels(webhook, reason).inc()
+        logs.event("admission request refused", logging.WARNING, webhook=webhook,
+                   status=status, reason=reason, client=_client(scope))
+        await _send(send, status, {"error": message}, retry_after=status in (429, 503))
 
     async def decide(self, webhook: str, req: AdmissionRequest, budget: float
                      ) -> dict[str, Any]:
@@ -155,10 +209,13 @@ async def _read_body(scope: Scope, receive: Receive, cap: int) -> bytes | None:
     return b"".join(chunks)
 
 
-async def _send(send: Send, status: int, payload: dict[str, Any]) -> None:
+async def _send(send: Send, status: int, payload: dict[str, Any], *,
+                retry_after: bool = False) -> None:
     body = orjson.dumps(payload)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
+    headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -179,6 +236,16 @@ def _budget(scope: Scope) -> float:
                     break
                 return max(0.2, min(DEFAULT_BUDGET, seconds * 0.8))
     return DEFAULT_BUDGET
+
+
+ARRIVED = "gpu_webhook.arrived"  # scope key: time.monotonic() of the request's first byte
+
+
+def _arrived(scope: Scope, now: float) -> float:
+    """When the request began to arrive (stamped by the HTTP protocol in ``serve``);
+    ``now`` for a server run without that protocol (tests of the bare app)."""
+    value = scope.get(ARRIVED)
+    return value if isinstance(value, float) else now
 
 
 def _client(scope: Scope) -> str:

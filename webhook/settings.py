@@ -29,6 +29,8 @@ class Settings:
     workers: int = 1
     kubeconfig: str | None = None
     namespace: str | None = None
+    max_inflight: int = 256
+    request_timeout: float = 8.0
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +60,11 @@ class Settings:
         s = Settings(**values)  # type: ignore[arg-type]
         if s.tls_min_version not in ("1.2", "1.3"):
             raise SystemExit(f"--tls-min-version must be 1.2 or 1.3, not {s.tls_min_version!r}")
+        if s.max_inflight < 1:
+            raise SystemExit(f"--max-inflight must be at least 1, not {s.max_inflight}")
+        if not 0 < s.request_timeout <= 30:
+            raise SystemExit(f"--request-timeout must be more than 0 and at most 30 seconds "
+                             f"(the API server's limit), not {s.request_timeout}")
         if (s.tls_cert is None) != (s.tls_key is None):
             raise SystemExit("--tls-cert and --tls-key go together: give both or neither")
         if s.client_cn is not None and not s.client_ca:
@@ -91,6 +98,12 @@ _DOCS = {
     "workers": "uvicorn worker processes.",
     "kubeconfig": "kubeconfig of the cluster whose pods count against quota (in a pod, the "
                   "service account is used; with neither, usage is kept in memory).",
+    "max_inflight": "Admission requests handled at once; beyond it a request is answered "
+                    "429 (Retry-After) at once, and the webhook's failurePolicy applies.",
+    "request_timeout": "Seconds a review may take from its first byte to its answer (also "
+                       "cut to 80%% of the API server's ?timeout=); a review that waited "
+                       "longer gets 503 instead of an answer the API server stopped "
+                       "waiting for.",
     "namespace": "Namespace of the quota ledger objects (default: the pod's own namespace).",
 }
 
