@@ -161,7 +161,7 @@ def _details(b: Verdict, c: Verdict, changes: list[str]) -> list[str]:
 
 def _first(text: str) -> str:
     line = text.splitlines()[0] if text else ""
-    return line if len(line) <= 200 else line[:197] + "..."
+    return line if len(line) <= 400 else line[:397] + "..."
 
 
 def _short(value: Any) -> str:
