@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import shutil
 import signal
 import socket
@@ -133,10 +132,14 @@ class Replica:
         except OSError:
             return ""
 
+    def terminate(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         if self.process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGTERM)
+        self.terminate()
         try:
             self.process.wait(timeout=25)
         except subprocess.TimeoutExpired:
@@ -196,6 +199,7 @@ class RoundRobinProxy:
         self._next = itertools.cycle(backends)
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
+        self._open: set[asyncio.StreamWriter] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="round-robin-proxy")
 
@@ -214,6 +218,7 @@ class RoundRobinProxy:
         except OSError:
             writer.close()
             return
+        self._open.update((writer, up_writer))
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
@@ -227,11 +232,14 @@ class RoundRobinProxy:
                     dst.close()
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._open.difference_update((writer, up_writer))
 
     def stop(self) -> None:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
+            for w in list(self._open):
+                w.close()
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
@@ -306,10 +314,14 @@ class Deployment:
                                 "--ignore-not-found", "--wait=false")
 
     def stop(self) -> None:
-        if self.proxy is not None:
-            self.proxy.stop()
+        # Replicas first, all at once, while the proxy still relays their TLS close: a
+        # replica's graceful shutdown waits for its connections to close.
+        for r in self.replicas:
+            r.terminate()
         for r in self.replicas:
             r.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
 
 
 @contextlib.contextmanager
@@ -353,8 +365,3 @@ def get(cp: ControlPlane, namespace: str, kind: str, name: str) -> dict[str, Any
 def denial_prefix(webhook: str) -> str:
     """What kubectl prints before our message when a webhook denies an apply."""
     return f'admission webhook "{webhook}" denied the request: '
-
-
-def env_without_proxy() -> dict[str, str]:
-    """The environment minus HTTP proxy settings, which must not catch loopback calls."""
-    return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}

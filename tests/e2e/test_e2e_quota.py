@@ -1,0 +1,173 @@
+"""GPU quota through the real API server, with two webhook replicas behind one address.
+
+The replicas share nothing but the cluster: each keeps its own watch-fed pod cache and
+commits reservations to the tenant's ledger ConfigMap with a resourceVersion
+precondition. A burst of parallel creates, spread over both replicas, must admit
+exactly as many pods as the quota holds; deletions free quota once the watches see
+them; dry runs never reserve; a Job whose gang can never fit is refused at apply.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import yaml
+from conftest import NamespaceFactory
+from controlplane.cluster import ControlPlane
+from e2ekit import LEDGER_NAMESPACE, Deployment, apply, denial_prefix, gpu_pod, wait_until
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from webhook.review import request_review
+
+pytestmark = pytest.mark.e2e
+
+E2E_REPLICAS = 2  # read by the `webhook` fixture: two replicas behind a round-robin proxy
+WORKERS = 32
+
+
+@pytest.fixture(scope="module")
+def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
+    """The Kubernetes Python client, as an application creating pods would use it."""
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(control_plane.kubeconfig),
+                            client_configuration=cfg)
+    cfg.connection_pool_maxsize = WORKERS
+    api = client.ApiClient(cfg)
+    yield client.CoreV1Api(api)
+    api.close()
+
+
+def create_all(core: client.CoreV1Api, namespace: str, names: list[str]
+               ) -> tuple[list[str], list[str]]:
+    """Create a 1-GPU pod per name, in parallel. Returns (created, refusal messages)."""
+
+    def one(name: str) -> tuple[str, str | None]:
+        try:
+            core.create_namespaced_pod(namespace, gpu_pod(name, limits="1"))
+        except ApiException as exc:
+            body = orjson.loads(exc.body) if exc.body else {}
+            return name, f"{exc.status}: {body.get('message', exc.reason)}"
+        return name, None
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        results = list(pool.map(one, names))
+    return ([n for n, err in results if err is None],
+            [err for _, err in results if err is not None])
+
+
+def pod_names(core: client.CoreV1Api, namespace: str) -> set[str]:
+    return {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
+
+
+def ledger(cp: ControlPlane, tenant: str) -> dict[str, Any] | None:
+    out = cp.kubectl("get", "configmap", f"gpu-webhook-ledger-{tenant}", "-n", LEDGER_NAMESPACE,
+                     "-o", "yaml", check=False)
+    if out.returncode != 0:
+        return None
+    obj: dict[str, Any] = yaml.safe_load(out.stdout)
+    return obj
+
+
+def sees_free_gpus(webhook: Deployment, namespace: str, gpus: int) -> bool:
+    """Whether every replica would now admit a pod of ``gpus`` GPUs in ``namespace``: a
+    dry-run review sent to each replica directly, which reserves nothing."""
+    review = request_review(gpu_pod("probe", limits=str(gpus), requests=str(gpus)),
+                            namespace=namespace, dry_run=True)
+    ctx = ssl.create_default_context(cafile=str(webhook.ca_file))
+    with httpx.Client(verify=ctx, timeout=5) as http:
+        for r in webhook.replicas:
+            reply = http.post(f"https://localhost:{r.port}/validate", content=orjson.dumps(review))
+            if not reply.json()["response"]["allowed"]:
+                return False
+    return True
+
+
+def test_parallel_creates_across_two_replicas_admit_exactly_the_quota(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+    core: client.CoreV1Api,
+) -> None:
+    ns = namespace("burst")  # tenant burst: 10 GPUs
+    assert webhook.proxy is not None
+    before = dict(webhook.proxy.connections)
+
+    created, refused = create_all(core, ns, [f"gpu-{i:03d}" for i in range(200)])
+
+    assert len(created) == 10
+    assert pod_names(core, ns) == set(created)
+    # Every refusal is our quota denial, not a timeout or an error of the webhook.
+    prefix = f"403: {denial_prefix(webhook.validating)}"
+    assert len(refused) == 190
+    odd = [m for m in refused
+           if not (m.startswith(prefix) and "tenant burst would use 11 of its 10 GPUs" in m)]
+    assert not odd, odd[:3]
+    # Both replicas answered: the API server opened connections to each of them.
+    used = Counter(webhook.proxy.connections) - Counter(before)
+    assert len(used) == 2, dict(used)
+
+    # Each replica counts the 10 pods, including those the other one admitted.
+    assert not sees_free_gpus(webhook, ns, 1)
+
+    # Free 5: once both replicas' watches have seen the deletions, exactly 5 more fit.
+    gone = sorted(created)[:5]
+    control_plane.kubectl("delete", "pod", "-n", ns, *gone, "--wait=true")
+    wait_until("both replicas to see the deletions", lambda: sees_free_gpus(webhook, ns, 5),
+               timeout=20, every=0.2)
+    again, refused = create_all(core, ns, [f"more-{i:03d}" for i in range(50)])
+    assert len(again) == 5
+    assert len(refused) == 45
+    assert pod_names(core, ns) == (set(created) - set(gone)) | set(again)
+
+
+def test_dry_run_never_consumes_quota(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("dryrun")  # tenant dryrun: 4 GPUs
+    before = ledger(control_plane, "dryrun")
+
+    for i in range(5):
+        out = apply(control_plane, ns, gpu_pod(f"try-{i}", limits="4"), dry_run=True)
+        assert out.returncode == 0, out.stderr
+        assert "(server dry run)" not in out.stderr
+    # The tenant's ledger is untouched (not even created: nothing was ever reserved).
+    assert ledger(control_plane, "dryrun") == before
+
+    # Later real creates still fit: the dry runs left the whole quota free.
+    out = apply(control_plane, ns, gpu_pod("real", limits="4"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pod/real created"
+
+    # A dry run is still checked: with the quota now full it is refused, with numbers.
+    out = apply(control_plane, ns, gpu_pod("one-more", limits="1"), dry_run=True)
+    assert out.returncode != 0
+    assert denial_prefix(webhook.validating) in out.stderr
+    assert "tenant dryrun would use 5 of its 4 GPUs: 4 in use" in out.stderr
+
+
+def test_a_job_that_can_never_fit_is_refused_at_apply(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("gang")  # tenant gang: 16 GPUs
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "allreduce"},
+        "spec": {"parallelism": 5, "completions": 5, "template": {"spec": {
+            **gpu_pod("allreduce", limits="4")["spec"], "restartPolicy": "Never"}}},
+    }
+    out = apply(control_plane, ns, job)
+
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        'Error from server (Forbidden): error when creating "STDIN": '
+        + denial_prefix(webhook.validating)
+        + f"job {ns}/allreduce, pod template: asks for 5 pods x 4 = 20 GPUs at once, but "
+        "tenant gang's quota is 16 GPUs: it can never run in full. Run at most 4 pods of "
+        "this size, or fewer GPUs per pod. [rule quota, tenant gang]")
+    assert control_plane.kubectl("get", "job", "allreduce", "-n", ns,
+                                 check=False).returncode != 0
