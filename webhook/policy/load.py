@@ -6,6 +6,10 @@ failure (unreadable file, YAML syntax, schema) becomes a :class:`PolicyError` li
 
 YAML anchors and aliases are refused outright: a policy never needs them, and refusing
 them is the simplest complete defence against alias-expansion ("billion laughs") files.
+Explicit ``!!tags`` are refused for the same reason (their constructors fail with
+arbitrary exceptions), and nesting is capped: PyYAML composes and constructs nodes
+recursively, and a file of ``[[[[...`` would otherwise end in a RecursionError rather
+than a located error.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from webhook.policy import model
 from webhook.policy.model import API_VERSION, KIND, FieldProblem, GPUPolicy
 
 MAX_POLICY_BYTES = 1 << 20  # a generous policy is tens of KiB; a bigger file is a mistake
+MAX_DEPTH = 64  # a policy nests about 8 levels deep
 
 # What the schema's name patterns mean, in words: pydantic would print the regex.
 _PATTERN_WORDS = {
@@ -60,6 +65,8 @@ class PolicyError(Exception):
 
 
 class _NoAliasLoader(yaml.SafeLoader):
+    _depth = 0
+
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
@@ -67,7 +74,24 @@ class _NoAliasLoader(yaml.SafeLoader):
                 None, None, "YAML aliases (*name) are not allowed in a policy file; "
                 "write the value out", event.start_mark,
             )
-        return super().compose_node(parent, index)
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if getattr(event, "tag", None) not in (None, "!"):
+            # Explicit tags (!!binary, !!python/..., !!timestamp x) reach constructors that
+            # fail with arbitrary exceptions; plain YAML types are all a policy uses.
+            raise yaml.MarkedYAMLError(
+                None, None, f"YAML tags ({event.tag}) are not allowed in a policy file",
+                event.start_mark,
+            )
+        if self._depth >= MAX_DEPTH:
+            raise yaml.MarkedYAMLError(
+                None, None, f"nested more than {MAX_DEPTH} levels deep; a policy never is",
+                event.start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def load_file(path: str | Path) -> GPUPolicy:
@@ -125,7 +149,14 @@ def load_document(text: str, source: str, model: type[Model], kind: str) -> Mode
                                            f"one {'policy' if kind == KIND else kind} per file: "
                                            "split the documents")])
     node = docs[0]
-    raw = yaml.SafeLoader(text).construct_document(node)
+    try:
+        raw = yaml.SafeLoader(text).construct_document(node)
+    except yaml.MarkedYAMLError as exc:  # an unknown !!tag, an unhashable key, ...
+        mark = exc.problem_mark or exc.context_mark
+        raise PolicyError(source, [Problem("", mark.line + 1 if mark else None,
+                                           f"YAML: {exc.problem or exc.context}")]) from None
+    except (yaml.YAMLError, ValueError, OverflowError) as exc:  # 2024-13-45 as a date, ...
+        raise PolicyError(source, [Problem("", None, f"YAML: {exc}")]) from None
     if not isinstance(raw, dict):
         raise PolicyError(source, [Problem("", node.start_mark.line + 1,
                                            f"expected a mapping with apiVersion: {API_VERSION}, "
