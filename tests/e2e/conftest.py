@@ -75,11 +75,13 @@ def webhook(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
             request: pytest.FixtureRequest) -> Iterator[Deployment]:
     """The webhook deployed and its configurations installed for this module.
 
-    A module sets ``E2E_REPLICAS = 2`` for two replicas behind a round-robin proxy.
+    A module sets ``E2E_REPLICAS = 2`` for two replicas behind a round-robin proxy, or
+    ``E2E_PROXY = True`` for the proxy in front of one replica.
     """
     replicas = getattr(request.module, "E2E_REPLICAS", 1)
+    proxy = getattr(request.module, "E2E_PROXY", False)
     workdir = tmp_path_factory.mktemp(f"webhook-{request.module.__name__}")
-    with deployed(control_plane, workdir, replicas=replicas) as d:
+    with deployed(control_plane, workdir, replicas=replicas, proxy=proxy) as d:
         d.install()
         try:
             wait_installed(control_plane, d)

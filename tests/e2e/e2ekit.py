@@ -234,6 +234,16 @@ class RoundRobinProxy:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._open.difference_update((writer, up_writer))
 
+    def drop_connections(self) -> None:
+        """Close every open connection, so that callers must connect (and handshake)
+        again, as when a Service's endpoints change."""
+
+        async def drop() -> None:
+            for w in list(self._open):
+                w.close()
+
+        asyncio.run_coroutine_threadsafe(drop(), self._loop).result(5)
+
     def stop(self) -> None:
         async def close() -> None:
             if self._server is not None:
@@ -325,10 +335,11 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def deployed(cp: ControlPlane, workdir: Path, *, replicas: int = 1,
+def deployed(cp: ControlPlane, workdir: Path, *, replicas: int = 1, proxy: bool = False,
              policy: Path = POLICY) -> Iterator[Deployment]:
-    """Certificates, ``replicas`` serving processes (behind a proxy when more than one),
-    ready; stopped on exit. Installing the configurations is the caller's call."""
+    """Certificates, ``replicas`` serving processes (behind a proxy when more than one,
+    or when asked), ready; stopped on exit. Installing the configurations is the
+    caller's call."""
     cert_dir = workdir / "certs"
     gpu_webhook("certs", "--out", str(cert_dir), "--dns", "localhost", "--ip", "127.0.0.1")
     d = Deployment(cp, workdir, cert_dir, policy)
@@ -337,7 +348,7 @@ def deployed(cp: ControlPlane, workdir: Path, *, replicas: int = 1,
             d.replicas.append(start_replica(workdir, cert_dir, policy, cp.kubeconfig, i))
         for r in d.replicas:
             wait_ready(r, d.ca_file)
-        if replicas > 1:
+        if replicas > 1 or proxy:
             d.proxy = RoundRobinProxy([r.port for r in d.replicas]).start()
         yield d
     finally:

@@ -1,0 +1,69 @@
+"""The webhook down, with the configurations `gpu-webhook manifests` renders
+(failurePolicy Fail): GPU pods are refused by the API server, and everything the
+configuration keeps away from the webhook still goes through: pods without GPUs
+(matchConditions), and the exempt namespaces (namespaceSelector), so that kube-system
+and the webhook's own namespace can recover the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import NamespaceFactory, create_namespace, wait_installed, wait_uninstalled
+from controlplane.cluster import ControlPlane
+from e2ekit import Deployment, apply, deployed, gpu_pod, plain_pod, short_id
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def down(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[Deployment]:
+    """The webhook installed and answering, then every replica stopped."""
+    with deployed(control_plane, tmp_path_factory.mktemp("webhook-down")) as d:
+        d.install()
+        try:
+            wait_installed(control_plane, d)
+            d.stop()
+            yield d
+        finally:
+            d.uninstall()
+            wait_uninstalled(control_plane)
+
+
+def test_gpu_pods_are_refused_while_the_webhook_is_down(
+    control_plane: ControlPlane, down: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("ops")
+    out = apply(control_plane, ns, gpu_pod("train", limits="1"))
+
+    assert out.returncode != 0
+    assert out.stderr.startswith(
+        'Error from server (InternalError): error when creating "STDIN": Internal error '
+        f'occurred: failed calling webhook "{down.mutating}": failed to call webhook: '
+        f'Post "{down.url}/mutate?timeout=5s"'), out.stderr
+    assert "connection refused" in out.stderr
+    assert control_plane.kubectl("get", "pod", "train", "-n", ns, check=False).returncode != 0
+
+
+def test_pods_without_gpus_are_not_sent_to_the_webhook(
+    control_plane: ControlPlane, down: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("ops")
+    out = apply(control_plane, ns, plain_pod("web"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pod/web created"
+
+
+@pytest.mark.parametrize("exempt", ["kube-system", "e2e-exempt"],
+                         ids=["kube-system", "policy-exemption"])
+def test_gpu_pods_in_exempt_namespaces_are_created(
+    control_plane: ControlPlane, down: Deployment, exempt: str,
+) -> None:
+    if control_plane.kubectl("get", "namespace", exempt, check=False).returncode != 0:
+        create_namespace(control_plane, exempt, None)
+    name = f"device-plugin-{short_id()}"
+    out = apply(control_plane, exempt, gpu_pod(name, limits="1"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"pod/{name} created"
