@@ -1,12 +1,24 @@
 """Prometheus metrics: what the webhook decides, how fast, and with which policy.
 
 Labels stay low-cardinality (webhook, operation, kind, decision, rule, mode, tenant):
-never pod names or users.
+never pod names or users. Quota usage, reservation counters and cache state are read
+from the usage store at scrape time (:class:`StateCollector`), never on the hot path.
+The full list, with the dashboard and alerts built on it: deploy/monitoring/README.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # types only: metrics must stay importable from every layer
+    from webhook.policy.compiled import CompiledPolicy, Limits
+    from webhook.quota.check import UsageView
+    from webhook.quota.usage import Totals
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -76,3 +88,97 @@ POLICY_LAST_SUCCESS = Gauge(
     "Unix time of the last successful policy load.",
     registry=REGISTRY,
 )
+RESERVATIONS_UNAVAILABLE = Counter(
+    "gpu_webhook_quota_reservations_unavailable_total",
+    "GPU pod admissions whose quota reservation could not be committed (shared state "
+    "unreachable or too contended within the request's budget); denied, or admitted "
+    "uncounted with a warning when quotaLedger.onUnavailable is allow.",
+    registry=REGISTRY,
+)
+CERT_EXPIRY = Gauge(
+    "gpu_webhook_certificate_expiry_timestamp_seconds",
+    "Unix time at which the serving certificate in use expires (follows reloads).",
+    registry=REGISTRY,
+)
+
+
+class _Store(Protocol):
+    def view(self) -> UsageView: ...
+    def ready(self) -> bool: ...
+
+
+class StateCollector(Collector):
+    """Quota usage and limits, reservation counters and cache state, read from the usage
+    store when Prometheus scrapes: nothing is updated on the admission path.
+
+    ``gpu_webhook_quota_used`` / ``gpu_webhook_quota_limit`` have one series per cap in
+    the policy (labels: tenant; scope tenant or namespace; namespace, empty for tenant
+    scope; name: gpus, a resource name, product:<short name> or pods), so their number is
+    bounded by the policy, not by the cluster.
+    """
+
+    def __init__(self) -> None:
+        self._store: Callable[[], _Store | None] = lambda: None
+        self._policy: Callable[[], CompiledPolicy | None] = lambda: None
+
+    def attach(self, store: Callable[[], _Store | None],
+               policy: Callable[[], CompiledPolicy | None]) -> None:
+        """Follow this server's store and policy (both looked up at every scrape: the
+        cluster wiring replaces the store, and reloads replace the policy)."""
+        self._store, self._policy = store, policy
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # what collect() yields depends on the policy; nothing to pre-register
+
+    def collect(self) -> Iterable[Metric]:
+        store, policy = self._store(), self._policy()
+        if store is None:
+            return
+        labels = ["tenant", "scope", "namespace", "name"]
+        used = GaugeMetricFamily("gpu_webhook_quota_used",
+                                 "Quota in use (running pods plus reservations), per cap.",
+                                 labels=labels)
+        limit = GaugeMetricFamily("gpu_webhook_quota_limit", "Quota caps of the policy.",
+                                  labels=labels)
+        if policy is not None:
+            view = store.view()
+            for t in policy.tenants:
+                scopes = [("tenant", "", t.quota, view.tenant(t.name))] if t.quota else []
+                scopes += [("namespace", ns, q, view.namespace(ns))
+                           for ns, q in sorted(t.namespace_quota.items())]
+                for scope, ns, caps, totals in scopes:
+                    assert caps is not None
+                    for name, cap, now in _caps(caps, totals):
+                        used.add_metric([t.name, scope, ns, name], now)
+                        limit.add_metric([t.name, scope, ns, name], cap)
+        yield used
+        yield limit
+        for attr, name, text in (
+            ("commits", "gpu_webhook_quota_reservations",
+             "Quota reservations committed for admitted GPU pods."),
+            ("conflicts", "gpu_webhook_quota_reservation_conflicts",
+             "Ledger writes that lost a compare-and-swap race to another replica (retried)."),
+            ("expired", "gpu_webhook_quota_reservations_expired",
+             "Reservations dropped after their TTL because their pod was never seen."),
+        ):
+            value = getattr(store, attr, None)
+            if isinstance(value, int):
+                yield CounterMetricFamily(name, text, value=value)
+        yield GaugeMetricFamily("gpu_webhook_cache_synced",
+                                "1 when the usage store's cluster caches are synced (always "
+                                "1 for the in-memory store).", value=float(store.ready()))
+
+
+def _caps(caps: Limits, totals: Totals) -> Iterator[tuple[str, float, float]]:
+    if caps.gpus is not None:
+        yield "gpus", caps.gpus, totals.gpus
+    for r, devices in sorted(caps.resources.items()):
+        yield r, devices, totals.resources.get(r, 0.0)
+    for p, equivalents in sorted(caps.products.items()):
+        yield f"product:{p}", equivalents, totals.products.get(p, 0.0)
+    if caps.pods is not None:
+        yield "pods", caps.pods, totals.pods
+
+
+STATE = StateCollector()
+REGISTRY.register(STATE)

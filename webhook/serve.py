@@ -32,7 +32,7 @@ import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from webhook import certs, logs
+from webhook import certs, logs, metrics
 from webhook.cluster import attach, configured
 from webhook.kube import Unreachable
 from webhook.policy.load import PolicyError
@@ -262,6 +262,8 @@ def run(settings: Settings) -> int:
         logs.event("the TLS certificate has expired; the API server will refuse it until it "
                    "is renewed (the new files are picked up without a restart)",
                    logging.ERROR, not_after=reloader.serving.not_after.isoformat())
+    # Read at scrape time, so it follows certificate reloads.
+    metrics.CERT_EXPIRY.set_function(lambda: reloader.serving.not_after.timestamp())
     client_cns = settings.client_cn_list()
     runtime = Runtime(policy=source,
                       store=MemoryStore(ttl=active.policy.reservation_ttl),

@@ -71,6 +71,11 @@ class AdmissionApp:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.other = _control_app(runtime)
+        # Quota gauges and store counters are read when Prometheus scrapes, from whichever
+        # store and policy are current then (the cluster wiring swaps the store in later).
+        metrics.STATE.attach(
+            lambda: runtime.store,
+            lambda: runtime.policy.active.policy if runtime.policy.active else None)
         self.quota = precheck(runtime.store) if runtime.store is not None else None
         self._quota_store = runtime.store
         self.inflight = 0
@@ -177,8 +182,9 @@ def _record(webhook: str, req: AdmissionRequest, d: Decision, policy: str, gen: 
     metrics.ADMISSIONS.labels(webhook, req.operation, req.kind, outcome).inc()
     for f in d.findings:
         metrics.FINDINGS.labels(webhook, f.rule.value, f.mode.value, d.tenant or "").inc()
-    for change in d.mutations:
-        metrics.MUTATIONS.labels(change).inc()
+    if d.allowed:  # a denial's patch is dropped: count only changes that were applied
+        for change in d.mutations:
+            metrics.MUTATIONS.labels(change).inc()
     if outcome != "skipped" or logs.LOGGER.isEnabledFor(logging.DEBUG):
         logs.event(
             "decision", webhook=webhook, uid=req.uid, namespace=req.namespace,
@@ -281,7 +287,9 @@ def _control_app(runtime: Runtime) -> FastAPI:
         }
 
     @app.get("/metrics")
-    def prom() -> Response:
+    async def prom() -> Response:
+        # On the event loop, not in FastAPI's thread pool: the scrape reads the usage store
+        # (metrics.StateCollector), which only the event loop may touch.
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/mutate")

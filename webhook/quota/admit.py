@@ -7,6 +7,7 @@ alone can never both be admitted when together they do not.
 
 from __future__ import annotations
 
+from webhook import metrics
 from webhook.engine import messages
 from webhook.engine.decision import Ask, Checker, Decision
 from webhook.engine.validate import OWNED, QuotaCheck
@@ -66,6 +67,7 @@ async def commit(decision: Decision, req: AdmissionRequest, policy: CompiledPoli
     try:
         await store.reserve(key, charge, fits, budget)
     except ReservationUnavailable as exc:
+        metrics.RESERVATIONS_UNAVAILABLE.inc()
         check = Checker(policy, tenant, decision.subject, OWNED, decision)
         text = messages.quota_unavailable(str(exc))
         check.report(Rule.QUOTA, text, at_most=Mode.WARN if policy.quota_fail_open else None)

@@ -89,6 +89,7 @@ class LedgerStore:
         self._locks: dict[str, asyncio.Lock] = {}
         self.conflicts = 0
         self.commits = 0
+        self.expired = 0  # entries this replica dropped from a ledger after their TTL
 
     def ready(self) -> bool:
         return self.state.synced()
@@ -127,8 +128,8 @@ class LedgerStore:
             except KubeError as exc:
                 raise ReservationUnavailable(str(exc)) from None
             now = self.wall()
-            entries = {k: e for k, e in decode(charge.tenant, stored.data).items()
-                       if e.expires > now}
+            stored_entries = decode(charge.tenant, stored.data)
+            entries = {k: e for k, e in stored_entries.items() if e.expires > now}
             self._known[charge.tenant] = entries
             if key in entries or self.state.seen(key):
                 return True  # a retried review of a pod already counted
@@ -153,4 +154,6 @@ class LedgerStore:
                 raise ReservationUnavailable(str(exc)) from None
             self._known[charge.tenant] = entries
             self.commits += 1
+            # Counted once the write that drops them has won, so a retry never recounts.
+            self.expired += len(stored_entries) - (len(entries) - 1)
             return True

@@ -95,6 +95,8 @@ class MemoryStore:
         self._reservations: dict[str, _Reservation] = {}
         self.ttl = ttl
         self.clock = clock
+        self.commits = 0  # reservations made, and dropped unseen: read by /metrics
+        self.expired = 0
 
     def ready(self) -> bool:
         return True
@@ -121,6 +123,7 @@ class MemoryStore:
             return False
         self._reservations[key] = _Reservation(charge, self.clock() + self.ttl)
         self.reserved.put(key, charge)
+        self.commits += 1
         return True
 
     def _expire(self) -> None:
@@ -130,3 +133,4 @@ class MemoryStore:
         for key in [k for k, r in self._reservations.items() if r.expires <= now]:
             del self._reservations[key]
             self.reserved.put(key, None)
+            self.expired += 1
