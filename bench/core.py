@@ -119,3 +119,63 @@ def store_memory(n: int = 100_000) -> dict[str, Any]:
     tracemalloc.stop()
     return {"pods": len(store.pods), "namespaces": NAMESPACES,
             "rss_delta_mb": round(rss / 2**20, 1), "traced_mb": round(traced / 2**20, 1)}
+
+
+def app(seconds: float, keys: tuple[str, ...] = (
+        "mutate:gpu-needs-mutation", "mutate:gpu-already-correct", "mutate:non-gpu",
+        "validate:gpu-quota-dryrun")) -> dict[str, Any]:
+    """The served app's per-review cost without the network: ``AdmissionApp`` called as
+    ASGI with the decision log on (info, as served; written to /dev/null) and off
+    (warning). Against ``reviews`` this shows what metrics, the decision log and the
+    ASGI plumbing add to the pure core."""
+    import asyncio
+    import logging
+    import os
+
+    from webhook import logs
+    from webhook.policy.source import PolicySource
+    from webhook.server import AdmissionApp, Runtime
+
+    source = PolicySource(str(mix.POLICY))
+    source.load()
+    served = AdmissionApp(Runtime(policy=source, store=store_of(1000)))
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    sink = open(os.devnull, "w")  # noqa: SIM115 - closed below, after the handler goes
+    out: dict[str, Any] = {}
+    try:
+        for level in ("info", "warning"):
+            logs.setup(level)
+            root.handlers[0].setStream(sink)  # type: ignore[attr-defined]
+            for key in keys:
+                item = mix.items()[key]
+                scope = {"type": "http", "method": "POST", "path": item.path, "headers": [],
+                         "query_string": b""}
+                message = {"type": "http.request", "body": item.body, "more_body": False}
+
+                async def receive(message: dict[str, Any] = message) -> dict[str, Any]:
+                    return message
+
+                async def send(_: Any) -> None:
+                    return None
+
+                async def batch(k: int, scope: dict[str, Any] = scope,
+                                receive: Any = receive) -> None:
+                    for _ in range(k):
+                        await served(scope, receive, send)
+
+                loop = asyncio.new_event_loop()
+                try:
+                    out[f"{key} (log {level})"] = per_call_us(
+                        lambda loop=loop, batch=batch: loop.run_until_complete(  # type: ignore[misc]
+                            batch(100)), seconds / (2 * len(keys)))
+                finally:
+                    loop.close()
+                r = out[f"{key} (log {level})"]  # per batch of 100 -> per review
+                for k in ("median_us", "min_us", "max_us"):
+                    r[k] = round(r[k] / 100, 2)
+                r["calls"] *= 100
+    finally:
+        root.handlers[:], root.level = saved
+        sink.close()
+    return out

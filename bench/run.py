@@ -173,6 +173,11 @@ def table(res: dict[str, Any]) -> str:
         lines += ["", "pure core in process (parse + engine + reply), median us per review"]
         for k, v in res["core"].items():
             lines.append(f"  {k:<34} {v['median_us']:>8.1f}")
+    if "app" in res:
+        lines += ["", "served app in process (ASGI call: + metrics, decision log to /dev/null),"
+                      " median us per review"]
+        for k, v in res["app"].items():
+            lines.append(f"  {k:<42} {v['median_us']:>8.1f}")
     if "quota" in res:
         q = res["quota"]
         lines += ["", f"quota check, us (store of N GPU pods in {q['namespaces']} namespaces)",
@@ -216,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parts: list[tuple[str, Any]] = []
     if opts.only in (None, "core"):
         parts += [("core", lambda: core.reviews(core_s)),
+                  ("app", lambda: core.app(core_s)),
                   ("quota", lambda: core.quota(core_s)),
                   ("store", core.store_memory)]
     workdir = Path(tempfile.mkdtemp(prefix="gpu-webhook-bench-"))

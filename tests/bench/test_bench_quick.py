@@ -26,7 +26,7 @@ def test_quick_bench_writes_every_section(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads((tmp_path / "latest.json").read_text())
     assert res["errors"] == {}
-    assert {"machine", "core", "quota", "store", "http", "verdicts"} <= res.keys()
+    assert {"machine", "core", "app", "quota", "store", "http", "verdicts"} <= res.keys()
     assert {"mutate:gpu-needs-mutation", "mutate:non-gpu", "validate:gpu-quota-dryrun",
             "parse-only"} <= res["core"].keys()
     assert set(res["quota"]["sizes"]) == {"1000", "100000"}
