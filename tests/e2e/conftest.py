@@ -12,7 +12,7 @@ so every test gets a new one, labelled to join the tenant it needs.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +20,13 @@ import pytest
 from controlplane.cluster import ControlPlane, build_binaries
 from e2ekit import (
     LEDGER_NAMESPACE,
-    MUTATED_ANNOTATION,
-    TENANT_LABEL,
     Deployment,
-    apply,
+    NamespaceFactory,
+    create_namespace,
     deployed,
-    gpu_pod,
     short_id,
-    wait_until,
+    wait_installed,
+    wait_uninstalled,
 )
 
 _VERSIONS: dict[str, str] = {}
@@ -91,11 +90,8 @@ def webhook(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
             wait_uninstalled(control_plane)
 
 
-NamespaceFactory = Callable[[str], str]
-
-
 @pytest.fixture
-def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> NamespaceFactory:
+def namespace(control_plane: ControlPlane) -> NamespaceFactory:
     """``namespace(tenant)``: a new namespace labelled to join ``tenant``."""
 
     def make(tenant: str) -> str:
@@ -104,45 +100,3 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Na
         return name
 
     return make
-
-
-def create_namespace(cp: ControlPlane, name: str, tenant: str | None) -> None:
-    labels = f"\n  labels:\n    {TENANT_LABEL}: {tenant}" if tenant else ""
-    cp.kubectl("apply", "-f", "-",
-               input=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}{labels}\n")
-
-
-# The API server learns of webhook configurations through a watch: a probe pod in a
-# namespace of its own shows when it calls (or stops calling) ours.
-_PROBE_NS = "e2e-probe"
-
-
-def _probe(cp: ControlPlane) -> dict[str, Any] | None:
-    if cp.kubectl("get", "namespace", _PROBE_NS, check=False).returncode != 0:
-        create_namespace(cp, _PROBE_NS, "research")
-    out = apply(cp, _PROBE_NS, gpu_pod(f"probe-{short_id()}"), dry_run=True)
-    if out.returncode != 0:
-        return None
-    import yaml
-
-    obj: dict[str, Any] = yaml.safe_load(out.stdout)
-    return obj
-
-
-def wait_installed(cp: ControlPlane, d: Deployment) -> None:
-    def called() -> bool:
-        obj = _probe(cp)
-        return bool(obj and MUTATED_ANNOTATION in (obj["metadata"].get("annotations") or {}))
-
-    try:
-        wait_until("the API server to call the webhook", called, timeout=30, every=0.2)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{d.logs()}") from None
-
-
-def wait_uninstalled(cp: ControlPlane) -> None:
-    def quiet() -> bool:
-        obj = _probe(cp)
-        return bool(obj and MUTATED_ANNOTATION not in (obj["metadata"].get("annotations") or {}))
-
-    wait_until("the API server to stop calling the webhook", quiet, timeout=30, every=0.2)

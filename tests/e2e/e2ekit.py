@@ -376,3 +376,48 @@ def get(cp: ControlPlane, namespace: str, kind: str, name: str) -> dict[str, Any
 def denial_prefix(webhook: str) -> str:
     """What kubectl prints before our message when a webhook denies an apply."""
     return f'admission webhook "{webhook}" denied the request: '
+
+
+# --------------------------------------------------------------------------- namespaces
+
+NamespaceFactory = Callable[[str], str]
+
+
+def create_namespace(cp: ControlPlane, name: str, tenant: str | None) -> None:
+    labels = f"\n  labels:\n    {TENANT_LABEL}: {tenant}" if tenant else ""
+    cp.kubectl("apply", "-f", "-",
+               input=f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}{labels}\n")
+
+
+# The API server learns of webhook configurations through a watch: a probe pod in a
+# namespace of its own shows when it calls (or stops calling) ours.
+_PROBE_NS = "e2e-probe"
+
+
+def _probe(cp: ControlPlane) -> dict[str, Any] | None:
+    if cp.kubectl("get", "namespace", _PROBE_NS, check=False).returncode != 0:
+        create_namespace(cp, _PROBE_NS, "research")
+    out = apply(cp, _PROBE_NS, gpu_pod(f"probe-{short_id()}"), dry_run=True)
+    if out.returncode != 0:
+        return None
+    obj: dict[str, Any] = yaml.safe_load(out.stdout)
+    return obj
+
+
+def wait_installed(cp: ControlPlane, d: Deployment) -> None:
+    def called() -> bool:
+        obj = _probe(cp)
+        return bool(obj and MUTATED_ANNOTATION in (obj["metadata"].get("annotations") or {}))
+
+    try:
+        wait_until("the API server to call the webhook", called, timeout=30, every=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{d.logs()}") from None
+
+
+def wait_uninstalled(cp: ControlPlane) -> None:
+    def quiet() -> bool:
+        obj = _probe(cp)
+        return bool(obj and MUTATED_ANNOTATION not in (obj["metadata"].get("annotations") or {}))
+
+    wait_until("the API server to stop calling the webhook", quiet, timeout=30, every=0.2)

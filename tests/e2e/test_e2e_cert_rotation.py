@@ -18,9 +18,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import NamespaceFactory
 from controlplane.cluster import ControlPlane
-from e2ekit import MUTATED_ANNOTATION, Deployment, gpu_pod, gpu_webhook, to_yaml, wait_until
+from e2ekit import (
+    MUTATED_ANNOTATION,
+    Deployment,
+    NamespaceFactory,
+    gpu_pod,
+    gpu_webhook,
+    to_yaml,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

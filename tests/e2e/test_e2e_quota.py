@@ -19,9 +19,16 @@ import httpx
 import orjson
 import pytest
 import yaml
-from conftest import NamespaceFactory
 from controlplane.cluster import ControlPlane
-from e2ekit import LEDGER_NAMESPACE, Deployment, apply, denial_prefix, gpu_pod, wait_until
+from e2ekit import (
+    LEDGER_NAMESPACE,
+    Deployment,
+    NamespaceFactory,
+    apply,
+    denial_prefix,
+    gpu_pod,
+    wait_until,
+)
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 

@@ -10,9 +10,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import NamespaceFactory, create_namespace, wait_installed, wait_uninstalled
 from controlplane.cluster import ControlPlane
-from e2ekit import Deployment, apply, deployed, gpu_pod, plain_pod, short_id
+from e2ekit import (
+    Deployment,
+    NamespaceFactory,
+    apply,
+    create_namespace,
+    deployed,
+    gpu_pod,
+    plain_pod,
+    short_id,
+    wait_installed,
+    wait_uninstalled,
+)
 
 pytestmark = pytest.mark.e2e
 

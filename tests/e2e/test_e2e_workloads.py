@@ -9,9 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import NamespaceFactory
 from controlplane.cluster import ControlPlane
-from e2ekit import MUTATED_ANNOTATION, Deployment, apply, denial_prefix, get, gpu_pod
+from e2ekit import (
+    MUTATED_ANNOTATION,
+    Deployment,
+    NamespaceFactory,
+    apply,
+    denial_prefix,
+    get,
+    gpu_pod,
+)
 
 pytestmark = pytest.mark.e2e
 
