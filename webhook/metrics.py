@@ -161,9 +161,10 @@ class StateCollector(Collector):
             ("expired", "gpu_webhook_quota_reservations_expired",
              "Reservations dropped after their TTL because their pod was never seen."),
         ):
-            value = getattr(store, attr, None)
-            if isinstance(value, int):
-                yield CounterMetricFamily(name, text, value=value)
+            # Always exposed (0 where a store has no such event, e.g. no conflicts in
+            # memory) so that dashboards and alerts never see a missing series.
+            value = getattr(store, attr, 0)
+            yield CounterMetricFamily(name, text, value=value if isinstance(value, int) else 0)
         yield GaugeMetricFamily("gpu_webhook_cache_synced",
                                 "1 when the usage store's cluster caches are synced (always "
                                 "1 for the in-memory store).", value=float(store.ready()))

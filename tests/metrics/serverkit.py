@@ -47,10 +47,19 @@ class Server:
                 out[(s.name, tuple(sorted(s.labels.items())))] = s.value
         return out
 
-    def families(self) -> set[str]:
+    def metric_names(self) -> set[str]:
+        """Every series name /metrics can carry, including those of labelled families
+        with no sample yet (a counter nobody has incremented)."""
         r = self.client.get(self.url + "/metrics")
-        return {f.name for f in text_string_to_metric_families(r.text)} | {
-            s.name for f in text_string_to_metric_families(r.text) for s in f.samples}
+        r.raise_for_status()
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"],
+                    "summary": ["_count", "_sum"]}
+        names: set[str] = set()
+        for f in text_string_to_metric_families(r.text):
+            names.add(f.name)
+            names.update(f.name + s for s in suffixes.get(f.type, []))
+            names.update(s.name for s in f.samples)
+        return names
 
     def generation(self) -> int:
         return int(self.client.get(self.url + "/readyz").json()["generation"])
