@@ -1,0 +1,200 @@
+"""Helpers for the hostile-input tests: a real ``gpu-webhook serve`` subprocess over TLS,
+the same ASGI app driven in-process (no sockets, for speed), and raw HTTP/1.1 requests
+for what httpx will not send (a lying Content-Length, a trickled body).
+
+The in-process path runs :class:`webhook.server.AdmissionApp` itself, not the engine
+alone, so a case proves the same outcome the subprocess gives: the HTTP status, the
+JSON error or the AdmissionReview reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from webhook.policy.source import PolicySource
+from webhook.quota.store import MemoryStore
+from webhook.server import AdmissionApp, Runtime
+
+REPO = Path(__file__).resolve().parents[2]
+POLICY = REPO / "policies" / "multi-tenant.yaml"
+GPU_WEBHOOK = str(Path(sys.executable).with_name("gpu-webhook"))
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 30.0  # uvicorn's graceful shutdown is capped at 20 s
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+    cert_dir: Path
+    log_path: Path
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca(self) -> Path:
+        return self.cert_dir / "ca.pem"
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def client(self, timeout: float = 30.0) -> httpx.Client:
+        c = httpx.Client(base_url=self.url, verify=self.context(), timeout=timeout)
+        self.clients.append(c)
+        return c
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start(tmp: Path, *flags: str, policy: Path | None = POLICY,
+          env: dict[str, str] | None = None) -> Server:
+    """``gpu-webhook serve`` on 127.0.0.1, healthy over verified TLS before it returns."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cert_dir = tmp / "certs"
+    log_path = tmp / "server.log"
+    cmd = [GPU_WEBHOOK, "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--cert-dir", str(cert_dir), *flags]
+    if policy is not None:
+        cmd += ["--policy", str(policy)]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPU_WEBHOOK_")}
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**base, **(env or {})}, cwd=tmp)
+    server = Server(proc, port, cert_dir, log_path)
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"gpu-webhook serve exited {proc.returncode}:\n{server.log()}")
+        if server.ca.exists():
+            try:
+                r = httpx.get(server.url + "/healthz", verify=server.context(), timeout=2)
+                if r.status_code == 200:
+                    return server
+            except (httpx.HTTPError, ssl.SSLError, OSError):
+                pass
+        time.sleep(0.1)
+    stop(server)
+    raise AssertionError(f"gpu-webhook serve did not become healthy:\n{server.log()}")
+
+
+def stop(server: Server) -> int:
+    """SIGTERM, as the kubelet sends; the exit code (negative: killed by that signal)."""
+    for c in server.clients:
+        c.close()
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+    return int(server.proc.returncode)
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of a process, from /proc (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+# ---------------------------------------------------------------------------- in-process
+
+
+def app(policy: Path = POLICY, **runtime: Any) -> AdmissionApp:
+    """The server's ASGI app on ``policy`` with an in-memory usage store."""
+    source = PolicySource(str(policy))
+    active = source.load()
+    return AdmissionApp(Runtime(policy=source,
+                                store=MemoryStore(ttl=active.policy.reservation_ttl),
+                                **runtime))
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+async def call(asgi: AdmissionApp, path: str, body: bytes, *, chunk: int = 65536,
+               query: bytes = b"") -> Reply:
+    """One POST through the ASGI app, the body delivered in ``chunk``-sized messages."""
+    parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
+                for i, p in enumerate(parts)]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": query,
+             "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1)}
+    await asgi(scope, receive, send)
+    start_msg = next(m for m in sent if m["type"] == "http.response.start")
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers = {k.decode(): v.decode() for k, v in start_msg["headers"]}
+    return Reply(int(start_msg["status"]), headers, data)
+
+
+def call_sync(asgi: AdmissionApp, path: str, body: bytes, **kw: Any) -> Reply:
+    return asyncio.run(call(asgi, path, body, **kw))
+
+
+def raw_request(server: Server, path: str, head_extra: str, body: bytes, *,
+                timeout: float = 30.0) -> tuple[int, bytes]:
+    """A POST written by hand over TLS (for what httpx refuses to send: a Content-Length
+    that does not match the body). Returns the status and the body as read until the
+    server closes or ``timeout``."""
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
+    with server.context().wrap_socket(raw, server_hostname="localhost") as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: localhost\r\n"
+                     f"Content-Type: application/json\r\n{head_extra}\r\n".encode() + body)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"closed after {buf!r}")
+            buf += chunk
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(rest) < length:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        return status, rest[:length]
