@@ -178,3 +178,26 @@ def test_a_job_that_can_never_fit_is_refused_at_apply(
         "this size, or fewer GPUs per pod. [rule quota, tenant gang]")
     assert control_plane.kubectl("get", "job", "allreduce", "-n", ns,
                                  check=False).returncode != 0
+
+
+def test_a_deployment_larger_than_the_free_quota_is_created_with_a_warning(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("gang")  # tenant gang: 16 GPUs
+    out = apply(control_plane, ns, gpu_pod("holder", limits="8"))
+    assert out.returncode == 0, out.stderr
+    wait_until("both replicas to count the running pod",
+               lambda: not sees_free_gpus(webhook, ns, 9), timeout=20, every=0.2)
+
+    pod = gpu_pod("serve", limits="4")
+    out = apply(control_plane, ns, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "serve"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "serve"}},
+                 "template": {"metadata": {"labels": {"app": "serve"}}, "spec": pod["spec"]}},
+    })
+
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "deployment.apps/serve created"
+    assert (f"Warning: deployment {ns}/serve, pod template: asks for 3 pods x 4 GPUs, but only "
+            "8 of tenant gang's 16 GPUs are free now: 2 of its pods can start now and the rest "
+            "will be refused until quota frees up.") in out.stderr
