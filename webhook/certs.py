@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -61,48 +62,75 @@ def issue(dns_names: list[str], ip_addresses: list[str], *, days: int = 365,
             raise ValueError(f"{ip!r} is not an IP address (give DNS names with --dns)") from None
     now = dt.datetime.now(dt.UTC)
     if ca_pem is None or ca_key_pem is None:
-        ca_key = _key()
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpu-webhook CA")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name).issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=ca_days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
-        ca_key_pem = _pem_key(ca_key)
-    else:
-        ca_cert = x509.load_pem_x509_certificate(ca_pem)
-        loaded = serialization.load_pem_private_key(ca_key_pem, password=None)
-        if not isinstance(loaded, ec.EllipticCurvePrivateKey):
-            raise ValueError("the CA key must be an EC key")
-        ca_key = loaded
+        ca_pem, ca_key_pem = new_ca(now - dt.timedelta(minutes=5),
+                                    now + dt.timedelta(days=ca_days))
+    ca_cert = x509.load_pem_x509_certificate(ca_pem)
     if now + dt.timedelta(days=days) > ca_cert.not_valid_after_utc:
         raise ValueError(
             f"the CA expires {ca_cert.not_valid_after_utc:%Y-%m-%d}, before a {days}-day "
             "serving certificate would: use fewer --days or a new CA")
+    not_after = now + dt.timedelta(days=days)
+    cert_pem, key_pem = sign_serving(ca_pem, ca_key_pem, dns_names, ip_addresses,
+                                     now - dt.timedelta(minutes=5), not_after)
+    return Issued(ca_pem, ca_key_pem, cert_pem, key_pem, not_after)
+
+
+def _ca_key(ca_key_pem: bytes) -> ec.EllipticCurvePrivateKey:
+    loaded = serialization.load_pem_private_key(ca_key_pem, password=None)
+    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key must be an EC key")
+    return loaded
+
+
+def new_ca(not_before: dt.datetime, not_after: dt.datetime) -> tuple[bytes, bytes]:
+    """A self-signed CA valid from ``not_before`` to ``not_after``: (certificate PEM, key PEM).
+
+    Its common name carries its start time, so that two CAs side by side in a caBundle
+    (during a rollover) are told apart in logs and by verifiers that look up issuers by
+    name.
+    """
+    ca_key = _key()
+    ca_name = x509.Name([x509.NameAttribute(
+        NameOID.COMMON_NAME, f"gpu-webhook CA {not_before:%Y-%m-%dT%H:%M:%SZ}")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_cert_sign=True, crl_sign=True,
+            content_commitment=False, key_encipherment=False, data_encipherment=False,
+            key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return ca_cert.public_bytes(serialization.Encoding.PEM), _pem_key(ca_key)
+
+
+def sign_serving(ca_pem: bytes, ca_key_pem: bytes, dns_names: list[str],
+                 ip_addresses: list[str], not_before: dt.datetime,
+                 not_after: dt.datetime) -> tuple[bytes, bytes]:
+    """A serving certificate (EKU serverAuth) for the names, signed by the CA:
+    (certificate PEM, key PEM)."""
+    if not dns_names and not ip_addresses:
+        raise ValueError("a serving certificate needs at least one DNS name or IP address")
+    ca_cert = x509.load_pem_x509_certificate(ca_pem)
+    ca_key = _ca_key(ca_key_pem)
     key = _key()
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-    not_after = now + dt.timedelta(days=days)
-    cn = dns_names[0] if dns_names else (ip_addresses[0] if ip_addresses else "gpu-webhook")
+    cn = dns_names[0] if dns_names else ip_addresses[0]
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn[:64])]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -115,8 +143,64 @@ def issue(dns_names: list[str], ip_addresses: list[str], *, days: int = 365,
                        critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    return Issued(ca_pem, ca_key_pem, cert.public_bytes(serialization.Encoding.PEM),
-                  _pem_key(key), not_after)
+    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+
+
+@dataclass(frozen=True)
+class CertInfo:
+    """What the self-managed certificate code needs to know of one certificate."""
+
+    pem: bytes
+    """This certificate alone, re-encoded (a bundle is split into these)."""
+    not_before: dt.datetime
+    not_after: dt.datetime
+    names: tuple[str, ...]
+    """DNS and IP subject alternative names."""
+    is_ca: bool
+    fingerprint: str
+    """SHA-256 of the DER encoding, hex: the certificate's identity."""
+    subject: str
+
+
+def inspect(pem: bytes) -> list[CertInfo]:
+    """Every certificate in a PEM bundle, in order; ValueError when there is none."""
+    try:
+        chain = x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        raise ValueError("no PEM certificate") from None
+    out = []
+    for cert in chain:
+        try:
+            basic = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+            is_ca = basic.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        out.append(CertInfo(cert.public_bytes(serialization.Encoding.PEM),
+                            cert.not_valid_before_utc, cert.not_valid_after_utc,
+                            tuple(_sans(cert)), is_ca,
+                            cert.fingerprint(hashes.SHA256()).hex(),
+                            cert.subject.rfc4514_string()))
+    return out
+
+
+def signed_by(cert_pem: bytes, ca_pem: bytes) -> bool:
+    """True when the (first) certificate's signature verifies with the CA's key."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
+    """True when ``key_pem`` is the private key of the (first) certificate."""
+    try:
+        check_pair(cert_pem, key_pem)
+    except ValueError:
+        return False
+    return True
 
 
 def write(issued: Issued, directory: str | Path, *, force: bool = False) -> list[Path]:

@@ -8,6 +8,7 @@ precondition, and API failures become :class:`Conflict`, :class:`NotFound` or
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -209,3 +210,140 @@ class Watcher:
                 if self._stop.is_set():
                     return
             time.sleep(0)  # the server closed the watch at timeout_seconds: resume
+
+
+# --- the self-managed serving certificate ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSecret:
+    """A Secret's decoded data, its annotations and the resourceVersion it was read at."""
+
+    data: dict[str, bytes]
+    annotations: dict[str, str]
+    resource_version: str | None  # None: the Secret does not exist yet
+
+
+class Secrets:
+    """Read and compare-and-swap write of one namespace's Secrets (the certificate Secret:
+    RBAC allows get/update on that name only, and create)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, timeout: float = 5.0) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.timeout = timeout
+
+    def read(self, name: str) -> StoredSecret:
+        what = f"read secret {self.namespace}/{name}"
+        try:
+            secret = self.core.read_namespaced_secret(name, self.namespace,
+                                                      _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return StoredSecret({}, {}, None)
+            raise _map(exc, what) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _map(exc, what) from None
+        meta = secret.metadata
+        try:
+            data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        except ValueError:
+            raise KubeError(f"{what}: data is not base64") from None
+        return StoredSecret(data, dict(meta.annotations or {}) if meta else {},
+                            meta.resource_version if meta else None)
+
+    def write(self, name: str, data: dict[str, bytes], annotations: dict[str, str],
+              resource_version: str | None, labels: dict[str, str],
+              secret_type: str = "kubernetes.io/tls") -> str:
+        """Create (``resource_version`` None; AlreadyExists is a Conflict) or replace only
+        if unchanged since read (else Conflict). Returns the new resourceVersion."""
+        body = client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace, labels=labels,
+                                         annotations=annotations,
+                                         resource_version=resource_version),
+            type=secret_type,
+            data={k: base64.b64encode(v).decode() for k, v in data.items()},
+        )
+        what = f"{'create' if resource_version is None else 'update'} secret " \
+               f"{self.namespace}/{name}"
+        try:
+            if resource_version is None:
+                out = self.core.create_namespaced_secret(self.namespace, body,
+                                                         _request_timeout=self.timeout)
+            else:
+                out = self.core.replace_namespaced_secret(name, self.namespace, body,
+                                                          _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 409:  # AlreadyExists on create, stale version on replace
+                raise Conflict(what) from None
+            raise _map(exc, what) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _map(exc, what) from None
+        return str(out.metadata.resource_version) if out.metadata else ""
+
+
+WEBHOOK_KINDS = ("mutating", "validating")
+
+
+class WebhookConfigurations:
+    """The caBundle of named Mutating/ValidatingWebhookConfigurations (RBAC: get and
+    patch on those names only)."""
+
+    def __init__(self, api: client.ApiClient, timeout: float = 5.0) -> None:
+        self.admission = client.AdmissionregistrationV1Api(api)
+        self.timeout = timeout
+
+    def _read(self, kind: str, name: str) -> dict[str, Any]:
+        fn = (self.admission.read_mutating_webhook_configuration if kind == "mutating"
+              else self.admission.read_validating_webhook_configuration)
+        what = f"read {kind}webhookconfiguration {name}"
+        try:
+            resp: Any = fn(name, _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            raise _map(exc, what) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _map(exc, what) from None
+        obj: dict[str, Any] = orjson.loads(resp.data)
+        return obj
+
+    def ca_bundles(self, kind: str, name: str) -> dict[str, bytes]:
+        """Each webhook's caBundle (decoded; empty when unset), by webhook name."""
+        obj = self._read(kind, name)
+        return {str(h.get("name")): base64.b64decode((h.get("clientConfig") or {})
+                                                     .get("caBundle") or "")
+                for h in obj.get("webhooks") or ()}
+
+    def patch_ca_bundle(self, kind: str, name: str, bundle: bytes) -> list[str]:
+        """Set ``caBundle`` of every webhook in the configuration that does not already
+        hold ``bundle``; returns the names of the webhooks patched.
+
+        A JSON Patch with a ``test`` of each webhook's name before its index is replaced:
+        if the list changed between the read and the patch, the API server refuses the
+        patch (a Conflict) instead of writing the bundle into the wrong webhook.
+        """
+        obj = self._read(kind, name)
+        encoded = base64.b64encode(bundle).decode()
+        ops: list[dict[str, Any]] = []
+        patched = []
+        for i, hook in enumerate(obj.get("webhooks") or ()):
+            if (hook.get("clientConfig") or {}).get("caBundle") == encoded:
+                continue
+            ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": hook.get("name")})
+            ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle",
+                        "value": encoded})
+            patched.append(str(hook.get("name")))
+        if not ops:
+            return []
+        fn = (self.admission.patch_mutating_webhook_configuration if kind == "mutating"
+              else self.admission.patch_validating_webhook_configuration)
+        what = f"patch caBundle of {kind}webhookconfiguration {name}"
+        try:
+            fn(name, ops, _content_type="application/json-patch+json",
+               _preload_content=False, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 422:  # a failed ``test``: the webhooks changed since read
+                raise Conflict(what) from None
+            raise _map(exc, what) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _map(exc, what) from None
+        return patched

@@ -32,8 +32,8 @@ import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from webhook import certs, logs, metrics
-from webhook.cluster import attach, configured
+from webhook import certs, logs, metrics, selfcerts
+from webhook.cluster import attach, configured, ledger_namespace
 from webhook.kube import Unreachable
 from webhook.policy.load import PolicyError
 from webhook.policy.source import PolicySource, resolve
@@ -57,6 +57,36 @@ def tls_files(settings: Settings) -> tuple[str, str]:
                    names=DEV_NAMES, expires=issued.not_after.isoformat(),
                    hint="use `gpu-webhook certs` or cert-manager for a cluster")
     return str(cert), str(key)
+
+
+def self_managed(settings: Settings) -> selfcerts.SelfManagedCerts | None:
+    """--self-managed-certs: get a serving pair from the Secret (issued if need be) into
+    the files :func:`tls_files` names, before serving; None when there is no cluster.
+
+    The renewals that follow write the same files, and :class:`CertReloader` loads them
+    as it would a mounted Secret's update: one path for every way a certificate changes.
+    """
+    d = Path(settings.cert_dir)
+    cert = settings.tls_cert or str(d / certs.CERT_FILE)
+    key = settings.tls_key or str(d / certs.KEY_FILE)
+    namespace = ledger_namespace(settings.namespace)
+    try:
+        renewer = selfcerts.connect(
+            settings.kubeconfig, namespace, settings.cert_secret, settings.service,
+            settings.certificate_targets(), settings.cert_host_list(),
+            settings.cert_validity_hours, settings.ca_validity_hours, cert, key)
+    except Unreachable as exc:
+        logs.event("cannot start: --self-managed-certs needs the cluster", logging.ERROR,
+                   error=str(exc))
+        print(f"gpu-webhook: cannot start, --self-managed-certs needs the cluster: {exc}")
+        return None
+    logs.event("self-managed certificates", secret=f"{namespace}/{settings.cert_secret}",
+               names=[*renewer.wanted.dns_names, *renewer.wanted.ip_addresses],
+               configurations=settings.certificate_targets(),
+               validity_hours=settings.cert_validity_hours,
+               ca_validity_hours=settings.ca_validity_hours)
+    renewer.first_sync()
+    return renewer
 
 
 def ssl_context(settings: Settings, cert: str, key: str) -> ssl.SSLContext:
@@ -247,6 +277,11 @@ def run(settings: Settings) -> int:
         logs.event("cannot start: the policy is invalid", logging.ERROR, error=str(exc))
         print(f"gpu-webhook: cannot start, the policy is invalid:\n{exc}")
         return 2
+    renewer = None
+    if settings.self_managed_certs:
+        renewer = self_managed(settings)
+        if renewer is None:
+            return 2
     try:
         cert, key = tls_files(settings)
         context = ssl_context(settings, cert, key)
@@ -299,6 +334,9 @@ def run(settings: Settings) -> int:
                 runtime.ready_checks["cluster"] = lambda: False
         watchers = [asyncio.ensure_future(source.watch(settings.policy_poll_seconds)),
                     asyncio.ensure_future(reloader.watch(settings.cert_poll_seconds))]
+        if renewer is not None:
+            watchers.append(asyncio.ensure_future(
+                renewer.keep_renewed(settings.cert_check_seconds)))
         try:
             await server.serve()
         finally:

@@ -31,12 +31,24 @@ class Settings:
     namespace: str | None = None
     max_inflight: int = 256
     request_timeout: float = 8.0
+    self_managed_certs: bool = False
+    cert_secret: str = "gpu-webhook-tls"
+    service: str = "gpu-webhook"
+    webhook_configurations: str = "mutating=gpu-webhook,validating=gpu-webhook"
+    cert_hosts: str | None = None
+    cert_validity_hours: float = 2160.0
+    ca_validity_hours: float = 87600.0
+    cert_check_seconds: float = 3600.0
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         for f in fields(Settings):
             flag = "--" + f.name.replace("_", "-")
             env = "GPU_WEBHOOK_" + f.name.upper()
+            if isinstance(f.default, bool):  # a switch: --flag, or the env var set to true
+                parser.add_argument(flag, dest=f.name, action="store_true", default=None,
+                                    help=f"{_doc(f.name)} [env {env}=true]")
+                continue
             kind = {int: int, float: float}.get(type(f.default), str)
             parser.add_argument(flag, dest=f.name, type=kind, default=None,
                                 help=f"{_doc(f.name)} [env {env}; default {f.default}]")
@@ -48,7 +60,12 @@ class Settings:
             v = getattr(args, f.name, None)
             if v is None:
                 env = os.environ.get("GPU_WEBHOOK_" + f.name.upper())
-                if env is not None:
+                if env is not None and isinstance(f.default, bool):
+                    if env.lower() not in _BOOLS:
+                        raise SystemExit(f"GPU_WEBHOOK_{f.name.upper()}={env!r} is not a "
+                                         "boolean (true or false)")
+                    v = _BOOLS[env.lower()]
+                elif env is not None:
                     kind = {int: int, float: float}.get(type(f.default), str)
                     try:
                         v = kind(env)
@@ -72,7 +89,46 @@ class Settings:
                              "certificates there is no common name to check")
         if s.client_cn is not None and not s.client_cn_list():
             raise SystemExit("--client-cn is empty: give one or more names, comma-separated")
+        if s.self_managed_certs:
+            s.certificate_targets()  # named errors for a bad value
+            if not s.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+                raise SystemExit("--self-managed-certs keeps the certificate in a Secret: "
+                                 "give --kubeconfig (or run in a pod)")
+            if s.cert_validity_hours < 0.01:
+                raise SystemExit(f"--cert-validity-hours must be at least 0.01, not "
+                                 f"{s.cert_validity_hours}")
+            if s.ca_validity_hours < 3 * s.cert_validity_hours:
+                raise SystemExit(
+                    f"--ca-validity-hours ({s.ca_validity_hours:g}) must be at least 3 times "
+                    f"--cert-validity-hours ({s.cert_validity_hours:g}): the CA is renewed "
+                    "when a third of its life is left, and should outlive the serving "
+                    "certificates it signs")
+            if s.cert_check_seconds <= 0:
+                raise SystemExit(f"--cert-check-seconds must be more than 0, not "
+                                 f"{s.cert_check_seconds}")
         return s
+
+    def certificate_targets(self) -> dict[str, str]:
+        """--webhook-configurations as {"mutating": NAME, "validating": NAME}."""
+        targets: dict[str, str] = {}
+        for item in (i.strip() for i in self.webhook_configurations.split(",")):
+            if not item:
+                continue
+            kind, _, name = item.partition("=")
+            kind, name = kind.strip(), name.strip()
+            if kind not in ("mutating", "validating") or not name or kind in targets:
+                raise SystemExit(
+                    f"--webhook-configurations: {item!r} is not KIND=NAME with KIND mutating "
+                    "or validating (each once), e.g. mutating=gpu-webhook,validating=gpu-webhook")
+            targets[kind] = name
+        if not targets:
+            raise SystemExit("--webhook-configurations is empty: give "
+                             "mutating=NAME,validating=NAME")
+        return targets
+
+    def cert_host_list(self) -> list[str]:
+        """--cert-hosts as a list of extra DNS names and IP addresses."""
+        return [h.strip() for h in (self.cert_hosts or "").split(",") if h.strip()]
 
     def client_cn_list(self) -> list[str]:
         """The allowed client certificate common names (empty: any the CA signed)."""
@@ -104,8 +160,31 @@ _DOCS = {
                        "cut to 80%% of the API server's ?timeout=); a review that waited "
                        "longer gets 503 instead of an answer the API server stopped "
                        "waiting for.",
-    "namespace": "Namespace of the quota ledger objects (default: the pod's own namespace).",
+    "namespace": "Namespace of the quota ledger objects and of the --cert-secret (default: "
+                 "the pod's own namespace).",
+    "self_managed_certs": "Issue and renew the serving certificate in the --cert-secret "
+                          "Secret (a CA kept in it), serve it from --cert-dir (or "
+                          "--tls-cert/--tls-key) and patch the CA into the caBundle of the "
+                          "--webhook-configurations; for clusters without cert-manager. "
+                          "Needs a cluster (--kubeconfig or in a pod).",
+    "cert_secret": "Secret (in --namespace) holding ca.crt, ca.key, tls.crt and tls.key, with "
+                   "--self-managed-certs.",
+    "service": "Service name the API server calls; the serving certificate is for its DNS "
+               "names in --namespace (with --self-managed-certs).",
+    "webhook_configurations": "mutating=NAME,validating=NAME: the webhook configurations "
+                              "whose caBundle --self-managed-certs keeps in step.",
+    "cert_hosts": "Extra DNS names and IP addresses for the self-managed serving certificate, "
+                  "comma-separated (a webhook called by URL).",
+    "cert_validity_hours": "Validity of the self-managed serving certificate (renewed with a "
+                           "third left: 30 days before expiry by default); fractions allowed.",
+    "ca_validity_hours": "Validity of the self-managed CA (rolled over with a third left); at "
+                         "least 3 times --cert-validity-hours.",
+    "cert_check_seconds": "With --self-managed-certs: longest time between two reads of the "
+                          "Secret (renewals due sooner are done when due).",
 }
+
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False, "": False}
 
 
 def _doc(name: str) -> str:
