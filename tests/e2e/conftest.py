@@ -32,7 +32,10 @@ from e2ekit import (
 _VERSIONS: dict[str, str] = {}
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e is marked ``e2e``, even one whose module forgot
+    ``pytestmark``, so `pytest -m "not e2e"` never starts a control plane."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.path)).parents:
