@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serverkit import POLICY, Server, serve
+from metricskit import POLICY, Server, serve
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from serverkit import POLICY, Server, pod_review, value, wait_for, write_policy
+from metricskit import POLICY, Server, pod_review, value, wait_for, write_policy
 
 ADMISSIONS = "gpu_webhook_admission_requests_total"
 LATENCY_COUNT = "gpu_webhook_admission_duration_seconds_count"

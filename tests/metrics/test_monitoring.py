@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from serverkit import ROOT, Server, pod_review
+from metricskit import ROOT, Server, pod_review
 
 MONITORING = ROOT / "deploy" / "monitoring"
 DASHBOARD = MONITORING / "dashboard.json"

@@ -4,9 +4,12 @@ suite is located like a broken policy."""
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
-from conftest import ROOT, Run
+ROOT = Path(__file__).resolve().parents[2]
+Run = Callable[..., subprocess.CompletedProcess[str]]  # the gpu_webhook fixture (conftest.py)
 
 SUITES = Path(__file__).resolve().parent / "suites"
 

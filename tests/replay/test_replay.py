@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from conftest import ROOT, Run
+ROOT = Path(__file__).resolve().parents[2]
+Run = Callable[..., subprocess.CompletedProcess[str]]  # the gpu_webhook fixture (conftest.py)
 
 RECORDED = "tests/fixtures/replay.jsonl"
 CANDIDATE = "tests/fixtures/replay-candidate.yaml"
