@@ -289,6 +289,8 @@ def _review(args: argparse.Namespace) -> int:
     from webhook.policy.compiled import compile_policy
     from webhook.policy.load import PolicyError, load_file, load_text
     from webhook.policy.source import default_policy_text
+    from webhook.quota.admit import precheck
+    from webhook.quota.store import MemoryStore
     from webhook.review import BadReview, parse_review, request_review
 
     try:
@@ -340,10 +342,12 @@ def _review(args: argparse.Namespace) -> int:
 
         original = parse_review(body).object or {}  # mutate edited its own copy
         patched = jsonpatch.apply_patch(original, m.patch) if m.patch else original
+        # Validated as a dry run against an empty usage store: quota caps still apply to
+        # the object on its own (a gang that can never fit), and nothing is reserved.
         vreq = parse_review(orjson.dumps(request_review(
             copy.deepcopy(patched), namespace=req.namespace, username=args.user,
-            groups=args.group or None)))
-        v = validate(vreq, policy, labels)
+            groups=args.group or None, dry_run=True)))
+        v = validate(vreq, policy, labels, precheck(MemoryStore()))
         result.update(
             decision="allowed" if v.allowed else "denied",
             phase="validating" if not v.allowed else None,
