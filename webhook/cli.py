@@ -9,7 +9,6 @@ or input error.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 from collections.abc import Sequence
@@ -284,12 +283,10 @@ def _review(args: argparse.Namespace) -> int:
         print("gpu-webhook review: give -f MANIFEST (or --replay FILE --policy CANDIDATE)",
               file=sys.stderr)
         return 2
-    from webhook.engine.mutate import mutate
-    from webhook.engine.validate import validate
+    from webhook.offline import through_both
     from webhook.policy.compiled import compile_policy
     from webhook.policy.load import PolicyError, load_file, load_text
     from webhook.policy.source import default_policy_text
-    from webhook.quota.admit import precheck
     from webhook.quota.store import MemoryStore
     from webhook.review import BadReview, parse_review, request_review
 
@@ -312,13 +309,14 @@ def _review(args: argparse.Namespace) -> int:
         return 2
     results: list[dict[str, Any]] = []
     denied = False
-    for doc in docs:
+    store = MemoryStore()
+    for n, doc in enumerate(docs):
         if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
             print(f"gpu-webhook review: {args.filename}: each document must be a Kubernetes "
                   "object with apiVersion and kind", file=sys.stderr)
             return 2
-        review = request_review(doc, namespace=args.namespace, username=args.user,
-                                groups=args.group or None)
+        review = request_review(doc, uid=f"review-{n:05d}", namespace=args.namespace,
+                                username=args.user, groups=args.group or None)
         body = orjson.dumps(review)
         try:
             req = parse_review(body)
@@ -329,34 +327,22 @@ def _review(args: argparse.Namespace) -> int:
         def labels(_ns: str) -> dict[str, str]:
             return ns_labels
 
-        m = mutate(req, policy, labels)
+        # The documents of one file share an empty usage store: quota caps apply to each
+        # object, and pods earlier in the file count against the ones after them.
+        out = through_both(body, policy, labels, store)
+        m = out.mutating
         result: dict[str, Any] = {"kind": doc["kind"], "name": req.name or "(generated)",
-                                  "namespace": req.namespace}
-        if not m.allowed:
-            result.update(decision="denied", phase="mutating", message=m.message,
-                          warnings=m.warnings)
-            denied = True
-            results.append(result)
-            continue
-        import jsonpatch
-
-        original = parse_review(body).object or {}  # mutate edited its own copy
-        patched = jsonpatch.apply_patch(original, m.patch) if m.patch else original
-        # Validated as a dry run against an empty usage store: quota caps still apply to
-        # the object on its own (a gang that can never fit), and nothing is reserved.
-        vreq = parse_review(orjson.dumps(request_review(
-            copy.deepcopy(patched), namespace=req.namespace, username=args.user,
-            groups=args.group or None, dry_run=True)))
-        v = validate(vreq, policy, labels, precheck(MemoryStore()))
-        result.update(
-            decision="allowed" if v.allowed else "denied",
-            phase="validating" if not v.allowed else None,
-            message=v.message or None,
-            warnings=m.warnings + v.warnings,
-            audit=[f.message for f in m.findings + v.findings if f.mode.value == "audit"],
-            changes=m.mutations, patch=m.patch, object=patched,
-        )
-        denied |= not v.allowed
+                                  "namespace": req.namespace,
+                                  "decision": "allowed" if out.allowed else "denied",
+                                  "phase": out.phase, "message": out.message or None,
+                                  "warnings": out.warnings}
+        if out.validating is not None:
+            result.update(
+                audit=[f.message for d in out.decisions for f in d.findings
+                       if f.mode.value == "audit"],
+                changes=m.mutations, patch=m.patch, object=out.patched,
+            )
+        denied |= not out.allowed
         results.append(result)
     if args.output == "json":
         print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())

@@ -19,7 +19,6 @@ the policy itself; see ``policies/tests/README.md`` for the format.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
 from collections.abc import Mapping
@@ -27,20 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import jsonpatch
 import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from webhook.engine.decision import Decision
-from webhook.engine.mutate import mutate
-from webhook.engine.validate import validate
+from webhook.offline import through_both
 from webhook.patch import escape
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, Problem, load_document, load_file, read_file
 from webhook.policy.model import Rule
-from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import MemoryStore
 from webhook.quota.usage import charge_of_pod
 from webhook.review import AdmissionRequest, BadReview, parse_review, request_review
@@ -254,13 +249,12 @@ def run_path(path: Path) -> SuiteResult:
         return SuiteResult(str(path), suite.metadata.name, str(policy_path), error=str(exc))
     result = SuiteResult(str(path), suite.metadata.name,
                          f"{policy_path} (policy {compiled.name})")
-    with asyncio.Runner() as loop:
-        for i, case in enumerate(suite.cases):
-            try:
-                result.cases.append(runner.run(i, case, loop))
-            except PolicyError as exc:
-                result.error = str(exc)
-                break
+    for i, case in enumerate(suite.cases):
+        try:
+            result.cases.append(runner.run(i, case))
+        except PolicyError as exc:
+            result.error = str(exc)
+            break
     return result
 
 
@@ -365,33 +359,21 @@ class _Runner:
             raise PolicyError(str(self.path), [Problem(f"cases[{i}].resource", None,
                                                        str(exc))]) from None
 
-    def run(self, i: int, case: Case, loop: asyncio.Runner) -> CaseResult:
+    def run(self, i: int, case: Case) -> CaseResult:
         obj = self._object(i, case)
         if not isinstance(obj.get("kind"), str):
             raise PolicyError(str(self.path), [Problem(
                 f"cases[{i}].resource", None, "a Kubernetes object with apiVersion and kind")])
-        body, req = self._request(i, case, obj)
-        m = mutate(req, self.policy, self.labels)
-        got = Got(outcome="", changes=list(m.mutations))
-        if not m.allowed:
+        body, _ = self._request(i, case, obj)
+        out = through_both(body, self.policy, self.labels, self.store)
+        m, v = out.mutating, out.validating
+        got = Got(outcome="", changes=list(m.mutations), rules=out.rules(),
+                  warnings=out.warnings)
+        if v is None:
             got.outcome, got.phase, got.message = "denied", "mutating", m.message
-            got.rules = _rules(m)
-            got.warnings = list(m.warnings)
             return _compare(case, got)
-        original = parse_review(body).object or {}  # mutate edited its own copy
-        patched: dict[str, Any] = (jsonpatch.apply_patch(original, m.patch) if m.patch
-                                   else original)
-        got.patched = copy.deepcopy(patched)
-        final = copy.deepcopy(patched)
-        if req.kind == "Pod" and req.operation == "CREATE":
-            _as_stored(final, f"{self.suite.metadata.name}-{i}")
-        _, vreq = self._request(i, case.model_copy(update={"namespace": req.namespace}), final)
-        v = validate(vreq, self.policy, self.labels, precheck(self.store))
-        if needs_commit(v, vreq, self.policy):
-            loop.run(commit(v, vreq, self.policy, self.store, 1.0))
-            got.reserved = v.allowed
-        got.rules = _rules(m, v)
-        got.warnings = m.warnings + v.warnings
+        got.patched = copy.deepcopy(out.patched)
+        got.reserved = out.reserved
         if not v.allowed:
             got.outcome, got.phase, got.message = "denied", "validating", v.message
         elif got.warnings:
@@ -403,25 +385,6 @@ class _Runner:
         else:
             got.outcome = "allowed"
         return _compare(case, got)
-
-
-def _as_stored(pod: dict[str, Any], uid: str) -> None:
-    """What the API server does between the two webhooks: a pod gets its uid and, from
-    generateName, its name (the validating webhook sees the final object)."""
-    meta = pod.setdefault("metadata", {})
-    if isinstance(meta, dict):
-        meta.setdefault("uid", uid)
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = f"{meta['generateName']}{uid.rsplit('-', 1)[-1]:0>5}"
-
-
-def _rules(*decisions: Decision) -> list[str]:
-    seen: list[str] = []
-    for d in decisions:
-        for f in d.findings:
-            if f.rule.value not in seen:
-                seen.append(f.rule.value)
-    return seen
 
 
 _MISSING = object()

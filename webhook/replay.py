@@ -12,18 +12,14 @@ that depended on the cluster's load at the time.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
 import orjson
 
-from webhook.engine.mutate import mutate
-from webhook.engine.validate import validate
+from webhook.offline import through_both
 from webhook.policy.compiled import CompiledPolicy
-from webhook.quota.check import against
-from webhook.quota.store import MemoryStore
 from webhook.review import BadReview, parse_review
 
 CHANGES = ("allowed->denied", "denied->allowed", "warnings changed", "patch changed")
@@ -71,20 +67,11 @@ class Report:
 
 def decide(body: bytes, policy: CompiledPolicy) -> Verdict:
     """One recorded review through both webhooks under ``policy``."""
-    req = parse_review(body)
-    m = mutate(req, policy)
-    rules = [f.rule.value for f in m.findings]
-    if not m.allowed:
-        return Verdict(False, m.message, list(m.warnings), None, list(m.mutations), rules)
-    original = parse_review(body).object
-    patched = (jsonpatch.apply_patch(original, m.patch) if m.patch and original is not None
-               else original)
-    doc = orjson.loads(body)
-    doc["request"]["object"] = copy.deepcopy(patched)
-    v = validate(parse_review(orjson.dumps(doc)), policy, quota=against(MemoryStore().view))
-    rules += [f.rule.value for f in v.findings if f.rule.value not in rules]
-    return Verdict(v.allowed, v.message, m.warnings + v.warnings,
-                   patched if v.allowed else None, list(m.mutations), rules)
+    # Quota against empty usage: a recording does not say what was running at the time.
+    out = through_both(body, policy)
+    return Verdict(out.allowed, out.message, out.warnings,
+                   out.patched if out.allowed else None, list(out.mutating.mutations),
+                   out.rules())
 
 
 def replay(raw_lines: list[bytes], baseline: CompiledPolicy, candidate: CompiledPolicy
