@@ -5,7 +5,8 @@
 2. Over HTTPS: ``gpu-webhook serve`` (through ``bench.launch``: the real ``serve.run``
    with a preloaded usage store) and the bare ASGI baseline, both running, driven by
    wrk in turn (A B, then B A, ...) for each endpoint and mix: maximum throughput, then
-   latency at a fixed offered load of half the baseline's maximum.
+   latency at a fixed offered load of half the baseline's maximum (the stated target)
+   and, since the webhook may not sustain that, also at half of its own maximum.
 3. A table on stdout, JSON in ``bench/results/latest.json``, a latency plot next to it.
 
 ``--quick`` runs every part for a second or two (a smoke test: the numbers are noisy);
@@ -70,7 +71,8 @@ def http(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     try:
         for name, keys in mix.MIXES.items():
             items = [mix.items()[k] for k in keys]
-            runs: dict[str, dict[str, list[Any]]] = {s: {"max": [], "fixed": []} for s in pair}
+            runs: dict[str, dict[str, list[Any]]] = {
+                s: {"max": [], "fixed": [], "own": []} for s in pair}
             # Maximum throughput, alternating which server goes first.
             for r in range(opts.rounds):
                 order = ["baseline", "ours"] if r % 2 == 0 else ["ours", "baseline"]
@@ -78,15 +80,16 @@ def http(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     res = load.run(pair[s].url, items, opts.seconds,
                                    connections=opts.connections)
                     runs[s]["max"].append(res.to_json())
-            base_max = statistics.median(x["rps"] for x in runs["baseline"]["max"])
-            rate = round(base_max / 2)
-            for r in range(opts.rounds):
-                order = ["baseline", "ours"] if r % 2 == 0 else ["ours", "baseline"]
-                for s in order:
-                    res = load.run(pair[s].url, items, opts.seconds,
-                                   connections=opts.connections, rate=rate)
-                    runs[s]["fixed"].append(res.to_json())
-            out["mixes"][name] = summarize(runs, keys, rate)
+            rates = {k: round(statistics.median(x["rps"] for x in runs[s]["max"]) / 2)
+                     for k, s in (("fixed", "baseline"), ("own", "ours"))}
+            for phase, rate in rates.items():
+                for r in range(opts.rounds):
+                    order = ["baseline", "ours"] if r % 2 == 0 else ["ours", "baseline"]
+                    for s in order:
+                        res = load.run(pair[s].url, items, opts.seconds,
+                                       connections=opts.connections, rate=rate)
+                        runs[s][phase].append(res.to_json())
+            out["mixes"][name] = summarize(runs, keys, rates)
             print(f"  {name}: ratio {out['mixes'][name]['throughput_ratio']}", flush=True)
     finally:
         for s in pair.values():
@@ -98,22 +101,31 @@ def http(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return out
 
 
-def summarize(runs: dict[str, dict[str, list[Any]]], keys: list[str], rate: int
-              ) -> dict[str, Any]:
+def summarize(runs: dict[str, dict[str, list[Any]]], keys: list[str],
+              rates: dict[str, int]) -> dict[str, Any]:
     def med(xs: list[float]) -> float:
         return round(statistics.median(xs), 1)
 
     ratios = [o["rps"] / b["rps"] for o, b in zip(runs["ours"]["max"],
                                                    runs["baseline"]["max"], strict=True)]
-    out: dict[str, Any] = {"items": keys, "offered_rps": rate,
+    out: dict[str, Any] = {"items": keys, "offered_rps": rates["fixed"],
+                           "offered_rps_half_ours": rates["own"],
                            "throughput_ratio": round(statistics.median(ratios), 3),
                            "round_ratios": [round(r, 3) for r in ratios]}
     for s, r in runs.items():
-        fixed_lat = {p: med([x["latency_us"][p] for x in r["fixed"]])
-                     for p in ("p50", "p75", "p90", "p99", "p99.9", "max")}
+        def lat(phase: str, r: dict[str, list[Any]] = r) -> dict[str, float]:
+            return {p: med([x["latency_us"][p] for x in r[phase]])
+                    for p in ("p50", "p75", "p90", "p99", "p99.9", "max")}
+
+        fixed_rps = med([x["rps"] for x in r["fixed"]])
         out[s] = {"max_rps": med([x["rps"] for x in r["max"]]),
-                  "fixed_rps": med([x["rps"] for x in r["fixed"]]),
-                  "fixed_latency_us": fixed_lat,
+                  "fixed_rps": fixed_rps,
+                  # Could not keep up with the offered load: the latencies are those of
+                  # a saturated server, and understated (no coordinated-omission fix).
+                  "fixed_overloaded": fixed_rps < 0.95 * rates["fixed"],
+                  "fixed_latency_us": lat("fixed"),
+                  "own_rps": med([x["rps"] for x in r["own"]]),
+                  "own_latency_us": lat("own"),
                   "max_latency_us": {p: med([x["latency_us"][p] for x in r["max"]])
                                      for p in ("p50", "p99")},
                   "runs": r}
@@ -128,8 +140,9 @@ def verdicts(res: dict[str, Any]) -> dict[str, Any]:
             out[f"{name} throughput ratio >= {t['throughput_ratio_min']}"] = (
                 m["throughput_ratio"] >= t["throughput_ratio_min"])
         for name, m in res["http"]["mixes"].items():
-            out[f"{name} p99 <= {t['p99_ms_max']} ms"] = (
-                m["ours"]["fixed_latency_us"]["p99"] <= t["p99_ms_max"] * 1000)
+            out[f"{name} p99 <= {t['p99_ms_max']} ms at half the baseline's max"] = (
+                not m["ours"]["fixed_overloaded"]
+                and m["ours"]["fixed_latency_us"]["p99"] <= t["p99_ms_max"] * 1000)
     if "core" in res:
         c = res["core"]
         gpu = [v["median_us"] for k, v in c.items() if "gpu-" in k and "non-gpu" not in k]
@@ -157,18 +170,26 @@ def table(res: dict[str, Any]) -> str:
         lines += ["", f"HTTPS, one worker, {h['connections']} keep-alive connections, "
                       f"{h['rounds']} rounds x {h['seconds_per_run']:g} s, "
                       f"{h['preloaded_pods']} GPU pods in the store; medians of rounds",
-                  f"{'endpoint/mix':<14} {'base rps':>9} {'ours rps':>9} {'ratio':>6} "
-                  f"{'offered':>8} {'base p50':>9} {'base p99':>9} {'ours p50':>9} "
-                  f"{'ours p99':>9}  (latency ms at offered rps)"]
+                  "max: req/s at full load; then latency (ms) at a fixed offered load of half "
+                  "the baseline's max (ours' achieved req/s, * = could not keep up),",
+                  "and at half of ours' own max",
+                  f"{'endpoint/mix':<13} {'base max':>8} {'ours max':>8} {'ratio':>5} "
+                  f"{'offered':>7} {'ours got':>9} {'base p50':>8} {'base p99':>8} "
+                  f"{'ours p50':>8} {'ours p99':>8} | {'offered':>7} {'ours p50':>8} "
+                  f"{'ours p99':>8}"]
         for name, x in h["mixes"].items():
             b, o = x["baseline"], x["ours"]
+            got = f"{o['fixed_rps']:.0f}{'*' if o['fixed_overloaded'] else ' '}"
             lines.append(
-                f"{name:<14} {b['max_rps']:>9.0f} {o['max_rps']:>9.0f} "
-                f"{x['throughput_ratio']:>6.2f} {x['offered_rps']:>8} "
-                f"{b['fixed_latency_us']['p50'] / 1000:>9.2f} "
-                f"{b['fixed_latency_us']['p99'] / 1000:>9.2f} "
-                f"{o['fixed_latency_us']['p50'] / 1000:>9.2f} "
-                f"{o['fixed_latency_us']['p99'] / 1000:>9.2f}")
+                f"{name:<13} {b['max_rps']:>8.0f} {o['max_rps']:>8.0f} "
+                f"{x['throughput_ratio']:>5.2f} {x['offered_rps']:>7} {got:>9} "
+                f"{b['fixed_latency_us']['p50'] / 1000:>8.2f} "
+                f"{b['fixed_latency_us']['p99'] / 1000:>8.2f} "
+                f"{o['fixed_latency_us']['p50'] / 1000:>8.2f} "
+                f"{o['fixed_latency_us']['p99'] / 1000:>8.2f} | "
+                f"{x['offered_rps_half_ours']:>7} "
+                f"{o['own_latency_us']['p50'] / 1000:>8.2f} "
+                f"{o['own_latency_us']['p99'] / 1000:>8.2f}")
     if "core" in res:
         lines += ["", "pure core in process (parse + engine + reply), median us per review"]
         for k, v in res["core"].items():

@@ -37,6 +37,7 @@ def test_quick_bench_writes_every_section(tmp_path: Path) -> None:
         for who in ("ours", "baseline"):
             assert m[who]["max_rps"] > 0
             assert m[who]["fixed_latency_us"]["p99"] > 0
+            assert m[who]["own_latency_us"]["p99"] > 0
     if res.get("plot"):  # matplotlib is optional (the bench extra)
         assert Path(res["plot"]).stat().st_size > 0
     assert "targets:" in proc.stdout
