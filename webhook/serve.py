@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import ssl
 import tempfile
 import time
@@ -268,6 +269,10 @@ class _Config(uvicorn.Config):
         self.ssl = self._context
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def run(settings: Settings) -> int:
     logs.setup(settings.log_level)
     source = PolicySource(resolve(settings.policy))
@@ -345,5 +350,10 @@ def run(settings: Settings) -> int:
             if cluster is not None:
                 cluster.stop()
 
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal so that the
+    # default action ends the process "killed by SIGTERM" (143). A drained, orderly stop
+    # is a success: this handler turns the re-raised signal (or one that arrives before
+    # uvicorn listens) into exit status 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvloop.run(main())
     return 0
