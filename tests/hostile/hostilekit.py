@@ -26,7 +26,7 @@ import orjson
 
 from webhook.policy.source import PolicySource
 from webhook.quota.store import MemoryStore
-from webhook.server import AdmissionApp, Runtime
+from webhook.server import ARRIVED, AdmissionApp, Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "multi-tenant.yaml"
@@ -146,7 +146,7 @@ class Reply:
 
 
 async def call(asgi: AdmissionApp, path: str, body: bytes, *, chunk: int = 65536,
-               query: bytes = b"") -> Reply:
+               query: bytes = b"", arrived: float | None = None) -> Reply:
     """One POST through the ASGI app, the body delivered in ``chunk``-sized messages."""
     parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
     messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
@@ -162,6 +162,8 @@ async def call(asgi: AdmissionApp, path: str, body: bytes, *, chunk: int = 65536
     scope = {"type": "http", "method": "POST", "path": path, "query_string": query,
              "headers": [(b"content-type", b"application/json")],
              "client": ("127.0.0.1", 1)}
+    if arrived is not None:
+        scope[ARRIVED] = arrived
     await asgi(scope, receive, send)
     start_msg = next(m for m in sent if m["type"] == "http.response.start")
     data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")

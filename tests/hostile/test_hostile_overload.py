@@ -1,0 +1,160 @@
+"""Overload: at most ``--max-inflight`` admission requests at once (more get 429 at
+once), a deadline per request (``--request-timeout``, cut by the API server's
+``?timeout=``): a body that does not arrive gets 408, a review queued past its deadline
+503. A flood of concurrent clients on loopback gets only those answers, none waits past
+the deadline, memory stays flat, and the server answers normally afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from cases import gpu_pod, review
+from hostilekit import Server, app, call_sync, rss_kib, start, stop
+
+REQUEST_TIMEOUT = 2.0
+BODY = orjson.dumps(review(gpu_pod(2)))
+
+
+def test_a_review_queued_past_its_deadline_gets_503() -> None:
+    asgi = app(request_timeout=REQUEST_TIMEOUT)
+    reply = call_sync(asgi, "/mutate", BODY, arrived=time.monotonic() - REQUEST_TIMEOUT - 1)
+    assert reply.status == 503
+    assert reply.headers["retry-after"] == "1"
+    assert "deadline" in reply.json()["error"]
+    # The API server's own ?timeout= shortens the deadline (to 80% of it).
+    reply = call_sync(asgi, "/validate", BODY, query=b"timeout=1s",
+                      arrived=time.monotonic() - 0.9)
+    assert reply.status == 503
+    assert call_sync(asgi, "/validate", BODY, query=b"timeout=1s").status == 200
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with room for four admission requests and a 2 s deadline."""
+    s = start(tmp_path_factory.mktemp("small"), "--max-inflight", "4",
+              "--request-timeout", str(REQUEST_TIMEOUT))
+    yield s
+    stop(s)
+
+
+def _trickle(server: Server) -> socket.socket:
+    """An admission request whose body never finishes arriving (it holds a slot)."""
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    conn = server.context().wrap_socket(raw, server_hostname="localhost")
+    conn.sendall(b"POST /validate HTTP/1.1\r\nHost: localhost\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+    return conn
+
+
+def _status(conn: socket.socket) -> tuple[int, bytes]:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return int(buf.split(b" ", 2)[1]), buf
+
+
+def test_over_max_inflight_is_429_at_once_then_slow_bodies_get_408(small: Server) -> None:
+    c = small.client(timeout=10)
+    held = [_trickle(small) for _ in range(4)]
+    try:
+        time.sleep(0.3)  # let the server start handling all four
+        t0 = time.monotonic()
+        r = c.post("/mutate", content=BODY)
+        assert r.status_code == 429, r.text
+        assert time.monotonic() - t0 < REQUEST_TIMEOUT  # answered at once, not queued
+        assert r.headers["retry-after"] == "1" and "max-inflight" in r.json()["error"]
+        for conn in held:  # each slow body ends at its deadline, with a clear error
+            status, _ = _status(conn)
+            assert status == 408
+    finally:
+        for conn in held:
+            conn.close()
+    r = c.post("/mutate", content=BODY)
+    assert r.status_code == 200 and r.json()["response"]["allowed"] is True
+    metrics = c.get("/metrics").text
+    assert 'gpu_webhook_overload_refusals_total{reason="inflight",webhook="mutate"}' in metrics
+    assert 'reason="body-timeout"' in metrics
+    assert "gpu_webhook_inflight_requests 0.0" in metrics
+
+
+FLOOD_CLIENTS = 100
+FLOOD_SECONDS = 4.0
+
+
+async def _flood(server: Server, bodies: list[bytes]) -> tuple[Counter[int | str], float]:
+    """``FLOOD_CLIENTS`` concurrent clients posting for ``FLOOD_SECONDS``; the statuses
+    seen and the longest wait of an answered request."""
+    statuses: Counter[int | str] = Counter()
+    longest = 0.0
+    stop_at = time.monotonic() + FLOOD_SECONDS
+    limits = httpx.Limits(max_connections=FLOOD_CLIENTS, max_keepalive_connections=FLOOD_CLIENTS)
+    async with httpx.AsyncClient(base_url=server.url, verify=server.context(), limits=limits,
+                                 timeout=30) as client:
+
+        async def one(i: int) -> None:
+            nonlocal longest
+            n = 0
+            # One request first, so that the clock below measures the server, not the
+            # TLS handshakes of a few hundred connections opened at once.
+            await client.get("/healthz")
+            while time.monotonic() < stop_at:
+                body = bodies[(i + n) % len(bodies)]
+                n += 1
+                t0 = time.monotonic()
+                try:
+                    r = await client.post("/mutate" if n % 2 else "/validate", content=body,
+                                          params={"timeout": "5s"})
+                except httpx.HTTPError as exc:
+                    statuses[type(exc).__name__] += 1
+                    continue
+                statuses[r.status_code] += 1
+                if r.status_code == 200:
+                    longest = max(longest, time.monotonic() - t0)
+
+        await asyncio.gather(*(one(i) for i in range(FLOOD_CLIENTS)))
+    return statuses, longest
+
+
+@pytest.fixture
+def flooded(tmp_path: Path) -> Iterator[Server]:
+    s = start(tmp_path, "--max-inflight", "64", "--request-timeout", str(REQUEST_TIMEOUT))
+    yield s
+    stop(s)
+
+
+def test_flood_gets_bounded_answers_and_memory_stays_flat(flooded: Server) -> None:
+    many = gpu_pod(1)
+    many["spec"]["containers"] = [
+        {"name": f"c{i}", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}
+        for i in range(300)]
+    bodies = [BODY, orjson.dumps(review(gpu_pod("NaN"))), orjson.dumps(review(many))]
+    c = flooded.client()
+    for b in bodies:  # warm up: imports, caches, first allocations
+        assert c.post("/mutate", content=b).status_code == 200
+    before = rss_kib(flooded.proc.pid)
+    statuses, longest = asyncio.run(_flood(flooded, bodies))
+    after = rss_kib(flooded.proc.pid)
+    print(f"flood: {dict(statuses)}; longest answered wait {longest:.2f} s; "
+          f"RSS {before} -> {after} KiB")
+    assert set(statuses) <= {200, 429, 503}, statuses
+    assert statuses[200] > 0
+    # An answered request never waited much past the deadline (client-side time also
+    # holds the TLS handshake and the client's own event loop: a generous margin).
+    assert longest < REQUEST_TIMEOUT + 10.0
+    assert after < max(2 * before, before + 100 * 1024), (before, after)
+    r = c.post("/validate", content=BODY)
+    assert r.status_code == 200 and "response" in r.json()
+    assert c.get("/readyz").status_code == 200
+    assert "Traceback" not in flooded.log()
