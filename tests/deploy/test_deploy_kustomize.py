@@ -1,6 +1,6 @@
 """deploy/: each overlay builds, every object is valid for Kubernetes, and the objects
 hold the properties an operator relies on (replicas, probes, security, least privilege,
-a caBundle that matches the serving certificate). The committed webhook configurations
+certificates wired as each overlay says). The committed webhook configurations
 must be what ``gpu-webhook manifests`` renders now.
 
 Building needs ``kubectl kustomize``: the kubectl built for the e2e tests (or one on PATH,
@@ -10,7 +10,6 @@ validated one by one.
 
 from __future__ import annotations
 
-import base64
 import glob
 import os
 import shutil
@@ -66,15 +65,8 @@ def validate_all(objects: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def self_managed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
-    # The documented command, on a copy: certificates are never committed.
-    copy = tmp_path_factory.mktemp("deploy") / "deploy"
-    shutil.copytree(DEPLOY, copy)
-    certs = copy / "overlays" / "self-managed" / "certs"
-    done = subprocess.run([GPU_WEBHOOK, "certs", "--namespace", "gpu-webhook", "--out",
-                           str(certs)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return kustomize(copy / "overlays" / "self-managed"), certs
+def self_managed() -> list[dict[str, Any]]:
+    return kustomize(DEPLOY / "overlays" / "self-managed")
 
 
 @pytest.fixture(scope="module")
@@ -116,16 +108,40 @@ def test_base_files_validate_one_by_one():
 
 # --- the built overlays ------------------------------------------------------------------
 
-def test_self_managed_overlay_is_valid_and_trusts_its_certificate(self_managed):
-    objects, certs = self_managed
+def test_self_managed_overlay_is_valid_and_lets_the_webhook_manage_its_certificate(
+        self_managed):
+    objects = self_managed
     validate_all(objects)
-    secret = one(objects, "Secret")
-    assert secret["metadata"] == {"name": "gpu-webhook-tls", "namespace": "gpu-webhook"}
-    assert sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]  # never the CA key
-    ca_pem = (certs / "ca.pem").read_bytes()
-    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        for hook in one(objects, kind)["webhooks"]:
-            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem
+    assert not by_kind(objects, "Secret")  # the webhook creates it on first start
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    args = dict(a.partition("=")[::2] for a in container["args"])
+    assert "--self-managed-certs" in args
+    assert args["--service"] == one(objects, "Service")["metadata"]["name"]
+    secret = args["--cert-secret"]
+    targets = dict(t.split("=") for t in args["--webhook-configurations"].split(","))
+    configurations = {kind: one(objects, f"{kind.capitalize()}WebhookConfiguration")
+                      for kind in ("mutating", "validating")}
+    assert targets == {k: c["metadata"]["name"] for k, c in configurations.items()}
+    for config in configurations.values():  # patched in by the webhook, not applied
+        assert all("caBundle" not in h["clientConfig"] for h in config["webhooks"])
+    volumes = {v["name"]: v for v in
+               one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["certs"] == {"name": "certs",
+                                "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+
+    # RBAC: get/update on that one Secret, create (not limitable by name) in its own
+    # namespace only, get/patch on the two named configurations.
+    roles = [r for o in by_kind(objects, "Role") for r in o["rules"]
+             if "secrets" in r["resources"]]
+    assert sorted((r["verbs"], r.get("resourceNames")) for r in roles) == [
+        (["create"], None), (["get", "update"], [secret])]
+    hooks = [r for o in by_kind(objects, "ClusterRole") for r in o["rules"]
+             if r["apiGroups"] == ["admissionregistration.k8s.io"]]
+    assert hooks == [{"apiGroups": ["admissionregistration.k8s.io"],
+                      "resources": ["mutatingwebhookconfigurations",
+                                    "validatingwebhookconfigurations"],
+                      "resourceNames": sorted(set(targets.values())),
+                      "verbs": ["get", "patch"]}]
     check_common(objects)
 
 
@@ -150,6 +166,15 @@ def test_cert_manager_overlay_is_valid_and_wired_to_cert_manager(cert_manager):
         assert config["metadata"]["annotations"] == {
             "cert-manager.io/inject-ca-from": "gpu-webhook/gpu-webhook-serving"}
         assert all("caBundle" not in h["clientConfig"] for h in config["webhooks"])
+    volumes = {v["name"]: v for v in
+               one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["certs"]["secret"]["secretName"] == "gpu-webhook-tls"
+    # The webhook does not manage certificates here: no Secret or webhook configuration
+    # access at all.
+    for rule in [r for o in by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+                 for r in o["rules"]]:
+        assert "secrets" not in rule["resources"]
+        assert rule["apiGroups"] != ["admissionregistration.k8s.io"]
     check_common(objects)
 
 
@@ -180,7 +205,6 @@ def check_common(objects: list[dict[str, Any]]) -> None:
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert all("subPath" not in m for m in mounts.values())  # subPath mounts never update
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["certs"]["secret"]["secretName"] == "gpu-webhook-tls"
     assert "emptyDir" in volumes["tmp"] and mounts["tmp"]["mountPath"] == "/tmp"
     args = container["args"]
     assert f"--cert-dir={mounts['certs']['mountPath']}" in args
@@ -215,7 +239,10 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
              for r in o["rules"]]
     for _, rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
-        assert "secrets" not in rule["resources"], "the webhook reads no Secret via the API"
+        if "secrets" in rule["resources"]:  # its certificate Secret only (self-managed)
+            assert rule["resources"] == ["secrets"], rule
+            assert (rule["verbs"] == ["create"] and "resourceNames" not in rule) or (
+                set(rule["verbs"]) <= {"get", "update"} and len(rule["resourceNames"]) == 1)
         if rule.get("apiGroups") == ["admissionregistration.k8s.io"]:
             assert rule["resourceNames"] == ["gpu-webhook"]  # only its own configurations
     cluster_writes = {v for kind, r in rules if kind == "ClusterRole" for v in r["verbs"]
