@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from webhook.engine import messages
 from webhook.engine.decision import Checker
-from webhook.engine.placement import restriction
+from webhook.engine.placement import excluded, restriction
 from webhook.patch import child_map
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
@@ -109,18 +109,32 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
             products = [tenant.default_product]
         elif allowed:
             products = allowed
+        banned = excluded(template.spec, template.spec_pointer, policy.product_label)
+        if products and banned:
+            # A product every term rules out (NotIn) would make the pod unschedulable:
+            # fall back to the other allowed products, or report the conflict.
+            keep = [p for p in products if policy.product_value[p] not in banned]
+            if not keep and asked is None and own is None and allowed:
+                keep = [p for p in allowed if policy.product_value[p] not in banned]
+            if not keep:
+                check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
+                    "node affinity", policy.product_label, [],
+                    tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
+            products = keep
         if products:
             out.append(Requirement(Rule.ALLOWED_PRODUCTS, policy.product_label,
                                    [policy.product_value[p] for p in products]))
     if tenant and tenant.topology_label:
         own = restriction(template.spec, template.spec_pointer, tenant.topology_label)
         values = list(tenant.topology_values)
+        banned = excluded(template.spec, template.spec_pointer, tenant.topology_label)
+        values = [v for v in values if v not in banned]
         if own is not None:
             values = [v for v in values if v in own.values]
-            if not values:
-                check.report(Rule.TOPOLOGY, messages.placement_conflict(
-                    own.source, tenant.topology_label, sorted(own.values), tenant.name,
-                    tenant.topology_values))
+        if (own is not None or banned) and not values:
+            check.report(Rule.TOPOLOGY, messages.placement_conflict(
+                own.source if own else "node affinity", tenant.topology_label,
+                sorted(own.values) if own else [], tenant.name, tenant.topology_values))
         if values:
             out.append(Requirement(Rule.TOPOLOGY, tenant.topology_label, values))
     return out

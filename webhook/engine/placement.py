@@ -79,6 +79,20 @@ def restriction(spec: dict[str, Any], ptr: str, key: str) -> Restriction | None:
     return Restriction("node affinity", frozenset(union))
 
 
+def excluded(spec: dict[str, Any], ptr: str, key: str) -> frozenset[str]:
+    """Values of ``key`` that every required term rules out with ``NotIn``: pinning the
+    pod to one of them would leave it no node at all."""
+    out: frozenset[str] | None = None
+    for term in _terms(spec, ptr):
+        banned: set[str] = set()
+        for expr in term.get("matchExpressions") or ():
+            if (isinstance(expr, dict) and expr.get("key") == key
+                    and expr.get("operator") == "NotIn" and isinstance(expr.get("values"), list)):
+                banned |= {v for v in expr["values"] if isinstance(v, str)}
+        out = frozenset(banned) if out is None else out & banned
+    return out or frozenset()
+
+
 def pin(spec: dict[str, Any], ptr: str, key: str, values: list[str], patch: Patch) -> bool:
     """AND ``key In values`` into every required node-affinity term that does not already
     confine ``key`` to a subset of ``values``. Returns True if anything changed.
