@@ -9,8 +9,10 @@ import os
 from typing import Any
 
 from fuzzkit import check_review, reviews
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from quotamachine import QuotaMachine
+
+from webhook.review import request_review
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
@@ -20,6 +22,19 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None,
 @FUZZ
 @given(reviews())
 def test_engine_invariants(review: dict[str, Any]) -> None:
+    check_review(review)
+
+
+@FUZZ
+@given(reviews())
+@example(dict(request_review(  # found by the first long run: NotIn the default product
+    {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "research"},
+     "spec": {"containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                  "nodeSelectorTerms": [{"matchExpressions": [{
+                      "key": "nvidia.com/gpu.product", "operator": "NotIn",
+                      "values": ["NVIDIA-A100-SXM4-80GB"]}]}]}}}}})))
+def test_engine_invariants_found_cases(review: dict[str, Any]) -> None:
     check_review(review)
 
 
