@@ -1,0 +1,96 @@
+"""Security properties seen from outside: only forward-secret AEAD suites are offered
+under TLS 1.2 (the 1.2 floor itself is tested in tests/tls); object contents (a
+secret-looking env value) reach no response but the JSON Patch and no info-level log.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from cases import gpu_pod, review
+from hostilekit import Server, start, stop
+
+SECRET = "hunter2-sk-live-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start(tmp_path_factory.mktemp("security"), "--log-level", "info")
+    yield s
+    stop(s)
+
+
+def _handshake(server: Server, ctx: ssl.SSLContext) -> tuple[str | None, str | None]:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as conn:
+        cipher = conn.cipher()
+        return conn.version(), cipher[0] if cipher else None
+
+
+def _tls12(server: Server, ciphers: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(server.ca))
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(ciphers)
+    return ctx
+
+
+@pytest.mark.parametrize("ciphers", [
+    "AES128-SHA:AES256-SHA",  # RSA key exchange, CBC: no forward secrecy
+    "ECDHE-RSA-AES128-SHA:ECDHE-RSA-AES256-SHA",  # CBC with SHA-1 MAC
+    "AES128-GCM-SHA256:AES256-GCM-SHA384",  # AEAD but static RSA key exchange
+    "DHE-RSA-AES128-SHA",
+    "RC4-SHA:DES-CBC3-SHA",  # not even offered by modern OpenSSL: refused either way
+], ids=["rsa-cbc", "ecdhe-cbc", "rsa-gcm", "dhe-cbc", "rc4-3des"])
+def test_weak_tls_1_2_suites_are_refused(server: Server, ciphers: str) -> None:
+    try:
+        ctx = _tls12(server, ciphers)
+    except ssl.SSLError:
+        return  # the client library cannot even offer these suites
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _handshake(server, ctx)
+
+
+def test_strong_tls_1_2_and_1_3_are_accepted(server: Server) -> None:
+    version, cipher = _handshake(server, _tls12(server, "ECDHE+AESGCM"))
+    assert version == "TLSv1.2" and cipher and "GCM" in cipher
+    version, _ = _handshake(server, ssl.create_default_context(cafile=str(server.ca)))
+    assert version == "TLSv1.3"
+
+
+def _secret_pod(gpus: object) -> bytes:
+    pod = gpu_pod(gpus)
+    pod["spec"]["containers"][0]["env"] = [{"name": "API_KEY", "value": SECRET}]
+    pod["metadata"]["annotations"] = {"config": f"token={SECRET}"}
+    return orjson.dumps(review(pod))
+
+
+def test_object_contents_reach_no_body_but_the_patch_and_no_log(server: Server,
+                                                                tmp_path: Path) -> None:
+    c = server.client()
+    for path in ("/mutate", "/validate"):
+        for gpus in (2, "NaN", 100):  # allowed with a patch, malformed, over a cap
+            r = c.post(path, content=_secret_pod(gpus))
+            assert r.status_code == 200
+            resp = r.json()["response"]
+            patch = resp.pop("patch", "")
+            assert SECRET not in orjson.dumps(resp).decode(), resp
+            if patch:
+                # The patch carries only the webhook's additions, not the object.
+                assert SECRET not in base64.b64decode(patch).decode()
+    # A review refused as malformed does not echo the object in its error (envelope
+    # values such as a bad operation are echoed, shortened: they are not object contents).
+    doc = orjson.loads(_secret_pod(2))
+    doc["request"]["object"] = [doc["request"]["object"]]
+    r = c.post("/validate", content=orjson.dumps(doc))
+    assert r.status_code == 400 and SECRET not in r.text
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert SECRET not in c.get(path).text
+    log = server.log()
+    assert "decision" in log  # the decisions were logged, just not the object
+    assert SECRET not in log
