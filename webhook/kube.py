@@ -2,8 +2,10 @@
 
 Everything else speaks the product's terms: pods and namespaces arrive as plain dicts
 from :class:`Watcher`, the ledger reads and writes one ConfigMap with a resourceVersion
-precondition, and API failures become :class:`Conflict`, :class:`NotFound` or
-:class:`Unreachable` with a message that says what was tried.
+precondition, self-managed certificates read and write one Secret the same way and set
+the ``caBundle`` of named webhook configurations, and API failures become
+:class:`Conflict`, :class:`NotFound` or :class:`Unreachable` with a message that says
+what was tried.
 """
 
 from __future__ import annotations
