@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint unit e2e controlplane bench bench-quick
+.PHONY: install run test lint unit e2e controlplane bench bench-quick audit
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
 install: $(VENV)/.installed
@@ -35,7 +35,12 @@ unit: install
 e2e: install controlplane
 	$(BIN)/pytest -m e2e
 
-test: lint controlplane
+# Known vulnerabilities in the installed dependencies (pip-audit). Skips, saying so,
+# where no vulnerability service is reachable; fails on a known vulnerability.
+audit: install
+	$(BIN)/python tools/audit.py
+
+test: lint audit controlplane
 	$(BIN)/pytest
 
 # Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs
