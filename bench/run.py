@@ -77,9 +77,13 @@ def http(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             for r in range(opts.rounds):
                 order = ["baseline", "ours"] if r % 2 == 0 else ["ours", "baseline"]
                 for s in order:
+                    cpu = pair[s].cpu_seconds()
                     res = load.run(pair[s].url, items, opts.seconds,
                                    connections=opts.connections)
-                    runs[s]["max"].append(res.to_json())
+                    run = res.to_json()
+                    run["server_cpu_us_per_request"] = round(
+                        (pair[s].cpu_seconds() - cpu) / res.requests * 1e6, 1)
+                    runs[s]["max"].append(run)
             rates = {k: round(statistics.median(x["rps"] for x in runs[s]["max"]) / 2)
                      for k, s in (("fixed", "baseline"), ("own", "ours"))}
             for phase, rate in rates.items():
@@ -112,6 +116,11 @@ def summarize(runs: dict[str, dict[str, list[Any]]], keys: list[str],
                            "offered_rps_half_ours": rates["own"],
                            "throughput_ratio": round(statistics.median(ratios), 3),
                            "round_ratios": [round(r, 3) for r in ratios]}
+    cpu = {s: med([x["server_cpu_us_per_request"] for x in runs[s]["max"]]) for s in runs}
+    # Server CPU per request at full load, and what the throughput ratio would be if
+    # each server had a core to itself: robust to the machine's other jobs.
+    out["cpu_us_per_request"] = cpu
+    out["cpu_ratio"] = round(cpu["baseline"] / cpu["ours"], 3)
     for s, r in runs.items():
         def lat(phase: str, r: dict[str, list[Any]] = r) -> dict[str, float]:
             return {p: med([x["latency_us"][p] for x in r[phase]])
@@ -190,6 +199,15 @@ def table(res: dict[str, Any]) -> str:
                 f"{x['offered_rps_half_ours']:>7} "
                 f"{o['own_latency_us']['p50'] / 1000:>8.2f} "
                 f"{o['own_latency_us']['p99'] / 1000:>8.2f}")
+    if "http" in res:
+        lines += ["", "server CPU per request at full load (us, user+system of the server "
+                      "process): the ratio a server with a core to itself would reach",
+                  f"{'endpoint/mix':<13} {'baseline':>9} {'ours':>9} {'ours-base':>10} "
+                  f"{'cpu ratio':>10}"]
+        for name, x in res["http"]["mixes"].items():
+            c = x["cpu_us_per_request"]
+            lines.append(f"{name:<13} {c['baseline']:>9.1f} {c['ours']:>9.1f} "
+                         f"{c['ours'] - c['baseline']:>10.1f} {x['cpu_ratio']:>10.2f}")
     if "core" in res:
         lines += ["", "pure core in process (parse + engine + reply), median us per review"]
         for k, v in res["core"].items():

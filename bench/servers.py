@@ -35,6 +35,13 @@ class Server:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server process has used so far. Per request, it
+        is the cost that waiting for a CPU on a busy machine does not inflate."""
+        with open(f"/proc/{self.process.pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)

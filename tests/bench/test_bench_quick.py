@@ -34,6 +34,7 @@ def test_quick_bench_writes_every_section(tmp_path: Path) -> None:
     mixes = res["http"]["mixes"]
     assert set(mixes) == {"mutate/gpu", "mutate/all", "validate/gpu", "validate/all"}
     for m in mixes.values():
+        assert m["cpu_us_per_request"]["ours"] > 0 and m["cpu_ratio"] > 0
         for who in ("ours", "baseline"):
             assert m[who]["max_rps"] > 0
             assert m[who]["fixed_latency_us"]["p99"] > 0
