@@ -76,6 +76,13 @@ def selector_short_name(label: str, short: str, value: str) -> str:
     )
 
 
+def affinity_short_name(label: str, short: str, value: str) -> str:
+    return (
+        f'has a node affinity requirement {label} In ["{short}"], the short name of a '
+        f'product; nodes carry the full value, so no node matches it. Use "{value}".'
+    )
+
+
 def products_disagree(asked: Iterable[str]) -> str:
     return (
         f"asks for several GPU products at once ({one_of(asked)}). "

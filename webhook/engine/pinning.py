@@ -94,9 +94,17 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
         elif own is not None:
             # The pod's own affinity picks among products; keep its choice within the
             # tenant's allowed set (and the default when it allows several).
-            mine = [n for v in sorted(own.values) if (n := policy.product_name(v))]
+            # Only full label values match nodes: a short name in the pod's own affinity
+            # matches none, and ANDing the full value next to it would leave no node.
+            full = set(policy.product_value.values())
+            short = sorted(v for v in own.values if v in policy.product_value and v not in full)
+            mine = [n for v in sorted(own.values)
+                    if v in full and (n := policy.product_name(v))]
             ok = [n for n in mine if allowed is None or n in allowed]
-            if not ok:
+            if not ok and short:
+                check.report(Rule.ALLOWED_PRODUCTS, messages.affinity_short_name(
+                    policy.product_label, short[0], policy.product_value[short[0]]))
+            elif not ok:
                 shown = sorted(own.values)
                 check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
                     own.source, policy.product_label, shown, tenant.name if tenant else "-",
