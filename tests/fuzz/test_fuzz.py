@@ -34,6 +34,20 @@ def test_engine_invariants(review: dict[str, Any]) -> None:
                   "nodeSelectorTerms": [{"matchExpressions": [{
                       "key": "nvidia.com/gpu.product", "operator": "NotIn",
                       "values": ["NVIDIA-A100-SXM4-80GB"]}]}]}}}}})))
+@example(dict(request_review(  # found by the second: a short product name in affinity
+    {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "research"},
+     "spec": {"containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                  "nodeSelectorTerms": [{"matchExpressions": [{
+                      "key": "nvidia.com/gpu.product", "operator": "In",
+                      "values": ["a100", "NVIDIA-H100-80GB-HBM3"]}]}]}}}}})))
+@example(dict(request_review(
+    {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "research"},
+     "spec": {"containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                  "nodeSelectorTerms": [{"matchExpressions": [{
+                      "key": "nvidia.com/gpu.product", "operator": "In",
+                      "values": ["a100"]}]}]}}}}})))
 def test_engine_invariants_found_cases(review: dict[str, Any]) -> None:
     check_review(review)
 
