@@ -44,7 +44,7 @@ test: lint audit controlplane
 	$(BIN)/pytest
 
 # Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs
-# (bench/README.md). About 6 minutes; bench-quick is a smoke run of every part (~40 s).
+# (bench/README.md). About 9 minutes; bench-quick is a smoke run of every part (~45 s).
 bench: install
 	$(BIN)/python -m bench.run
 
