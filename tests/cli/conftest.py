@@ -4,12 +4,11 @@ would, in a subprocess, and hand back its exit code and output."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import kit
 import pytest
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -17,13 +16,8 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture(scope="session")
 def console_script() -> str:
-    beside = Path(sys.executable).with_name("gpu-webhook")
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("gpu-webhook")
-    if found is None:
-        pytest.skip("the gpu-webhook console script is not installed (pip install -e .)")
-    return found
+    return kit.console_script()
+
 
 
 @pytest.fixture

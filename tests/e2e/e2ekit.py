@@ -15,12 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import shutil
 import signal
-import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,6 +31,7 @@ import httpx
 import pytest
 import yaml
 from controlplane.cluster import ControlPlane
+from kit import console_script, free_port
 
 E2E = Path(__file__).resolve().parent
 POLICY = E2E / "policies" / "e2e.yaml"
@@ -43,15 +41,6 @@ MUTATED_ANNOTATION = "gpu-webhook.dev/mutated"
 START_TIMEOUT = 60.0
 
 
-def console_script() -> str:
-    """The ``gpu-webhook`` script installed next to the interpreter running the tests."""
-    beside = Path(sys.executable).with_name("gpu-webhook")
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("gpu-webhook")
-    if found is None:
-        pytest.fail("the gpu-webhook console script is not installed (pip install -e .)")
-    return found
 
 
 def gpu_webhook(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -64,10 +53,6 @@ def gpu_webhook(*args: str, check: bool = True) -> subprocess.CompletedProcess[s
     return proc
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(what: str, ok: Callable[[], bool], timeout: float = 30.0,

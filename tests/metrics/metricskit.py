@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import yaml
+from kit import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from webhook.review import request_review
@@ -72,10 +73,6 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], metric:
                if n == metric and set(labels.items()) <= set(ls))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -9,12 +9,9 @@ the SANs and the TLS settings are exercised exactly as a caller sees them.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+from kit import console_script, free_port
 
 from webhook.review import request_review
 
@@ -30,21 +27,8 @@ START_TIMEOUT = 30.0  # generous: the first start also generates certificates
 STOP_TIMEOUT = 30.0  # uvicorn's graceful shutdown is capped at 20 s
 
 
-def console_script() -> str:
-    """The ``gpu-webhook`` script installed next to the interpreter running the tests."""
-    beside = Path(sys.executable).with_name("gpu-webhook")
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("gpu-webhook")
-    if found is None:
-        pytest.skip("the gpu-webhook console script is not installed (pip install -e .)")
-    return found
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 from cryptography import x509
+from kit import free_port
 
 from webhook import certs
 
@@ -75,10 +76,6 @@ class SecretVolume:
         self.put({certs.CERT_FILE: issued.cert_pem, certs.KEY_FILE: issued.key_pem})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
