@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from webhook.engine import messages
 from webhook.engine.decision import Checker
-from webhook.engine.placement import excluded, restriction
+from webhook.engine.placement import excluded, restriction, survives
 from webhook.patch import child_map
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
@@ -129,6 +129,19 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
                     "node affinity", policy.product_label, [],
                     tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
             products = keep
+        if products and not survives(template.spec, template.spec_pointer, policy.product_label,
+                                     [policy.product_value[p] for p in products]):
+            # Terms that each rule out the chosen product in their own way (one In
+            # another product, one NotIn it): widen to every allowed product that
+            # leaves a term satisfiable, or report the conflict.
+            wide = [p for p in (allowed or []) if p not in products]
+            products = [*products, *wide]
+            if not survives(template.spec, template.spec_pointer, policy.product_label,
+                            [policy.product_value[p] for p in products]):
+                check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
+                    "node affinity", policy.product_label, [],
+                    tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
+                products = []
         if products:
             out.append(Requirement(Rule.ALLOWED_PRODUCTS, policy.product_label,
                                    [policy.product_value[p] for p in products]))
@@ -139,7 +152,9 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
         values = [v for v in values if v not in banned]
         if own is not None:
             values = [v for v in values if v in own.values]
-        if (own is not None or banned) and not values:
+        if not values or not survives(template.spec, template.spec_pointer,
+                                      tenant.topology_label, values):
+            values = []
             check.report(Rule.TOPOLOGY, messages.placement_conflict(
                 own.source if own else "node affinity", tenant.topology_label,
                 sorted(own.values) if own else [], tenant.name, tenant.topology_values))

@@ -93,6 +93,30 @@ def excluded(spec: dict[str, Any], ptr: str, key: str) -> frozenset[str]:
     return out or frozenset()
 
 
+def survives(spec: dict[str, Any], ptr: str, key: str, values: list[str]) -> bool:
+    """Whether pinning ``key In values`` (ANDed into every term, as :func:`pin` does)
+    leaves the pod at least one term some node can satisfy."""
+    terms = _terms(spec, ptr)
+    if not terms:
+        return True
+    for term in terms:
+        admitted: set[str] = set(values)
+        for expr in term.get("matchExpressions") or ():
+            if not isinstance(expr, dict) or expr.get("key") != key:
+                continue
+            op, vals = expr.get("operator"), expr.get("values")
+            named = {v for v in vals if isinstance(v, str)} if isinstance(vals, list) else set()
+            if op == "In":
+                admitted &= named
+            elif op == "NotIn":
+                admitted -= named
+            elif op == "DoesNotExist":
+                admitted = set()
+        if admitted:
+            return True
+    return False
+
+
 def pin(spec: dict[str, Any], ptr: str, key: str, values: list[str], patch: Patch) -> bool:
     """AND ``key In values`` into every required node-affinity term that does not already
     confine ``key`` to a subset of ``values``. Returns True if anything changed.
