@@ -48,6 +48,28 @@ def test_engine_invariants(review: dict[str, Any]) -> None:
                   "nodeSelectorTerms": [{"matchExpressions": [{
                       "key": "nvidia.com/gpu.product", "operator": "In",
                       "values": ["a100"]}]}]}}}}})))
+@example(dict(request_review(  # found by the third: one term In H100, one NotIn A100
+    {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "research"},
+     "spec": {"containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                  "nodeSelectorTerms": [
+                      {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                             "values": ["NVIDIA-H100-80GB-HBM3"]}]},
+                      {"matchExpressions": [{"key": "nvidia.com/gpu.product",
+                                             "operator": "NotIn",
+                                             "values": ["NVIDIA-A100-SXM4-80GB"]}]}]}}}}})))
+@example(dict(request_review(  # no rack of the tenant's is left in either term
+    {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "research"},
+     "spec": {"containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                  "nodeSelectorTerms": [
+                      {"matchExpressions": [{"key": "topology.example.com/gpu-rack",
+                                             "operator": "In", "values": ["rack-a"]},
+                                            {"key": "topology.example.com/gpu-rack",
+                                             "operator": "NotIn", "values": ["rack-a"]}]},
+                      {"matchExpressions": [{"key": "topology.example.com/gpu-rack",
+                                             "operator": "NotIn",
+                                             "values": ["rack-a", "rack-b"]}]}]}}}}})))
 def test_engine_invariants_found_cases(review: dict[str, Any]) -> None:
     check_review(review)
 
