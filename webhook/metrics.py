@@ -9,7 +9,7 @@ The full list, with the dashboard and alerts built on it: deploy/monitoring/READ
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -183,3 +183,19 @@ def _caps(caps: Limits, totals: Totals) -> Iterator[tuple[str, float, float]]:
 
 STATE = StateCollector()
 REGISTRY.register(STATE)
+
+
+_CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, memoised: the client's own lookup validates and
+    hashes the labels on every call, which costs more than the increment on the hot
+    path. Bounded so hostile label values cannot grow it without end."""
+    key = (id(metric), labels)
+    found = _CHILDREN.get(key)
+    if found is None:
+        found = metric.labels(*labels)
+        if len(_CHILDREN) < 10_000:
+            _CHILDREN[key] = found
+    return found

@@ -349,6 +349,9 @@ def run(settings: Settings) -> int:
                 w.cancel()
             if cluster is not None:
                 cluster.stop()
+            # uvicorn re-raises SIGTERM after its shutdown, which skips atexit: write the
+            # buffered log lines now.
+            logs.flush()
 
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal so that the
     # default action ends the process "killed by SIGTERM" (143). A drained, orderly stop

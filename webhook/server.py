@@ -136,7 +136,7 @@ class AdmissionApp:
         reply = await self.decide(webhook, req, max(0.0, deadline - time.monotonic()))
         await _send(send, 200, reply)
         elapsed = time.perf_counter() - started
-        metrics.LATENCY.labels(webhook).observe(elapsed)
+        metrics.child(metrics.LATENCY, webhook).observe(elapsed)
 
     async def _overloaded(self, webhook: str, scope: Scope, send: Send, status: int,
                           reason: str, message: str) -> None:
@@ -180,12 +180,13 @@ class AdmissionApp:
 
 def _record(webhook: str, req: AdmissionRequest, d: Decision, policy: str, gen: int) -> None:
     outcome = d.outcome
-    metrics.ADMISSIONS.labels(webhook, req.operation, req.kind, outcome).inc()
+    metrics.child(metrics.ADMISSIONS, webhook, req.operation, req.kind, outcome).inc()
     for f in d.findings:
-        metrics.FINDINGS.labels(webhook, f.rule.value, f.mode.value, d.tenant or "").inc()
+        metrics.child(metrics.FINDINGS, webhook, f.rule.value, f.mode.value,
+                      d.tenant or "").inc()
     if d.allowed:  # a denial's patch is dropped: count only changes that were applied
         for change in d.mutations:
-            metrics.MUTATIONS.labels(change).inc()
+            metrics.child(metrics.MUTATIONS, change).inc()
     if outcome != "skipped" or logs.LOGGER.isEnabledFor(logging.DEBUG):
         logs.event(
             "decision", webhook=webhook, uid=req.uid, namespace=req.namespace,
