@@ -4,8 +4,8 @@ The engine mutates the request's own (freshly parsed) object and records each ch
 as an operation, so the patch and the mutated object can never disagree and no deep
 copy is needed on the hot path. Paths are JSON Pointers (RFC 6901): ``~`` is written
 ``~0`` and ``/`` is written ``~1``, which matters for keys such as ``nvidia.com/gpu``.
-A missing parent is created with its own ``add`` first, because the API server
-rejects an ``add`` whose parent does not exist.
+A missing parent is created by the ``add`` itself (the op adds the whole missing
+branch), because the API server rejects an ``add`` whose parent does not exist.
 """
 
 from __future__ import annotations
@@ -66,16 +66,27 @@ class Patch:
     def __bool__(self) -> bool:
         return bool(self.ops)
 
-    def ensure_map(self, parent: dict[str, Any], key: str, ptr: str) -> dict[str, Any]:
-        """The mapping at ``parent[key]``, created (with an ``add``) if absent or null."""
-        existing = child_map(parent, key, ptr)
-        if existing is not None:
-            return existing
-        created: dict[str, Any] = {}
-        parent[key] = created
-        # A fresh {} is recorded now and filled by later ops, keeping each op simple.
-        self.ops.append({"op": "add", "path": ptr + "/" + escape(key), "value": {}})
-        return created
+    def put(self, parent: dict[str, Any], ptr: str, keys: tuple[str, ...], value: Any
+            ) -> dict[str, Any]:
+        """Set ``parent[k1]...[kn] = value``. Missing (or null) mappings on the way are
+        created by the same single ``add`` that carries the value, so a pod without
+        ``resources`` gets one op, not one per level. Returns the mapping that now holds
+        the value."""
+        node = parent
+        for i, key in enumerate(keys[:-1]):
+            nxt = child_map(node, key, ptr)
+            if nxt is None:
+                rest = value
+                for k in reversed(keys[i + 1:]):
+                    rest = {k: rest}
+                self.set(node, key, ptr, rest)
+                holder: dict[str, Any] = node[key]
+                for k in keys[i + 1:-1]:
+                    holder = holder[k]
+                return holder
+            node, ptr = nxt, ptr + "/" + escape(key)
+        self.set(node, keys[-1], ptr, value)
+        return node
 
     def set(self, parent: dict[str, Any], key: str, ptr: str, value: Any) -> None:
         """Add (or replace) ``parent[key]``."""

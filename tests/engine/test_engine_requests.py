@@ -35,15 +35,14 @@ def resources(obj: dict[str, Any], index: int = 0, key: str = "containers") -> d
         pytest.param(
             container(limits=gpus(2)),
             {"limits": {GPU: 2}, "requests": {GPU: 2}},
-            ["/spec/containers/0/resources/requests",
-             "/spec/containers/0/resources/requests/nvidia.com~1gpu"],
+            # One op adds the missing map with the GPU in it: no add under a missing parent.
+            ["/spec/containers/0/resources/requests"],
             id="limit only: the request is added, equal to the limit",
         ),
         pytest.param(
             container(requests=gpus("4")),
             {"requests": {GPU: "4"}, "limits": {GPU: "4"}},
-            ["/spec/containers/0/resources/limits",
-             "/spec/containers/0/resources/limits/nvidia.com~1gpu"],
+            ["/spec/containers/0/resources/limits"],
             id="request only: the limit is added, equal to the request",
         ),
         pytest.param(
@@ -145,10 +144,12 @@ def test_quantities_are_read_as_kubernetes_reads_them(value: Any, mutate_allows:
 )
 def test_resource_names_with_a_slash_are_escaped_in_patch_paths(namespace: str, resource: str,
                                                                 path_key: str) -> None:
-    m = mutate_checked(pod(container(limits=gpus(1, resource)), namespace=namespace))
+    # A requests map exists (for CPU), so the op adds the GPU key itself to it.
+    m = mutate_checked(pod(container(limits=gpus(1, resource), requests={"cpu": "1"}),
+                           namespace=namespace))
     assert m.decision.allowed, m.decision.message
     assert f"/spec/containers/0/resources/requests/{path_key}" in m.paths
-    assert resources(m.patched)["requests"] == {resource: 1}
+    assert resources(m.patched)["requests"] == {"cpu": "1", resource: 1}
 
 
 @pytest.mark.parametrize(

@@ -65,15 +65,10 @@ def _complete(c: ContainerGPUs, res: str, req_raw: object, lim_raw: object, patc
     """Write the missing half of the pair, copying the value exactly as the user wrote it."""
     if (req_raw is None) == (lim_raw is None):
         return
-    res_map = patch.ensure_map(c.container, "resources", c.pointer)
     if lim_raw is None:
-        limits = patch.ensure_map(res_map, "limits", c.pointer + "/resources")
-        patch.set(limits, res, c.pointer + "/resources/limits", req_raw)
-        c.limits = limits
+        c.limits = patch.put(c.container, c.pointer, ("resources", "limits", res), req_raw)
     else:
-        requests = patch.ensure_map(res_map, "requests", c.pointer + "/resources")
-        patch.set(requests, res, c.pointer + "/resources/requests", lim_raw)
-        c.requests = requests
+        c.requests = patch.put(c.container, c.pointer, ("resources", "requests", res), lim_raw)
 
 
 def weighted(policy: CompiledPolicy, counts: dict[str, float]) -> float:

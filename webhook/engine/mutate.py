@@ -16,7 +16,7 @@ from webhook.engine.pinning import requirements
 from webhook.engine.placement import pin
 from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations, missing
-from webhook.patch import MalformedObject, Patch, child_list
+from webhook.patch import MalformedObject, Patch, child_list, child_map
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule, TolerationPolicy
 from webhook.review import AdmissionRequest
@@ -104,13 +104,13 @@ def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: 
 def _annotate(target: Target, changes: list[str], patch: Patch) -> None:
     """Record which changes were made, merged with any recorded by an earlier call."""
     holder, ptr = target.template.holder, target.template.pointer
-    meta = patch.ensure_map(holder, "metadata", ptr)
-    ann = patch.ensure_map(meta, "annotations", ptr + "/metadata")
-    before = ann.get(PROVENANCE_ANNOTATION)
+    meta = child_map(holder, "metadata", ptr)
+    ann = child_map(meta, "annotations", ptr + "/metadata") if meta is not None else None
+    before = ann.get(PROVENANCE_ANNOTATION) if ann is not None else None
     names = [n for n in str(before).split(",") if n] if isinstance(before, str) else []
     for c in changes:
         if c not in names:
             names.append(c)
     value = ",".join(names)
     if value != before:
-        patch.set(ann, PROVENANCE_ANNOTATION, ptr + "/metadata/annotations", value)
+        patch.put(holder, ptr, ("metadata", "annotations", PROVENANCE_ANNOTATION), value)

@@ -131,10 +131,7 @@ def pin(spec: dict[str, Any], ptr: str, key: str, values: list[str], patch: Patc
     expr = {"key": key, "operator": "In", "values": list(values)}
     terms = _terms(spec, ptr)
     if not terms:
-        aff = patch.ensure_map(spec, "affinity", ptr)
-        na = patch.ensure_map(aff, "nodeAffinity", ptr + "/affinity")
-        req = patch.ensure_map(na, _REQUIRED, ptr + "/affinity/nodeAffinity")
-        patch.set(req, "nodeSelectorTerms", f"{ptr}/affinity/nodeAffinity/{_REQUIRED}",
+        patch.put(spec, ptr, ("affinity", "nodeAffinity", _REQUIRED, "nodeSelectorTerms"),
                   [{"matchExpressions": [expr]}])
         return True
     changed = False
