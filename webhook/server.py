@@ -189,8 +189,11 @@ def _record(webhook: str, req: AdmissionRequest, d: Decision, policy: str, gen: 
             metrics.child(metrics.MUTATIONS, change).inc()
     if outcome != "skipped" or logs.LOGGER.isEnabledFor(logging.DEBUG):
         logs.event(
-            "decision", webhook=webhook, uid=req.uid, namespace=req.namespace,
-            name=req.name, kind=req.kind, operation=req.operation, user=req.username,
+            # Names are cut to the longest a Kubernetes name can be: a hostile review must
+            # not turn into a megabyte log line.
+            "decision", webhook=webhook, uid=req.uid, namespace=req.namespace[:63],
+            name=req.name[:253], kind=req.kind[:63], operation=req.operation,
+            user=req.username[:253],
             dry_run=req.dry_run, decision=outcome, tenant=d.tenant,
             rules=sorted({f.rule.value for f in d.findings}), changes=d.mutations,
             policy=policy, generation=gen,
