@@ -96,7 +96,7 @@ def through_both(body: bytes, policy: CompiledPolicy, labels: NamespaceLabels = 
     doc["request"]["object"] = final
     vreq = parse_review(orjson.dumps(doc))
     store = store if store is not None else MemoryStore()
-    v = validate(vreq, policy, labels, precheck(store))
+    v = validate(vreq, policy, labels, precheck(lambda: store))
     reserved = False
     if needs_commit(v, vreq, policy):
         asyncio.run(commit(v, vreq, policy, store, budget=1.0))

@@ -76,8 +76,7 @@ class AdmissionApp:
         metrics.STATE.attach(
             lambda: runtime.store,
             lambda: runtime.policy.active.policy if runtime.policy.active else None)
-        self.quota = precheck(runtime.store) if runtime.store is not None else None
-        self._quota_store = runtime.store
+        self.quota = precheck(lambda: runtime.store)
         self.inflight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -151,11 +150,6 @@ class AdmissionApp:
         active = self.runtime.policy.active
         assert active is not None, "the server starts only after a policy loaded"
         store = self.runtime.store
-        if store is not self._quota_store:
-            # `serve` swaps in the cluster's ledger store once the watches start: dry runs
-            # and workload checks must read the same usage as the commits.
-            self.quota = precheck(store) if store is not None else None
-            self._quota_store = store
         try:
             if webhook == "mutate":
                 decision = mutate(req, active.policy, self.runtime.namespace_labels)

@@ -82,7 +82,7 @@ class QuotaMachine(RuleBasedStateMachine):
         uid = f"uid-{self.n}"
         pod = gpu_pod(uid, namespace, resource, count, product, init)
         req = parse_review(orjson.dumps(request_review(pod, dry_run=dry_run)))
-        d = validate(req, POLICY, labels, precheck(self.store))
+        d = validate(req, POLICY, labels, precheck(lambda: self.store))
         if needs_commit(d, req, POLICY):
             asyncio.run(commit(d, req, POLICY, self.store, 1.0))
         event("quota denial" if any(f.rule.value == "quota" for f in d.findings)

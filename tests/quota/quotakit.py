@@ -82,7 +82,7 @@ def admit(store: MemoryStore, p: CompiledPolicy, obj: dict[str, Any], *,
     review = request_review(obj, dry_run=dry_run, operation=operation)
     review["request"]["oldObject"] = old
     req = parse_review(orjson.dumps(review))
-    d = validate(req, p, quota=precheck(store))
+    d = validate(req, p, quota=precheck(lambda: store))
     if needs_commit(d, req, p):
         asyncio.run(commit(d, req, p, store, budget=1.0))
     return d

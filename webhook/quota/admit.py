@@ -7,6 +7,8 @@ alone can never both be admitted when together they do not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from webhook import metrics
 from webhook.engine import messages
 from webhook.engine.decision import Ask, Checker, Decision
@@ -19,12 +21,18 @@ from webhook.quota.usage import Charge, owner_of
 from webhook.review import AdmissionRequest
 
 
-def precheck(store: UsageStore) -> QuotaCheck:
-    """The engine's quota hook: everything but the atomic commit of a real pod."""
+def precheck(current: Callable[[], UsageStore | None]) -> QuotaCheck:
+    """The engine's quota hook: everything but the atomic commit of a real pod.
+
+    ``current`` returns the store in use at each call: `serve` swaps the cluster's ledger
+    store in once the watches start, and dry runs and workload checks must read the same
+    usage as the commits."""
 
     def run(check: Checker, req: AdmissionRequest, ask: Ask) -> None:
         tenant = check.tenant
-        if tenant is None or (tenant.quota is None and not tenant.namespace_quota):
+        store = current()
+        if store is None or tenant is None or (
+                tenant.quota is None and not tenant.namespace_quota):
             return
         if not ask.is_pod:
             check_workload(check, tenant, ask, store.view())

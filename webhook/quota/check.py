@@ -11,17 +11,14 @@ what is free right now, the developer gets a warning at ``kubectl apply`` time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.engine import messages
 from webhook.engine.decision import Ask, Checker
-from webhook.engine.validate import QuotaCheck
 from webhook.policy.compiled import Limits, TenantRules
 from webhook.policy.model import Mode, Rule
 from webhook.quota.usage import Totals
-from webhook.review import AdmissionRequest
 
 EPSILON = 1e-9
 
@@ -117,18 +114,3 @@ def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageVi
                 line.scope, line.what, ask.pods_added, line.per_pod, line.free(), line.cap),
                 at_most=Mode.WARN)
 
-
-def against(usage: Callable[[], UsageView]) -> QuotaCheck:
-    """A quota hook for the validating engine that checks against a usage view."""
-
-    def run(check: Checker, req: AdmissionRequest, ask: Ask) -> None:
-        tenant = check.tenant
-        if tenant is None or (tenant.quota is None and not tenant.namespace_quota):
-            return
-        view = usage()
-        if ask.is_pod:
-            check_pod(check, tenant, ask, view)
-        else:
-            check_workload(check, tenant, ask, view)
-
-    return run
