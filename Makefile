@@ -23,6 +23,7 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The real kube-apiserver, etcd and kubectl for tests/e2e, built from the Go module
 # proxy and cached outside the tree (first build 10-25 min, then seconds).
