@@ -104,7 +104,10 @@ class PolicySource:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.reload_if_changed()
+                # In a thread: parsing and validating a large policy takes seconds of
+                # pure Python, and admissions must keep being answered meanwhile. The new
+                # policy is installed by one reference assignment, safe from any thread.
+                await asyncio.to_thread(self.reload_if_changed)
             except Exception:  # a watcher must never die: the next tick tries again
                 logging.getLogger("gpu_webhook").exception("policy watch failed")
 
