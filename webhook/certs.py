@@ -120,25 +120,39 @@ def sign_serving(ca_pem: bytes, ca_key_pem: bytes, dns_names: list[str],
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
     ca_cert = x509.load_pem_x509_certificate(ca_pem)
     ca_key = _ca_key(ca_key_pem)
-    key = _key()
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     cn = dns_names[0] if dns_names else ip_addresses[0]
-    cert = (
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn[:64])])
+    return _leaf(ca_cert, ca_key, subject, ExtendedKeyUsageOID.SERVER_AUTH, not_before,
+                 not_after, sans)
+
+
+def _leaf(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, subject: x509.Name,
+          usage: x509.ObjectIdentifier, not_before: dt.datetime, not_after: dt.datetime,
+          sans: list[x509.GeneralName] | None = None) -> tuple[bytes, bytes]:
+    """An end-entity certificate with a new key, signed by the CA, for one extended key
+    usage (serverAuth or clientAuth): (certificate PEM, key PEM)."""
+    key = _key()
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn[:64])]))
+        .subject_name(subject)
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
         .not_valid_after(not_after)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = (
+        builder
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(
             digital_signature=True, key_encipherment=False, key_cert_sign=False, crl_sign=False,
             content_commitment=False, data_encipherment=False, key_agreement=False,
             encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                        critical=False)
         .sign(ca_key, hashes.SHA256())
@@ -297,29 +311,9 @@ def issue_client(common_name: str, ca_pem: bytes, ca_key_pem: bytes, *,
     """
     now = dt.datetime.now(dt.UTC)
     ca_cert = x509.load_pem_x509_certificate(ca_pem)
-    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError("the CA key must be an EC key")
-    key = _key()
+    ca_key = _ca_key(ca_key_pem)
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     if organization:
         attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(attrs))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, key_encipherment=False, key_cert_sign=False, crl_sign=False,
-            content_commitment=False, data_encipherment=False, key_agreement=False,
-            encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                       critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+    return _leaf(ca_cert, ca_key, x509.Name(attrs), ExtendedKeyUsageOID.CLIENT_AUTH,
+                 now - dt.timedelta(minutes=5), now + dt.timedelta(days=days))

@@ -3,9 +3,10 @@
 Objects are never logged whole (they may hold secrets in env vars); a decision line
 names the object, the user, the verdict and the rules.
 
-Lines are buffered and written at most every 200 ms (or when 64 KiB are waiting), not
-one write per line: a write system call per admission was a fifth of the server's time
-per review. Warnings and errors are written at once. ``flush()`` runs at shutdown.
+Decision lines (one per review, :func:`decision`) are buffered and written at most every
+200 ms (or when 64 KiB are waiting), not one write per line: a write system call per
+admission was a fifth of the server's time per review. Every other line (:func:`event`,
+start-up, reloads, errors) is written at once. ``flush()`` also runs at shutdown.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ def _timestamp(created: float) -> str:
     return f"{_second[1]}.{int(created % 1 * 1000):03d}Z"
 
 
-_LEVEL_NAMES = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warning",
-                logging.ERROR: "error", logging.CRITICAL: "critical"}
+
 
 
 class JSONFormatter(logging.Formatter):
@@ -122,15 +122,23 @@ def flush() -> None:
 
 
 def event(msg: str, level: int = logging.INFO, **fields: Any) -> None:
-    if not LOGGER.isEnabledFor(level):
+    """A log line written at once: start-up, reloads, failures (rare, and read by people
+    and tests as they happen)."""
+    if LOGGER.isEnabledFor(level):
+        LOGGER.log(level, msg, extra={"fields": fields})
+        flush()
+
+
+def decision(**fields: Any) -> None:
+    """The one-line-per-review audit record, on the hot path: no LogRecord, one orjson
+    call, one buffered write (flushed within FLUSH_SECONDS)."""
+    if not LOGGER.isEnabledFor(logging.INFO):
         return
     handler = _handler
-    if handler is None or level >= logging.WARNING or handler not in logging.getLogger().handlers:
-        LOGGER.log(level, msg, extra={"fields": fields})
+    if handler is None or handler not in logging.getLogger().handlers:
+        LOGGER.info("decision", extra={"fields": fields})
         return
-    # The decision line's fast path: no LogRecord, one dumps, one buffered write.
-    out: dict[str, Any] = {"time": _timestamp(time.time()),
-                           "level": _LEVEL_NAMES.get(level) or logging.getLevelName(level).lower(),
-                           "msg": msg}
+    out: dict[str, Any] = {"time": _timestamp(time.time()), "level": "info",
+                           "msg": "decision"}
     out.update(fields)
     handler.write_line(orjson.dumps(out, default=str).decode() + "\n")

@@ -182,10 +182,10 @@ def _record(webhook: str, req: AdmissionRequest, d: Decision, policy: str, gen: 
         for change in d.mutations:
             metrics.child(metrics.MUTATIONS, change).inc()
     if outcome != "skipped" or logs.LOGGER.isEnabledFor(logging.DEBUG):
-        logs.event(
+        logs.decision(
             # Names are cut to the longest a Kubernetes name can be: a hostile review must
             # not turn into a megabyte log line.
-            "decision", webhook=webhook, uid=req.uid, namespace=req.namespace[:63],
+            webhook=webhook, uid=req.uid, namespace=req.namespace[:63],
             name=req.name[:253], kind=req.kind[:63], operation=req.operation,
             user=req.username[:253],
             dry_run=req.dry_run, decision=outcome, tenant=d.tenant,

@@ -23,16 +23,18 @@ def test_timestamps_are_utc_with_milliseconds_across_second_boundaries(t: float)
 
 def test_a_decision_line_is_one_json_object_written_on_flush() -> None:
     logs.setup("info")
-    sink = io.StringIO()
+    raw = io.BytesIO()  # what reaches the file descriptor
     handler = logging.getLogger().handlers[0]
     assert isinstance(handler, logs.BufferedHandler)
-    handler.setStream(sink)
-    logs.event("decision", uid="u-1", decision="denied", rules=["quota"])
+    handler.setStream(io.TextIOWrapper(raw, encoding="utf-8", write_through=False))
+    logs.decision(uid="u-1", decision="denied", rules=["quota"])
+    assert raw.getvalue() == b""  # buffered: the hot path makes no write of its own
     logs.flush()
-    (line,) = sink.getvalue().splitlines()
+    (line,) = raw.getvalue().splitlines()
     doc = orjson.loads(line)
     assert doc["msg"] == "decision" and doc["level"] == "info"
     assert doc["uid"] == "u-1" and doc["rules"] == ["quota"]
     logs.event("debug detail", logging.DEBUG, uid="u-2")  # below the level: not written
-    logs.flush()
-    assert len(sink.getvalue().splitlines()) == 1
+    logs.event("policy loaded", generation=2)  # other lines are written at once
+    lines = raw.getvalue().splitlines()
+    assert len(lines) == 2 and orjson.loads(lines[1])["generation"] == 2
