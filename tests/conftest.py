@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kit
 import pytest
 
 TESTS = Path(__file__).resolve().parent
@@ -55,3 +57,21 @@ def golden() -> GoldenCheck:
             "intended, regenerate with UPDATE_GOLDEN=1 and review the diff")
 
     return check
+
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def gpu_webhook() -> Run:
+    """``gpu_webhook(*args)``: the installed console script in a subprocess, run from the
+    repository root with no GPU_WEBHOOK_* settings inherited. (tests/cli has its own,
+    run from a temporary directory.)"""
+    script = kit.console_script()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_WEBHOOK_")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([script, *args], capture_output=True, text=True, timeout=120,
+                              cwd=TESTS.parent, env=env)
+
+    return run
