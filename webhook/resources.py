@@ -61,7 +61,9 @@ def gpu_containers(
             names: list[str] = []
             for m in (limits, requests):
                 if m:
-                    names.extend(k for k in m if k not in names and is_gpu(k))
+                    # A null value asks for nothing (it is not a request of 0 GPUs).
+                    names.extend(k for k, v in m.items()
+                                 if v is not None and k not in names and is_gpu(k))
             name = c.get("name")
             out.append(ContainerGPUs(name if isinstance(name, str) else f"#{i}", kind, ptr, c,
                                      requests, limits, names))

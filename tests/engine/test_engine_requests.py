@@ -14,12 +14,15 @@ import pytest
 from enginekit import (
     GPU,
     container,
+    example_policy,
     gpus,
     mutate_checked,
     pod,
+    review,
     validated,
 )
 
+from webhook.engine.mutate import mutate
 from webhook.policy.model import Rule
 
 MIG = "nvidia.com/mig-1g.10gb"
@@ -84,6 +87,16 @@ def test_pod_whose_containers_have_no_resources_is_not_a_gpu_pod() -> None:
     assert m.decision.allowed
     assert m.decision.patch == []
     assert m.decision.findings == []
+
+
+def test_a_null_gpu_value_asks_for_no_gpu() -> None:
+    # Not a request of 0 GPUs: the pod gets no GPU toleration and no product pinning.
+    # (Run without the schema check: a null quantity is not a valid object, and core
+    # validation answers it; the webhook must just not treat it as a GPU pod.)
+    d = mutate(review(pod(container(limits={GPU: None, "cpu": "1"}))), example_policy())
+    assert d.allowed
+    assert d.patch == []
+    assert d.mutations == []
 
 
 @pytest.mark.parametrize(
