@@ -71,6 +71,20 @@ def _map(exc: Exception, what: str) -> KubeError:
     return Unreachable(f"{what}: {type(exc).__name__}: {exc}")
 
 
+def _compare_and_swap(what: str, resource_version: str | None, create: Callable[[], Any],
+                      replace: Callable[[], Any]) -> Any:
+    """Create (no resourceVersion) or replace conditionally; a 409 (AlreadyExists on
+    create, a stale resourceVersion on replace) is a Conflict: read again and retry."""
+    try:
+        return create() if resource_version is None else replace()
+    except ApiException as exc:
+        if exc.status == 409:
+            raise Conflict(what) from None
+        raise _map(exc, what) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _map(exc, what) from None
+
+
 @dataclass(frozen=True, slots=True)
 class StoredMap:
     """A ConfigMap's data and the resourceVersion it was read at."""
@@ -109,20 +123,12 @@ class ConfigMaps:
                                          resource_version=resource_version),
             data=data,
         )
-        what = f"write configmap {self.namespace}/{name}"
-        try:
-            if resource_version is None:
-                self.core.create_namespaced_config_map(self.namespace, body,
-                                                       _request_timeout=self.timeout)
-            else:
-                self.core.replace_namespaced_config_map(name, self.namespace, body,
-                                                        _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status == 409:  # AlreadyExists on create, stale version on replace
-                raise Conflict(what) from None
-            raise _map(exc, what) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _map(exc, what) from None
+        _compare_and_swap(
+            f"write configmap {self.namespace}/{name}", resource_version,
+            lambda: self.core.create_namespaced_config_map(
+                self.namespace, body, _request_timeout=self.timeout),
+            lambda: self.core.replace_namespaced_config_map(
+                name, self.namespace, body, _request_timeout=self.timeout))
 
 
 class Watcher:
@@ -268,19 +274,12 @@ class Secrets:
         )
         what = f"{'create' if resource_version is None else 'update'} secret " \
                f"{self.namespace}/{name}"
-        try:
-            if resource_version is None:
-                out = self.core.create_namespaced_secret(self.namespace, body,
-                                                         _request_timeout=self.timeout)
-            else:
-                out = self.core.replace_namespaced_secret(name, self.namespace, body,
-                                                          _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status == 409:  # AlreadyExists on create, stale version on replace
-                raise Conflict(what) from None
-            raise _map(exc, what) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _map(exc, what) from None
+        out = _compare_and_swap(
+            what, resource_version,
+            lambda: self.core.create_namespaced_secret(
+                self.namespace, body, _request_timeout=self.timeout),
+            lambda: self.core.replace_namespaced_secret(
+                name, self.namespace, body, _request_timeout=self.timeout))
         return str(out.metadata.resource_version) if out.metadata else ""
 
 
