@@ -35,6 +35,9 @@ def test_quick_bench_writes_every_section(tmp_path: Path) -> None:
     assert set(mixes) == {"mutate/gpu", "mutate/all", "validate/gpu", "validate/all"}
     for m in mixes.values():
         assert m["cpu_us_per_request"]["ours"] > 0 and m["cpu_ratio"] > 0
+        # The baseline was also paced at the webhook's own maximum rate.
+        assert m["cpu_us_per_request"]["baseline_at_ours_rate"] > 0
+        assert len(m["baseline"]["runs"]["matched"]) == res["http"]["rounds"]
         for who in ("ours", "baseline"):
             assert m[who]["max_rps"] > 0
             assert m[who]["fixed_latency_us"]["p99"] > 0
