@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             self.load(population(n))
             print(PRELOADED.format(n=len(self.pods)), file=sys.stderr, flush=True)
 
-    serve.MemoryStore = PreloadedStore  # type: ignore[misc]
+    serve.MemoryStore = PreloadedStore  # type: ignore[attr-defined]
     return serve.run(settings)
 
 

@@ -110,12 +110,12 @@ def http(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             out["mixes"][name] = summarize(runs, keys, rates)
             print(f"  {name}: ratio {out['mixes'][name]['throughput_ratio']}", flush=True)
     finally:
-        for s in pair.values():
-            s.stop()
-    for s in pair.values():
+        for server in pair.values():
+            server.stop()
+    for server in pair.values():
         # uvicorn re-raises the SIGINT it handled once it has shut down cleanly.
-        if s.process.returncode not in (0, None, -signal.SIGINT):
-            raise RuntimeError(f"{s.name} exited with {s.process.returncode}")
+        if server.process.returncode not in (0, None, -signal.SIGINT):
+            raise RuntimeError(f"{server.name} exited with {server.process.returncode}")
     return out
 
 
