@@ -53,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_args(parser.parse_args(argv))
     cert, key = serve.tls_files(settings)
     context = serve.ssl_context(settings, cert, key)
-    # The keyword arguments of serve.run's uvicorn config, with the plain httptools
-    # protocol (ours adds the ASGI tls extension, part of what the webhook costs).
+    # The keyword arguments of serve.run's uvicorn config, with uvicorn's own httptools
+    # protocol: the floor is stock uvicorn. The webhook's protocol (serve.AdmissionProtocol)
+    # adds the ASGI tls extension and the arrival stamp, a cost of the webhook, and
+    # writes each response in one TLS record where uvicorn writes two, a saving of the
+    # webhook (bench/README.md gives what the baseline would gain from the same).
     config = serve._Config(
         app, context, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
         lifespan="off", access_log=False, log_config=None, timeout_keep_alive=30,
