@@ -211,15 +211,21 @@ class BodyDeadlines:
         self.reading: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def read(self, scope: Scope, receive: Receive, cap: int, deadline: float
                    ) -> bytes | None:
         """:func:`_read_body`, raising ``TimeoutError`` at ``deadline`` (monotonic)."""
-        task = asyncio.current_task()
-        assert task is not None, "called from a task: uvicorn runs each request in one"
+        # With the loop named, current_task skips get_running_loop, whose fork check is a
+        # getpid() system call per request; a loop that is no longer running finds no task.
+        task = asyncio.current_task(self._loop) if self._loop is not None else None
+        if task is None:
+            task = asyncio.current_task()
+            assert task is not None, "called from a task: uvicorn runs each request in one"
+            self._loop = task.get_loop()
         self.reading[task] = deadline
         if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+            self._sweeper = task.get_loop().create_task(self._sweep())
         try:
             return await _read_body(scope, receive, cap)
         except asyncio.CancelledError:
