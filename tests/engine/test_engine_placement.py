@@ -18,16 +18,25 @@ from enginekit import (
     H100,
     PRODUCT_LABEL,
     RACK_LABEL,
+    REQUIRED,
     container,
+    example_policy,
+    example_variant,
     expr,
     gpus,
     mutate_checked,
+    namespace_labels,
     node_terms,
     pod,
     required_affinity,
+    review,
     validated,
 )
 
+from webhook.engine.mutate import mutate
+from webhook.engine.placement import Placement
+from webhook.engine.validate import validate
+from webhook.patch import Patch
 from webhook.policy.model import Rule
 
 PRODUCT_REQUEST = "gpu.example.com/product"
@@ -206,3 +215,85 @@ def test_pinning_keeps_the_users_own_affinity_and_tolerations_intact() -> None:
     assert aff["podAntiAffinity"] == anti
     assert aff["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == preferred
     assert node_terms(m.patched) == [{"matchExpressions": PINNED}]
+
+
+# --- the parsed node affinity -----------------------------------------------------------
+
+
+# A policy whose research tenant's topology label is the product label itself: the
+# topology pin must see the product expression the product pin has just appended.
+SAME_KEY = example_variant(
+    ("nodeLabel: topology.example.com/gpu-rack", f"nodeLabel: {PRODUCT_LABEL}"),
+    ("values: [rack-a, rack-b]", f"values: [{A100}, {H100}]"))
+
+
+@pytest.mark.parametrize(
+    ("affinity", "expected"),
+    [
+        pytest.param(None, [[expr(PRODUCT_LABEL, A100)]],
+                     id="no affinity: the term the product pin creates satisfies both"),
+        pytest.param(required_affinity([expr(ZONE, "a")], [expr(ZONE, "b")]),
+                     [[expr(ZONE, "a"), expr(PRODUCT_LABEL, A100)],
+                      [expr(ZONE, "b"), expr(PRODUCT_LABEL, A100)]],
+                     id="two terms: the product pin appended to each satisfies both"),
+    ],
+)
+def test_topology_pin_on_the_product_label_sees_the_product_pin(
+        affinity: dict[str, Any] | None, expected: list[list[dict[str, Any]]]) -> None:
+    m = mutate_checked(pod(affinity=affinity) if affinity else pod(), SAME_KEY)
+    assert m.decision.allowed, m.decision.message
+    assert node_terms(m.patched) == [{"matchExpressions": e} for e in expected]
+
+
+@pytest.mark.parametrize(
+    "terms",
+    [
+        pytest.param([], id="no terms"),
+        pytest.param([{"matchExpressions": [expr(ZONE, "a")]}, {}], id="term without list"),
+        pytest.param([{"matchExpressions": [expr(PRODUCT_LABEL, A100, H100),
+                                            expr(RACK_LABEL, "rack-c", op="NotIn")]},
+                      {"matchExpressions": [expr(RACK_LABEL, op="DoesNotExist")]}],
+                     id="In, NotIn and DoesNotExist"),
+    ],
+)
+def test_placement_stays_in_step_with_the_spec_it_pins(terms: list[dict[str, Any]]) -> None:
+    """After pins, a Placement answers as one freshly read from the patched spec."""
+    spec: dict[str, Any] = {"affinity": {"nodeAffinity": {REQUIRED: {
+        "nodeSelectorTerms": terms}}}}
+    placement, patch = Placement(spec, "/spec"), Patch()
+    placement.pin(PRODUCT_LABEL, [A100], patch)
+    placement.pin(RACK_LABEL, ["rack-a", "rack-b"], patch)
+    placement.pin(PRODUCT_LABEL, [A100, H100], patch)
+    fresh = Placement(spec, "/spec")
+    for key in (PRODUCT_LABEL, RACK_LABEL, ZONE):
+        assert placement.restriction(key) == fresh.restriction(key)
+        assert placement.excluded(key) == fresh.excluded(key)
+        for values in ([A100], ["rack-a"], ["rack-c"]):
+            assert placement.survives(key, values) == fresh.survives(key, values)
+
+
+TERMS = f"/spec/affinity/nodeAffinity/{REQUIRED}/nodeSelectorTerms"
+
+
+@pytest.mark.parametrize(
+    ("required", "pointer"),
+    [
+        pytest.param({"nodeSelectorTerms": {"matchExpressions": []}}, f"{TERMS} must be a list",
+                     id="terms not a list"),
+        pytest.param({"nodeSelectorTerms": [{}, "zone=a"]}, f"{TERMS}/1 must be a mapping",
+                     id="second term not a mapping"),
+        pytest.param({"nodeSelectorTerms": [{"matchExpressions": [expr(ZONE, "a")]},
+                                            {"matchExpressions": expr(ZONE, "b")}]},
+                     f"{TERMS}/1/matchExpressions must be a list",
+                     id="expressions not a list"),
+    ],
+)
+def test_malformed_required_terms_are_denied_with_the_place_to_fix(
+        required: dict[str, Any], pointer: str) -> None:
+    bad = pod(affinity={"nodeAffinity": {REQUIRED: required}})
+    for run in (mutate, validate):
+        d = run(review(bad), example_policy(), namespace_labels)
+        assert not d.allowed
+        assert d.patch == []
+        assert d.message.startswith("pod research/trainer: the object is malformed: ")
+        assert pointer in d.message

@@ -13,7 +13,7 @@ from webhook.engine import messages
 from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision
 from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
-from webhook.engine.placement import pin
+from webhook.engine.placement import Placement
 from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations, missing
 from webhook.patch import MalformedObject, Patch, child_list, child_map
@@ -69,10 +69,12 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         patch.append(spec, "tolerations", sptr, dict(t))
     if to_add:
         decision.mutations.append("gpu-tolerations")
+    # One Placement for the checks and the pins: the spec's node affinity is walked once.
+    placement = Placement(spec, sptr)
     changed = False
-    for r in requirements(check, policy, target.template):
+    for r in requirements(check, policy, target.template, placement):
         if check.mode(r.rule) is Mode.ENFORCE or not _conflicted(check, r.rule):
-            changed |= pin(spec, sptr, r.key, r.values, patch)
+            changed |= placement.pin(r.key, r.values, patch)
     if changed:
         decision.mutations.append("gpu-node-affinity")
 

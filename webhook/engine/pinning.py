@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from webhook.engine import messages
 from webhook.engine.decision import Checker
-from webhook.engine.placement import excluded, restriction, survives
+from webhook.engine.placement import Placement
 from webhook.patch import child_map
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
@@ -29,8 +29,8 @@ class Requirement:
     values: list[str]
 
 
-def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate
-                   ) -> tuple[str | None, bool]:
+def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate,
+                   placement: Placement) -> tuple[str | None, bool]:
     """The product the pod names explicitly (short name), and whether asking failed."""
     asks: list[tuple[str, str]] = []  # (value, where it was written)
     meta = template.metadata
@@ -43,7 +43,7 @@ def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate
             m = child_map(meta, field, template.pointer + "/metadata")
             if m is not None and isinstance(m.get(key), str):
                 asks.append((m[key], f"{label} {key}"))
-    sel = child_map(template.spec, "nodeSelector", template.spec_pointer)
+    sel = placement.selector()
     if sel is not None and isinstance(sel.get(policy.product_label), str):
         value = sel[policy.product_label]
         if value in policy.product_value and value not in policy.product_value.values():
@@ -79,16 +79,17 @@ def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate
     return None, False
 
 
-def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
-                 ) -> list[Requirement]:
-    """The node-label requirements the mutating webhook adds; reports conflicts."""
+def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate,
+                 placement: Placement) -> list[Requirement]:
+    """The node-label requirements the mutating webhook adds; reports conflicts.
+    ``placement`` is the template spec's, shared with the caller's pins."""
     out: list[Requirement] = []
     tenant = check.tenant
-    asked, failed = _asked_product(check, policy, template)
+    asked, failed = _asked_product(check, policy, template, placement)
     if not failed:
         products: list[str] | None = None
         allowed = list(tenant.allowed_products) if tenant and tenant.allowed_products else None
-        own = restriction(template.spec, template.spec_pointer, policy.product_label)
+        own = placement.restriction(policy.product_label)
         if asked is not None:
             products = [asked]
         elif own is not None:
@@ -117,7 +118,7 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
             products = [tenant.default_product]
         elif allowed:
             products = allowed
-        banned = excluded(template.spec, template.spec_pointer, policy.product_label)
+        banned = placement.excluded(policy.product_label)
         if products and banned:
             # A product every term rules out (NotIn) would make the pod unschedulable:
             # fall back to the other allowed products, or report the conflict.
@@ -129,15 +130,15 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
                     "node affinity", policy.product_label, [],
                     tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
             products = keep
-        if products and not survives(template.spec, template.spec_pointer, policy.product_label,
-                                     [policy.product_value[p] for p in products]):
+        if products and not placement.survives(policy.product_label,
+                                               [policy.product_value[p] for p in products]):
             # Terms that each rule out the chosen product in their own way (one In
             # another product, one NotIn it): widen to every allowed product that
             # leaves a term satisfiable, or report the conflict.
             wide = [p for p in (allowed or []) if p not in products]
             products = [*products, *wide]
-            if not survives(template.spec, template.spec_pointer, policy.product_label,
-                            [policy.product_value[p] for p in products]):
+            if not placement.survives(policy.product_label,
+                                      [policy.product_value[p] for p in products]):
                 check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
                     "node affinity", policy.product_label, [],
                     tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
@@ -146,14 +147,13 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate
             out.append(Requirement(Rule.ALLOWED_PRODUCTS, policy.product_label,
                                    [policy.product_value[p] for p in products]))
     if tenant and tenant.topology_label:
-        own = restriction(template.spec, template.spec_pointer, tenant.topology_label)
+        own = placement.restriction(tenant.topology_label)
         values = list(tenant.topology_values)
-        banned = excluded(template.spec, template.spec_pointer, tenant.topology_label)
+        banned = placement.excluded(tenant.topology_label)
         values = [v for v in values if v not in banned]
         if own is not None:
             values = [v for v in values if v in own.values]
-        if not values or not survives(template.spec, template.spec_pointer,
-                                      tenant.topology_label, values):
+        if not values or not placement.survives(tenant.topology_label, values):
             values = []
             check.report(Rule.TOPOLOGY, messages.placement_conflict(
                 own.source if own else "node affinity", tenant.topology_label,
@@ -168,7 +168,8 @@ def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate) 
     Returns the product short name the pod is pinned to, when it is exactly one."""
     tenant = check.tenant
     product: str | None = None
-    own = restriction(template.spec, template.spec_pointer, policy.product_label)
+    placement = Placement(template.spec, template.spec_pointer)
+    own = placement.restriction(policy.product_label)
     if own is not None:
         names = {policy.product_name(v) for v in own.values}
         if len(names) == 1 and None not in names:
@@ -185,7 +186,7 @@ def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate) 
                 own.source, policy.product_label, sorted(own.values), tenant.name,
                 allowed_values))
     if tenant.topology_label:
-        own_t = restriction(template.spec, template.spec_pointer, tenant.topology_label)
+        own_t = placement.restriction(tenant.topology_label)
         if own_t is None:
             check.report(Rule.TOPOLOGY, messages.unpinned(
                 tenant.topology_label, tenant.name, tenant.topology_values))

@@ -4,6 +4,14 @@ Kubernetes ORs ``nodeSelectorTerms`` and ANDs the ``matchExpressions`` inside a 
 so a requirement is added to *every* term (appending a new term would widen placement,
 not narrow it). ``nodeSelector`` ANDs with node affinity, so an allowed nodeSelector
 value already satisfies the requirement on its own.
+
+One review asks about a pod's placement many times: where it confines the product
+label and the topology label, what it rules out, whether a pin leaves it a node, and
+then the pins themselves. :class:`Placement` therefore reads the nodeSelector and walks
+and validates the required terms once per pod spec, on first use (so a malformed term
+is reported at the same point of the flow as when every question re-read the spec),
+and keeps a per-key summary of each term that :meth:`Placement.pin` updates as it
+appends to the term.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from typing import Any
 from webhook.patch import MalformedObject, Patch, child_list, child_map
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_OPERATORS = ("In", "NotIn", "DoesNotExist")  # the operators that confine a key's values
 
 
 @dataclass(slots=True)
@@ -24,122 +33,206 @@ class Restriction:
     values: frozenset[str]  # the values the pod can land on
 
 
-def _terms(spec: dict[str, Any], ptr: str) -> list[dict[str, Any]]:
+@dataclass(slots=True)
+class _KeyRule:
+    """What the expressions of one term say about one label key."""
+
+    within: frozenset[str] | None = None  # In: the intersection of its values (None: no In)
+    banned: frozenset[str] = frozenset()  # NotIn: the union of its values
+    absent: bool = False  # DoesNotExist: the term admits no value at all
+
+    def admitted(self) -> frozenset[str] | None:
+        """The values the term admits (None: the term does not restrict the key)."""
+        if self.absent:
+            return frozenset()
+        if self.within is None:
+            return None
+        return self.within - self.banned
+
+
+def _note(keys: dict[str, _KeyRule], expr: Any) -> None:
+    """Fold one match expression into a term's per-key summary. Expressions that are
+    not mappings, have no string key or use another operator (Exists, Gt, ...) are
+    skipped: placement reasons only about the values In, NotIn and DoesNotExist name."""
+    if not isinstance(expr, dict):
+        return
+    key, op = expr.get("key"), expr.get("operator")
+    if not isinstance(key, str) or op not in _OPERATORS:
+        return
+    vals = expr.get("values")
+    named = frozenset(v for v in vals if isinstance(v, str)) if isinstance(vals, list) else \
+        frozenset()
+    rule = keys.get(key)
+    if rule is None:
+        rule = keys[key] = _KeyRule()
+    if op == "In":
+        _narrow(rule, named)
+    elif op == "NotIn":
+        rule.banned |= named
+    else:
+        rule.absent = True
+
+
+def _narrow(rule: _KeyRule, values: frozenset[str]) -> None:
+    """Fold ``In values`` into a key's summary."""
+    rule.within = values if rule.within is None else rule.within & values
+
+
+@dataclass(slots=True)
+class _Term:
+    """One required node-selector term: the mapping in the spec (which a pin appends
+    to) and the summary of its expressions by label key."""
+
+    raw: dict[str, Any]
+    keys: dict[str, _KeyRule]
+
+    def admitted(self, key: str) -> frozenset[str] | None:
+        rule = self.keys.get(key)
+        return None if rule is None else rule.admitted()
+
+
+def _parse(spec: dict[str, Any], ptr: str) -> list[_Term]:
+    """The required node-affinity terms of ``spec``; raises MalformedObject for a level
+    of the wrong JSON type (a term that is not a mapping, say)."""
     aff = child_map(spec, "affinity", ptr)
     na = child_map(aff, "nodeAffinity", ptr + "/affinity") if aff else None
     req = child_map(na, _REQUIRED, ptr + "/affinity/nodeAffinity") if na else None
     if not req:
         return []
     tptr = f"{ptr}/affinity/nodeAffinity/{_REQUIRED}"
-    terms = child_list(req, "nodeSelectorTerms", tptr) or []
-    for i, t in enumerate(terms):
+    out: list[_Term] = []
+    # Parsed JSON never shares an object between two places, but a Python caller could
+    # list one term (or one expression list) twice; both entries then share a summary,
+    # so a pin appended through one shows through the other, as it does in the spec.
+    shared: dict[int, dict[str, _KeyRule]] = {}
+    for i, t in enumerate(child_list(req, "nodeSelectorTerms", tptr) or ()):
         if not isinstance(t, dict):
             raise MalformedObject(f"{tptr}/nodeSelectorTerms/{i}", "a mapping")
-        # Checked here so that _term_values and pin can iterate it as a list.
-        child_list(t, "matchExpressions", f"{tptr}/nodeSelectorTerms/{i}")
-    return terms
+        exprs = child_list(t, "matchExpressions", f"{tptr}/nodeSelectorTerms/{i}")
+        ident = id(t) if exprs is None else id(exprs)
+        keys = shared.get(ident)
+        if keys is None:
+            keys = shared[ident] = {}
+            for expr in exprs or ():
+                _note(keys, expr)
+        out.append(_Term(t, keys))
+    return out
 
 
-def _term_values(term: dict[str, Any], key: str) -> frozenset[str] | None:
-    """The values of ``key`` a term admits (None: the term does not restrict ``key``)."""
-    allowed: frozenset[str] | None = None
-    excluded: set[str] = set()
-    for expr in term.get("matchExpressions") or ():
-        if not isinstance(expr, dict) or expr.get("key") != key:
-            continue
-        op, vals = expr.get("operator"), expr.get("values") or []
-        vals = frozenset(v for v in vals if isinstance(v, str)) if isinstance(vals, list) else \
-            frozenset()
-        if op == "In":
-            allowed = vals if allowed is None else allowed & vals
-        elif op == "NotIn":
-            excluded |= vals
-        elif op == "DoesNotExist":
-            return frozenset()
-    if allowed is None:
-        return None
-    return allowed - excluded
+class Placement:
+    """The node placement of one pod spec: its nodeSelector and its required
+    node-affinity terms, each read (and validated) once, when first needed.
+
+    Only :meth:`pin` may change the terms while a Placement is in use; it keeps the
+    summary in step, so a second pin (the topology label after the product label, which
+    a policy could make the same key) sees what the first one appended.
+    """
+
+    __slots__ = ("_selector", "_selector_read", "_terms", "ptr", "spec")
+
+    def __init__(self, spec: dict[str, Any], ptr: str) -> None:
+        self.spec = spec
+        self.ptr = ptr
+        self._selector: dict[str, Any] | None = None
+        self._selector_read = False
+        self._terms: list[_Term] | None = None
+
+    def selector(self) -> dict[str, Any] | None:
+        """The pod's nodeSelector (raises MalformedObject if it is not a mapping)."""
+        if not self._selector_read:
+            self._selector = child_map(self.spec, "nodeSelector", self.ptr)
+            self._selector_read = True
+        return self._selector
+
+    def _required(self) -> list[_Term]:
+        if self._terms is None:
+            self._terms = _parse(self.spec, self.ptr)
+        return self._terms
+
+    def restriction(self, key: str) -> Restriction | None:
+        """Where the pod itself confines ``key``: its nodeSelector value, or the union of
+        the values its affinity terms allow when every term restricts ``key``."""
+        sel = self.selector()
+        if sel is not None and isinstance(sel.get(key), str):
+            return Restriction("nodeSelector", frozenset([sel[key]]))
+        terms = self._required()
+        if not terms:
+            return None
+        union: set[str] = set()
+        for t in terms:
+            vals = t.admitted(key)
+            if vals is None:
+                return None
+            union |= vals
+        return Restriction("node affinity", frozenset(union))
+
+    def excluded(self, key: str) -> frozenset[str]:
+        """Values of ``key`` that every required term rules out with ``NotIn``: pinning
+        the pod to one of them would leave it no node at all."""
+        out: frozenset[str] | None = None
+        for term in self._required():
+            rule = term.keys.get(key)
+            banned = rule.banned if rule is not None else frozenset()
+            out = banned if out is None else out & banned
+        return out or frozenset()
+
+    def survives(self, key: str, values: list[str]) -> bool:
+        """Whether pinning ``key In values`` (ANDed into every term, as :meth:`pin`
+        does) leaves the pod at least one term some node can satisfy."""
+        terms = self._required()
+        if not terms:
+            return True
+        for term in terms:
+            admitted = set(values)
+            rule = term.keys.get(key)
+            if rule is not None:
+                if rule.absent:
+                    continue
+                if rule.within is not None:
+                    admitted &= rule.within
+                admitted -= rule.banned
+            if admitted:
+                return True
+        return False
+
+    def pin(self, key: str, values: list[str], patch: Patch) -> bool:
+        """AND ``key In values`` into every required node-affinity term that does not
+        already confine ``key`` to a subset of ``values``. Returns True if anything
+        changed.
+
+        The caller has checked for conflicts (:meth:`restriction`), so the pod can still
+        land somewhere after this.
+        """
+        sel = self.selector()
+        if sel is not None and sel.get(key) in values:
+            return False
+        wanted = frozenset(values)
+        expr = {"key": key, "operator": "In", "values": list(values)}
+        terms = self._required()
+        if not terms:
+            new: dict[str, Any] = {"matchExpressions": [expr]}
+            patch.put(self.spec, self.ptr,
+                      ("affinity", "nodeAffinity", _REQUIRED, "nodeSelectorTerms"), [new])
+            # The new term is now the pod's only one (put stores it, not a copy).
+            self._terms = [_Term(new, {key: _KeyRule(within=wanted)})]
+            return True
+        changed = False
+        base = f"{self.ptr}/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
+        for i, term in enumerate(terms):
+            have = term.admitted(key)
+            if have is not None and (have <= wanted):
+                continue  # already narrow enough (or unsatisfiable, which adding cannot fix)
+            patch.append(term.raw, "matchExpressions", f"{base}/{i}",
+                         dict(expr, values=list(values)))
+            # What _note would make of the expression just appended (values are str).
+            rule = term.keys.get(key)
+            if rule is None:
+                rule = term.keys[key] = _KeyRule()
+            _narrow(rule, wanted)
+            changed = True
+        return changed
 
 
 def restriction(spec: dict[str, Any], ptr: str, key: str) -> Restriction | None:
-    """Where the pod itself confines ``key``: its nodeSelector value, or the union of the
-    values its affinity terms allow when every term restricts ``key``."""
-    sel = child_map(spec, "nodeSelector", ptr)
-    if sel is not None and isinstance(sel.get(key), str):
-        return Restriction("nodeSelector", frozenset([sel[key]]))
-    terms = _terms(spec, ptr)
-    if not terms:
-        return None
-    union: set[str] = set()
-    for t in terms:
-        vals = _term_values(t, key)
-        if vals is None:
-            return None
-        union |= vals
-    return Restriction("node affinity", frozenset(union))
-
-
-def excluded(spec: dict[str, Any], ptr: str, key: str) -> frozenset[str]:
-    """Values of ``key`` that every required term rules out with ``NotIn``: pinning the
-    pod to one of them would leave it no node at all."""
-    out: frozenset[str] | None = None
-    for term in _terms(spec, ptr):
-        banned: set[str] = set()
-        for expr in term.get("matchExpressions") or ():
-            if (isinstance(expr, dict) and expr.get("key") == key
-                    and expr.get("operator") == "NotIn" and isinstance(expr.get("values"), list)):
-                banned |= {v for v in expr["values"] if isinstance(v, str)}
-        out = frozenset(banned) if out is None else out & banned
-    return out or frozenset()
-
-
-def survives(spec: dict[str, Any], ptr: str, key: str, values: list[str]) -> bool:
-    """Whether pinning ``key In values`` (ANDed into every term, as :func:`pin` does)
-    leaves the pod at least one term some node can satisfy."""
-    terms = _terms(spec, ptr)
-    if not terms:
-        return True
-    for term in terms:
-        admitted: set[str] = set(values)
-        for expr in term.get("matchExpressions") or ():
-            if not isinstance(expr, dict) or expr.get("key") != key:
-                continue
-            op, vals = expr.get("operator"), expr.get("values")
-            named = {v for v in vals if isinstance(v, str)} if isinstance(vals, list) else set()
-            if op == "In":
-                admitted &= named
-            elif op == "NotIn":
-                admitted -= named
-            elif op == "DoesNotExist":
-                admitted = set()
-        if admitted:
-            return True
-    return False
-
-
-def pin(spec: dict[str, Any], ptr: str, key: str, values: list[str], patch: Patch) -> bool:
-    """AND ``key In values`` into every required node-affinity term that does not already
-    confine ``key`` to a subset of ``values``. Returns True if anything changed.
-
-    The caller has checked for conflicts (:func:`restriction`), so the pod can still
-    land somewhere after this.
-    """
-    sel = child_map(spec, "nodeSelector", ptr)
-    if sel is not None and sel.get(key) in values:
-        return False
-    wanted = frozenset(values)
-    expr = {"key": key, "operator": "In", "values": list(values)}
-    terms = _terms(spec, ptr)
-    if not terms:
-        patch.put(spec, ptr, ("affinity", "nodeAffinity", _REQUIRED, "nodeSelectorTerms"),
-                  [{"matchExpressions": [expr]}])
-        return True
-    changed = False
-    base = f"{ptr}/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
-    for i, term in enumerate(terms):
-        have = _term_values(term, key)
-        if have is not None and (have <= wanted):
-            continue  # already narrow enough (or unsatisfiable, which adding cannot fix)
-        patch.append(term, "matchExpressions", f"{base}/{i}", dict(expr, values=list(values)))
-        changed = True
-    return changed
+    """:meth:`Placement.restriction` for a caller that asks about one key only."""
+    return Placement(spec, ptr).restriction(key)
