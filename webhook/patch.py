@@ -19,8 +19,9 @@ class MalformedObject(ValueError):
     """The object has the wrong JSON type where the pod spec needs a mapping or list."""
 
     def __init__(self, pointer: str, expected: str) -> None:
-        self.pointer = pointer
-        super().__init__(f"{pointer or '/'} must be {expected}")
+        self.pointer = pointer or "/"
+        self.expected = expected
+        super().__init__(f"{self.pointer} must be {expected}")
 
 
 def escape(token: str) -> str:

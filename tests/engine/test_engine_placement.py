@@ -295,5 +295,5 @@ def test_malformed_required_terms_are_denied_with_the_place_to_fix(
         d = run(review(bad), example_policy(), namespace_labels)
         assert not d.allowed
         assert d.patch == []
-        assert d.message.startswith("pod research/trainer: the object is malformed: ")
-        assert pointer in d.message
+        # Said once, where to fix it and what it must be (not "X must be X must be ...").
+        assert d.message == f"pod research/trainer: the object is malformed: {pointer}."

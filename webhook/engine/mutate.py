@@ -47,7 +47,7 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
             _annotate(target, decision.mutations, patch)
     except MalformedObject as exc:
         decision.allowed = False
-        decision.message = f"{target.subject}: {messages.malformed(exc.pointer, str(exc))}"
+        decision.message = f"{target.subject}: {messages.malformed(exc.pointer, exc.expected)}"
         return decision
     decision.patch = patch.ops
     return check.finish()

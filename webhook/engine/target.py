@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from webhook.engine import messages
 from webhook.engine.decision import Decision, subject_of
 from webhook.patch import MalformedObject
 from webhook.policy.compiled import CompiledPolicy, TenantRules
@@ -64,7 +65,7 @@ def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabe
     except MalformedObject as exc:
         # Fail closed with a clear reason: the API server would refuse this object anyway.
         decision.allowed = False
-        decision.message = f"{subject}: the object is malformed: {exc}."
+        decision.message = f"{subject}: {messages.malformed(exc.pointer, exc.expected)}"
         return None
     has_gpu = any(c.names for c in containers)
     tenant = policy.tenant_for(req.namespace, labels(req.namespace)) if req.namespace else None

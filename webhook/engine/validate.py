@@ -52,7 +52,7 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy,
                 check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
     except MalformedObject as exc:
         decision.allowed = False
-        decision.message = f"{target.subject}: {messages.malformed(exc.pointer, str(exc))}"
+        decision.message = f"{target.subject}: {messages.malformed(exc.pointer, exc.expected)}"
         return decision
     return check.finish()
 
