@@ -35,7 +35,7 @@ MAX_COUNT = 10**15
 
 
 class QuantityError(ValueError):
-    """A value that is not a Kubernetes quantity, or not a whole, positive GPU count."""
+    """A value that is not a Kubernetes quantity, or not a whole GPU count of 0 or more."""
 
 
 def parse(value: object) -> Decimal:
@@ -66,10 +66,10 @@ def _parse_str(value: str) -> Decimal:
 
 
 def gpu_count(value: object) -> int:
-    """The whole number of devices a GPU quantity asks for.
+    """The whole number of devices a GPU quantity asks for (0 included: see :func:`is_zero`).
 
     Raises QuantityError with a developer-facing reason for values that are not
-    quantities, fractional ("500m", "1.5"), zero or negative, or absurdly large.
+    quantities, fractional ("500m", "1.5"), negative, or absurdly large.
     """
     q = parse(value)
     if q.adjusted() > 15:
@@ -77,9 +77,22 @@ def gpu_count(value: object) -> int:
     if q != q.to_integral_value():
         raise QuantityError(f"{_show(value)} is not a whole number")
     n = int(q)
-    if n <= 0:
-        raise QuantityError(f"{_show(value)} is not a positive count")
+    if n < 0:
+        raise QuantityError(f"{_show(value)} is negative")
     return n
+
+
+def is_zero(value: object) -> bool:
+    """Whether ``value`` is a valid quantity equal to zero ("0", 0, "0m", "0.0").
+
+    A GPU count of zero asks for no GPU: Kubernetes accepts it and schedules the pod as
+    one without GPUs, and charts render it to mean "GPU off". Invalid values are not
+    zero; the request rules report them.
+    """
+    try:
+        return parse(value) == 0
+    except QuantityError:
+        return False
 
 
 def _show(value: object) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from webhook.patch import MalformedObject, child_list, child_map
+from webhook.quantity import is_zero
 
 ContainerKind = Literal["container", "init", "sidecar"]
 
@@ -61,9 +62,11 @@ def gpu_containers(
             names: list[str] = []
             for m in (limits, requests):
                 if m:
-                    # A null value asks for nothing (it is not a request of 0 GPUs).
+                    # A null or zero value asks for nothing: the resource counts when
+                    # some value of it asks for devices (or is invalid, to be reported).
                     names.extend(k for k, v in m.items()
-                                 if v is not None and k not in names and is_gpu(k))
+                                 if v is not None and k not in names and is_gpu(k)
+                                 and not is_zero(v))
             name = c.get("name")
             out.append(ContainerGPUs(name if isinstance(name, str) else f"#{i}", kind, ptr, c,
                                      requests, limits, names))

@@ -126,7 +126,6 @@ def test_request_different_from_limit_is_denied(requests: dict[str, Any],
         ("500m", False, [Rule.GPU_QUANTITY]),
         ("1.5", False, [Rule.GPU_QUANTITY]),
         ("-1", False, [Rule.GPU_QUANTITY]),
-        ("0", False, [Rule.GPU_QUANTITY]),
         ("abc", False, [Rule.GPU_QUANTITY]),
         # 1000 devices is a valid whole count; the caps are the validating webhook's.
         ("1k", True, [Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD]),
@@ -144,8 +143,28 @@ def test_quantities_are_read_as_kubernetes_reads_them(value: Any, mutate_allows:
         assert v.allowed is (not validate_rules)
     else:
         assert [f.rule for f in m.decision.findings] == [Rule.GPU_QUANTITY]
-        assert f"nvidia.com/gpu limit '{value}' is not" in m.decision.message
+        assert f"nvidia.com/gpu limit '{value}' is " in m.decision.message
         assert 'whole number of 1 or more, e.g. "1"' in m.decision.message
+
+
+@pytest.mark.parametrize("zero", [0, "0", "0m", "0.0"])
+def test_a_zero_count_asks_for_no_gpu(zero: Any) -> None:
+    # Charts render `nvidia.com/gpu: 0` to mean "GPU off"; Kubernetes schedules such a
+    # pod as one without GPUs. It is left as it is: no request completed, no GPU
+    # toleration or product pinning, no quota charge.
+    m = mutate_checked(pod(container(limits=gpus(zero))))
+    assert m.decision.allowed, m.decision.message
+    assert m.decision.patch == [] and m.decision.skipped is None
+    assert m.decision.findings == []
+    v = validated(m.patched)
+    assert v.allowed and v.findings == [] and v.gpus == 0
+
+
+def test_a_zero_request_with_a_nonzero_limit_is_a_mismatch() -> None:
+    m = mutate_checked(pod(container(requests=gpus("0"), limits=gpus(2))))
+    assert not m.decision.allowed
+    assert [f.rule for f in m.decision.findings] == [Rule.REQUESTS_MATCH_LIMITS]
+    assert "request 0 differs from limit 2" in m.decision.message
 
 
 @pytest.mark.parametrize(

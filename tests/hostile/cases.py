@@ -234,7 +234,7 @@ def _cases() -> list[Case]:
         ("string-hex", "0x10", QUANTITY), ("string-nan", "NaN", QUANTITY),
         ("string-infinity", "Infinity", QUANTITY), ("string-inf", "inf", QUANTITY),
         ("number-1e308", 1e308, FAR_TOO_MANY), ("number-minus-1", -1, QUANTITY),
-        ("number-zero", 0, QUANTITY), ("number-half", 0.5, QUANTITY),
+        ("number-half", 0.5, QUANTITY),
         ("string-milli", "500m", QUANTITY), ("string-empty", "", QUANTITY),
         ("string-spaces", " 2 ", QUANTITY), ("string-arabic-digit", "\u0662", QUANTITY),
         ("string-1e16", "1e16", FAR_TOO_MANY), ("string-64-digits", "9" * 64, FAR_TOO_MANY),
@@ -242,6 +242,10 @@ def _cases() -> list[Case]:
         ("list", [2], QUANTITY), ("boolean", True, QUANTITY),
     ]:
         add(f"gpu-quantity-{label}", orjson.dumps(review(gpu_pod(value))), both(outcome))
+    # Zero asks for no GPU (as Kubernetes reads it): a plain pod, left as it is.
+    for label, value in [("number-zero", 0), ("string-zero", "0"), ("string-zero-milli", "0m")]:
+        add(f"gpu-quantity-{label}", orjson.dumps(review(gpu_pod(value))),
+            both(Allow(patch=False)))
     add("gpu-request-nan-limit-ok", edited(_set(
         "request.object.spec.containers.0.resources.requests", {"nvidia.com/gpu": "NaN"})),
         both(QUANTITY))

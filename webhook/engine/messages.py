@@ -37,7 +37,7 @@ def no_tenant(namespace: str, policy: str) -> str:
 def bad_quantity(resource: str, field: str, reason: str) -> str:
     return (
         f"{resource} {field} {reason}. GPUs are whole devices: ask for a whole number "
-        f'of 1 or more, e.g. "1".'
+        f'of 1 or more, e.g. "1" (or remove it, or write 0, for no GPU).'
     )
 
 
