@@ -16,9 +16,11 @@ from enginekit import (
     GPU,
     GPU_TOLERATION,
     H100,
+    L4,
     PRODUCT_LABEL,
     RACK_LABEL,
     REQUIRED,
+    admitted,
     container,
     example_policy,
     example_variant,
@@ -38,6 +40,7 @@ from webhook.engine.placement import Placement
 from webhook.engine.validate import validate
 from webhook.patch import Patch
 from webhook.policy.model import Rule
+from webhook.quota.usage import charge_of_pod
 
 PRODUCT_REQUEST = "gpu.example.com/product"
 ZONE = "topology.kubernetes.io/zone"
@@ -116,6 +119,130 @@ def test_existing_required_affinity_is_narrowed_term_by_term(
     assert m.decision.allowed, m.decision.message
     assert node_terms(m.patched) == [{"matchExpressions": e} for e in expected]
     assert validated(m.patched).allowed
+
+
+# The research tenant without its per-product quota: a pod there need not be pinned to
+# one product, so a term that already names an allowed product is left as it is.
+NO_PRODUCT_QUOTA = example_variant(("        products: {a100: 24, h100: 8}\n", ""))
+RACKS = expr(RACK_LABEL, "rack-a", "rack-b")
+
+
+@pytest.mark.parametrize(
+    ("terms", "expected"),
+    [
+        pytest.param(
+            [[expr(PRODUCT_LABEL, H100)], [expr(ZONE, "a")]],
+            [[expr(PRODUCT_LABEL, H100), RACKS], [expr(ZONE, "a"), *PINNED]],
+            id="one term names an allowed product: kept; the open term gets the default"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, H100)], [expr(PRODUCT_LABEL, A100)]],
+            [[expr(PRODUCT_LABEL, H100), RACKS], [expr(PRODUCT_LABEL, A100), RACKS]],
+            id="each term names an allowed product: each kept"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, H100), expr(ZONE, "a")], [expr(ZONE, "b")],
+             [expr(PRODUCT_LABEL, A100, H100)]],
+            [[expr(PRODUCT_LABEL, H100), expr(ZONE, "a"), RACKS], [expr(ZONE, "b"), *PINNED],
+             [expr(PRODUCT_LABEL, A100, H100), *PINNED]],
+            id="three terms: named kept, open gets the default, both-allowed narrowed"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, A100, H100)], [expr(ZONE, "a")]],
+            [[expr(PRODUCT_LABEL, A100, H100), *PINNED], [expr(ZONE, "a"), *PINNED]],
+            id="a term offering the default among several is narrowed to it, as one alone is"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, L4)], [expr(ZONE, "a")]],
+            [[expr(PRODUCT_LABEL, L4), *PINNED], [expr(ZONE, "a"), *PINNED]],
+            id="a term naming a product the tenant may not use still gets the default"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, H100, L4)], [expr(ZONE, "a")]],
+            [[expr(PRODUCT_LABEL, H100, L4), *PINNED], [expr(ZONE, "a"), *PINNED]],
+            id="a term naming an allowed and a disallowed product still gets the default"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, "h100")], [expr(ZONE, "a")]],
+            [[expr(PRODUCT_LABEL, "h100"), *PINNED], [expr(ZONE, "a"), *PINNED]],
+            id="a short name in a term matches no node: the term still gets the default"),
+        pytest.param(
+            [[expr(PRODUCT_LABEL, H100)], [expr(ZONE, "a"), expr(PRODUCT_LABEL, A100, op="NotIn")]],
+            [[expr(PRODUCT_LABEL, H100), RACKS],
+             [expr(ZONE, "a"), expr(PRODUCT_LABEL, A100, op="NotIn"),
+              expr(PRODUCT_LABEL, A100, H100), RACKS]],
+            id="the default ruled out in the open term: widened there, the named term kept"),
+        pytest.param(
+            [[expr(RACK_LABEL, "rack-b")], [expr(ZONE, "a")]],
+            [[expr(RACK_LABEL, "rack-b"), expr(PRODUCT_LABEL, A100)],
+             [expr(ZONE, "a"), *PINNED]],
+            id="topology: a term on one of the tenant's racks is kept, the open one pinned"),
+        pytest.param(
+            [[expr(RACK_LABEL, "rack-z")], [expr(ZONE, "a")]],
+            [[expr(RACK_LABEL, "rack-z"), *PINNED], [expr(ZONE, "a"), *PINNED]],
+            id="topology: a term on a rack outside the tenant's still gets the tenant's"),
+    ],
+)
+def test_terms_that_already_comply_are_left_as_they_are(
+        terms: list[list[dict[str, Any]]], expected: list[list[dict[str, Any]]]) -> None:
+    """Kubernetes ORs the terms: ANDing the default product into a term that names
+    another allowed product would make that term match no node and quietly take the
+    pod's choice away. ``admitted`` runs mutate (checking idempotence) then validate."""
+    m, v = admitted(pod(affinity=required_affinity(*terms)), NO_PRODUCT_QUOTA)
+    assert m.decision.allowed, m.decision.message
+    assert m.decision.findings == []
+    assert node_terms(m.patched) == [{"matchExpressions": e} for e in expected]
+    assert v.allowed, v.message
+    assert v.findings == []
+
+
+@pytest.mark.parametrize(
+    "terms",
+    [
+        pytest.param([[expr(PRODUCT_LABEL, H100)], [expr(ZONE, "a")]], id="named and open"),
+        pytest.param([[expr(PRODUCT_LABEL, H100)], [expr(PRODUCT_LABEL, A100)]],
+                     id="each names one"),
+    ],
+)
+def test_a_tenant_with_per_product_quota_still_pins_each_pod_to_one_product(
+        terms: list[list[dict[str, Any]]]) -> None:
+    """Per-product quota charges a pod to the one product it can land on; a pod left
+    able to land on two would be charged to neither. So there the default is ANDed into
+    every term as before, even where that leaves a term no node."""
+    m, v = admitted(pod(affinity=required_affinity(*terms)))
+    assert m.decision.allowed, m.decision.message
+    assert [t["matchExpressions"][-2:] for t in node_terms(m.patched)] == [PINNED] * len(terms)
+    assert v.allowed, v.message
+    charge = charge_of_pod(m.patched, example_policy())
+    assert charge is not None and charge.product == "a100"
+
+
+def test_a_pod_left_on_two_products_is_charged_to_no_product_cap() -> None:
+    """Without per-product quota a pod may keep two products; quota then counts it
+    against the tenant's GPUs (and resources, pods) and no product's cap."""
+    m, v = admitted(pod(affinity=required_affinity([expr(PRODUCT_LABEL, H100)],
+                                                   [expr(ZONE, "a")])), NO_PRODUCT_QUOTA)
+    assert m.decision.allowed and v.allowed, (m.decision.message, v.message)
+    charge = charge_of_pod(m.patched, NO_PRODUCT_QUOTA)
+    assert charge is not None
+    assert charge.product is None
+    assert charge.gpus == 1.0
+
+
+@pytest.mark.parametrize(
+    ("selector", "terms", "expected"),
+    [
+        pytest.param({PRODUCT_LABEL: H100}, [[expr(ZONE, "a")], [expr(ZONE, "b")]],
+                     [[expr(ZONE, "a"), RACKS], [expr(ZONE, "b"), RACKS]],
+                     id="nodeSelector on an allowed product: no product affinity"),
+        pytest.param({RACK_LABEL: "rack-b"}, [[expr(PRODUCT_LABEL, H100)], [expr(ZONE, "a")]],
+                     [[expr(PRODUCT_LABEL, H100)], [expr(ZONE, "a"), expr(PRODUCT_LABEL, A100)]],
+                     id="nodeSelector on a rack: no rack affinity, terms as above"),
+    ],
+)
+def test_node_selector_with_several_terms(selector: dict[str, str],
+                                          terms: list[list[dict[str, Any]]],
+                                          expected: list[list[dict[str, Any]]]) -> None:
+    m, v = admitted(pod(nodeSelector=selector, affinity=required_affinity(*terms)),
+                    NO_PRODUCT_QUOTA)
+    assert m.decision.allowed, m.decision.message
+    assert m.patched["spec"]["nodeSelector"] == selector
+    assert node_terms(m.patched) == [{"matchExpressions": e} for e in expected]
+    assert v.allowed, v.message
 
 
 @pytest.mark.parametrize(
@@ -270,6 +397,35 @@ def test_placement_stays_in_step_with_the_spec_it_pins(terms: list[dict[str, Any
         assert placement.excluded(key) == fresh.excluded(key)
         for values in ([A100], ["rack-a"], ["rack-c"]):
             assert placement.survives(key, values) == fresh.survives(key, values)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param({"affinity": required_affinity([expr(PRODUCT_LABEL, H100)],
+                                                    [expr(PRODUCT_LABEL, A100, H100)],
+                                                    [expr(PRODUCT_LABEL, L4)], [])},
+                     [[expr(PRODUCT_LABEL, H100)],
+                      [expr(PRODUCT_LABEL, A100, H100), expr(PRODUCT_LABEL, A100)],
+                      [expr(PRODUCT_LABEL, L4), expr(PRODUCT_LABEL, A100)],
+                      [expr(PRODUCT_LABEL, A100)]],
+                     id="a term within keep stays; one reaching outside it is pinned"),
+        pytest.param({"nodeSelector": {PRODUCT_LABEL: H100},
+                      "affinity": required_affinity([expr(ZONE, "a")])},
+                     [[expr(ZONE, "a")]],
+                     id="a nodeSelector value within keep already complies"),
+    ],
+)
+def test_pin_leaves_terms_within_keep(spec: dict[str, Any],
+                                      expected: list[list[dict[str, Any]]]) -> None:
+    placement, patch = Placement(spec, "/spec"), Patch()
+    placement.pin(PRODUCT_LABEL, [A100], patch, keep=frozenset([H100]))
+    assert [t.get("matchExpressions", []) for t in
+            spec["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]] == expected
+    # Pinning again changes nothing: the summary saw what the first pin appended.
+    again = Patch()
+    assert not placement.pin(PRODUCT_LABEL, [A100], again, keep=frozenset([H100]))
+    assert again.ops == []
 
 
 TERMS = f"/spec/affinity/nodeAffinity/{REQUIRED}/nodeSelectorTerms"

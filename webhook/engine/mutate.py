@@ -74,7 +74,7 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     changed = False
     for r in requirements(check, policy, target.template, placement):
         if check.mode(r.rule) is Mode.ENFORCE or not _conflicted(check, r.rule):
-            changed |= placement.pin(r.key, r.values, patch)
+            changed |= placement.pin(r.key, r.values, patch, r.keep)
     if changed:
         decision.mutations.append("gpu-node-affinity")
 

@@ -2,9 +2,13 @@
 
 A pod names a product by the policy's request label or annotation, by a nodeSelector
 on the product node label, or by its own required node affinity; otherwise it gets the
-tenant's default product (or any of its allowed products). The topology group comes
-from the tenant. Conflicts between what the pod asks and what the tenant allows are
-reported under the ``allowed-products`` and ``topology`` rules.
+tenant's default product (or any of its allowed products). Node-affinity terms are ORed,
+so a term already confined to allowed products other than the default is kept as it is
+and only the others get the chosen product, unless the pod asked for a product or the
+tenant's quota is per product (which needs every pod pinned to one product): then the
+chosen product goes into every term. The topology group comes from the tenant.
+Conflicts between what the pod asks and what the tenant allows are reported under the
+``allowed-products`` and ``topology`` rules.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from webhook.engine import messages
 from webhook.engine.decision import Checker
 from webhook.engine.placement import Placement
 from webhook.patch import child_map
-from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Rule
 from webhook.workloads import PodTemplate
 
@@ -27,6 +31,16 @@ class Requirement:
     rule: Rule
     key: str
     values: list[str]
+    # Values a term may already be confined to and be left as it is (Placement.pin).
+    keep: frozenset[str] = frozenset()
+
+
+def _one_product_per_pod(tenant: TenantRules) -> bool:
+    """Whether the tenant's quota caps products: a pod is charged to a product only when
+    it can land on that one alone, so such a tenant's pods are pinned to one product."""
+    if tenant.quota is not None and tenant.quota.products:
+        return True
+    return any(limits.products for limits in tenant.namespace_quota.values())
 
 
 def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate,
@@ -144,8 +158,18 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate,
                     tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
                 products = []
         if products:
+            named: frozenset[str] = frozenset()
+            if asked is None and tenant is not None and not _one_product_per_pod(tenant):
+                # Terms are ORed: the chosen product ANDed into a term that names another
+                # allowed product would leave that term no node. Such a term has made its
+                # choice and is kept. The default is left out: a term offering it among
+                # others is narrowed to it, as a pod with that term alone is. A pod that
+                # asked by label or annotation is pinned to what it asked everywhere.
+                named = frozenset(policy.product_value[p]
+                                  for p in allowed or sorted(policy.product_value)
+                                  if p != tenant.default_product)
             out.append(Requirement(Rule.ALLOWED_PRODUCTS, policy.product_label,
-                                   [policy.product_value[p] for p in products]))
+                                   [policy.product_value[p] for p in products], named))
     if tenant and tenant.topology_label:
         own = placement.restriction(tenant.topology_label)
         values = list(tenant.topology_values)
@@ -159,6 +183,8 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate,
                 own.source if own else "node affinity", tenant.topology_label,
                 sorted(own.values) if own else [], tenant.name, tenant.topology_values))
         if values:
+            # Nothing to keep: values are every allowed one the pod's terms leave open, so
+            # a term confined to allowed values is already within them.
             out.append(Requirement(Rule.TOPOLOGY, tenant.topology_label, values))
     return out
 

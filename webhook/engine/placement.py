@@ -1,9 +1,12 @@
 """Node placement: pinning a GPU pod to products and topology groups by node affinity.
 
 Kubernetes ORs ``nodeSelectorTerms`` and ANDs the ``matchExpressions`` inside a term,
-so a requirement is added to *every* term (appending a new term would widen placement,
-not narrow it). ``nodeSelector`` ANDs with node affinity, so an allowed nodeSelector
-value already satisfies the requirement on its own.
+so a requirement is added to every term (appending a new term would widen placement,
+not narrow it) except one that already complies: confined to the pinned values, or to
+values the caller lets a term keep (ANDing the pinned values into a term that names
+other allowed ones would leave that term no node and quietly take the pod's choice
+away). ``nodeSelector`` ANDs with node affinity, so an allowed nodeSelector value already
+satisfies the requirement on its own.
 
 One review asks about a pod's placement many times: where it confines the product
 label and the topology label, what it rules out, whether a pin leaves it a node, and
@@ -177,8 +180,9 @@ class Placement:
         return out or frozenset()
 
     def survives(self, key: str, values: list[str]) -> bool:
-        """Whether pinning ``key In values`` (ANDed into every term, as :meth:`pin`
-        does) leaves the pod at least one term some node can satisfy."""
+        """Whether ANDing ``key In values`` into every term leaves the pod at least one
+        term some node can satisfy. :meth:`pin` leaves some terms as they are, which can
+        only keep more terms satisfiable, so True here holds after the pin too."""
         terms = self._required()
         if not terms:
             return True
@@ -195,16 +199,18 @@ class Placement:
                 return True
         return False
 
-    def pin(self, key: str, values: list[str], patch: Patch) -> bool:
+    def pin(self, key: str, values: list[str], patch: Patch,
+            keep: frozenset[str] = frozenset()) -> bool:
         """AND ``key In values`` into every required node-affinity term that does not
-        already confine ``key`` to a subset of ``values``. Returns True if anything
-        changed.
+        already confine ``key`` to a subset of ``values`` or of ``keep`` (values a term
+        may name and still comply, though the pin would narrow a term left open to
+        ``values``). Returns True if anything changed.
 
         The caller has checked for conflicts (:meth:`restriction`), so the pod can still
         land somewhere after this.
         """
         sel = self.selector()
-        if sel is not None and sel.get(key) in values:
+        if sel is not None and (sel.get(key) in values or sel.get(key) in keep):
             return False
         wanted = frozenset(values)
         expr = {"key": key, "operator": "In", "values": list(values)}
@@ -220,8 +226,8 @@ class Placement:
         base = f"{self.ptr}/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
         for i, term in enumerate(terms):
             have = term.admitted(key)
-            if have is not None and (have <= wanted):
-                continue  # already narrow enough (or unsatisfiable, which adding cannot fix)
+            if have is not None and (have <= wanted or have <= keep):
+                continue  # already compliant (or unsatisfiable, which adding cannot fix)
             patch.append(term.raw, "matchExpressions", f"{base}/{i}",
                          dict(expr, values=list(values)))
             # What _note would make of the expression just appended (values are str).
