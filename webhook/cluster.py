@@ -1,4 +1,5 @@
-"""Wiring the webhook to a cluster: watches, the quota ledger and readiness.
+"""Wiring the webhook to a cluster: watches, the quota ledger, reading the workload of a
+scale request, and readiness.
 
 Used by ``serve`` when a cluster is configured (``--kubeconfig``, or running in a pod).
 Without one the server keeps its in-memory usage store and says so in its log.
@@ -9,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from webhook import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.source import PolicySource
 from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import LedgerStore
-from webhook.server import Runtime
+from webhook.server import Runtime, WorkloadReader, WorkloadUnreadable
 
 
 def configured(kubeconfig: str | None) -> bool:
@@ -69,7 +71,27 @@ def attach(runtime: Runtime, source: PolicySource, kubeconfig: str | None,
     pods.start()
     runtime.store = store
     runtime.namespace_labels = state.namespace_labels
+    runtime.read_workload = workload_reader(kube.Workloads(api))
     runtime.ready_checks["caches-synced"] = state.synced
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
     return Cluster(state, store, [pods, namespaces])
+
+
+def workload_reader(workloads: kube.Workloads) -> WorkloadReader:
+    """Read a workload (for a scale request) off the event loop, within ``timeout``."""
+
+    async def read(resource: str, namespace: str, name: str, timeout: float
+                   ) -> dict[str, Any]:
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(workloads.read, resource, namespace, name, timeout),
+                timeout)
+        except TimeoutError:
+            raise WorkloadUnreadable(
+                f"read {resource.removesuffix('s')} {namespace}/{name}: no answer from the "
+                f"API server within {timeout:.1f}s") from None
+        except kube.KubeError as exc:
+            raise WorkloadUnreadable(str(exc)) from None
+
+    return read

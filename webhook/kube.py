@@ -1,7 +1,8 @@
 """The one module that talks to the Kubernetes API (through the ``kubernetes`` client).
 
 Everything else speaks the product's terms: pods and namespaces arrive as plain dicts
-from :class:`Watcher`, the ledger reads and writes one ConfigMap with a resourceVersion
+from :class:`Watcher`, the workload of a scale request is read as a plain dict by
+:class:`Workloads`, the ledger reads and writes one ConfigMap with a resourceVersion
 precondition, self-managed certificates read and write one Secret the same way and set
 the ``caBundle`` of named webhook configurations, and API failures become
 :class:`Conflict`, :class:`NotFound` or :class:`Unreachable` with a message that says
@@ -218,6 +219,38 @@ class Watcher:
                 if self._stop.is_set():
                     return
             time.sleep(0)  # the server closed the watch at timeout_seconds: resume
+
+
+class Workloads:
+    """Read one apps/v1 workload (for a scale request: its pod template) as a plain dict.
+    RBAC: get on deployments, statefulsets and replicasets."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        apps = client.AppsV1Api(api)
+        self._read: dict[str, Callable[..., Any]] = {
+            "deployments": apps.read_namespaced_deployment,
+            "statefulsets": apps.read_namespaced_stateful_set,
+            "replicasets": apps.read_namespaced_replica_set,
+        }
+
+    def read(self, resource: str, namespace: str, name: str, timeout: float
+             ) -> dict[str, Any]:
+        what = f"read {resource.removesuffix('s')} {namespace}/{name}"
+        fn = self._read.get(resource)
+        if fn is None:
+            raise KubeError(f"{what}: not an apps/v1 workload this webhook reads")
+        try:
+            resp: Any = fn(name, namespace, _preload_content=False, _request_timeout=timeout)
+            obj = orjson.loads(resp.data)
+        except ApiException as exc:
+            raise _map(exc, what) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _map(exc, what) from None
+        except orjson.JSONDecodeError:
+            raise Unreachable(f"{what}: the answer is not JSON") from None
+        if not isinstance(obj, dict):
+            raise Unreachable(f"{what}: the answer is not an object")
+        return obj
 
 
 # --- the self-managed serving certificate ----------------------------------------------

@@ -13,6 +13,16 @@ the policy so that the API server sends only what the webhook acts on:
   policy's exempt namespaces, so a webhook that is down can never block the pods that
   would bring it back.
 
+The ValidatingWebhookConfiguration holds a second webhook, ``scale.gpu-webhook.dev``:
+the ``scale`` subresource of Deployments, StatefulSets and ReplicaSets (``kubectl
+scale``, an HPA), so a scale-up past the GPU quota is refused or warned about at once.
+A Scale object holds only replica counts, so its matchCondition passes scale-ups only
+(more replicas than before); whether the workload asks for GPUs is known only once the
+webhook has read it. Its failurePolicy is always ``Ignore``: it is sent scale-ups of
+workloads without GPUs too, which a webhook that is down must not block, and quota
+holds without it (each pod is still checked when it is created). The mutating webhook
+is never sent scale requests: there is nothing to mutate.
+
 failurePolicy, per webhook (both default to Fail):
 
 - ``Fail``: while no replica answers, every GPU pod or GPU workload create/update that
@@ -52,6 +62,21 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
      "resources": ["jobs", "cronjobs"], "scope": "Namespaced"},
 ]
+
+
+# The scale subresource: only the replica count changes, and only the validating webhook
+# (quota) cares. The pods a scale-up adds are checked when they are created either way.
+SCALE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["deployments/scale", "statefulsets/scale", "replicasets/scale"],
+     "scope": "Namespaced"},
+]
+
+# CEL over a Scale object (autoscaling/v1): more replicas than before. An absent
+# spec.replicas is 0 (the field is omitted when empty).
+SCALE_UP = ("(has(object.spec) && has(object.spec.replicas) ? object.spec.replicas : 0) > "
+            "(has(oldObject.spec) && has(oldObject.spec.replicas) ? "
+            "oldObject.spec.replicas : 0)")
 
 
 @dataclass(frozen=True)
@@ -116,6 +141,25 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
             hook["reinvocationPolicy"] = "IfNeeded"
         return hook
 
+    def scale() -> dict[str, Any]:
+        conditions = [{"name": "scale-up", "expression": SCALE_UP}]
+        if exempt:
+            conditions.append({"name": "not-exempt", "expression": exempt})
+        return {
+            "name": f"scale.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config("validate", options),
+            "rules": SCALE_RULES,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": {"matchExpressions": [
+                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(excluded)}]},
+            "matchConditions": conditions,
+            "sideEffects": "None",  # it only reads the workload
+            "timeoutSeconds": options.timeout_seconds,
+            # Never Fail: see the module's docstring.
+            "failurePolicy": "Ignore",
+        }
+
     labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
     return [
         {"apiVersion": "admissionregistration.k8s.io/v1",
@@ -125,7 +169,7 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
         {"apiVersion": "admissionregistration.k8s.io/v1",
          "kind": "ValidatingWebhookConfiguration",
          "metadata": {"name": options.name, "labels": labels},
-         "webhooks": [webhook("validate", options.validating_failure_policy)]},
+         "webhooks": [webhook("validate", options.validating_failure_policy), scale()]},
     ]
 
 

@@ -88,6 +88,13 @@ POLICY_LAST_SUCCESS = Gauge(
     "Unix time of the last successful policy load.",
     registry=REGISTRY,
 )
+SCALES_UNCHECKED = Counter(
+    "gpu_webhook_scales_unchecked_total",
+    "Scale-ups (kubectl scale, an HPA) of workloads in tenants with quota that were admitted "
+    "unchecked, with a warning, because the workload could not be read from the API server "
+    "(unreachable, too slow, not found or forbidden: check the webhook's RBAC).",
+    registry=REGISTRY,
+)
 RESERVATIONS_UNAVAILABLE = Counter(
     "gpu_webhook_quota_reservations_unavailable_total",
     "GPU pod admissions whose quota reservation could not be committed (shared state "

@@ -74,6 +74,11 @@ class AdmissionRequest:
     object: dict[str, Any] | None
     old_object: dict[str, Any] | None = None
     sub_resource: str = ""
+    # The resource the request is for (``request.resource``): for a subresource it names
+    # the parent (``apps`` ``deployments`` for ``deployments/scale``), while ``kind`` is
+    # the subresource's own kind (``autoscaling`` ``Scale``).
+    resource_group: str = ""
+    resource: str = ""
     username: str = ""
     groups: list[str] = field(default_factory=list)
     dry_run: bool = False
@@ -130,6 +135,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
     namespace = _opt_str(req, "namespace")
     name = _opt_str(req, "name")
     sub = _opt_str(req, "subResource")
+    resource_group, resource = _resource(req.get("resource"))
     user = req.get("userInfo") or {}
     if not isinstance(user, dict):
         raise BadReview("request.userInfo must be an object")
@@ -147,6 +153,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
     return AdmissionRequest(
         uid=uid, group=group, version=version, kind=kname, operation=operation,
         namespace=namespace, name=name, object=obj, old_object=old, sub_resource=sub,
+        resource_group=resource_group, resource=resource,
         username=username, groups=groups, dry_run=dry_run, api_version=api_version,
     )
 
@@ -158,6 +165,18 @@ def _opt_str(req: dict[str, Any], key: str) -> str:
     if not isinstance(value, str):
         raise BadReview(f"request.{key} must be a string")
     return value
+
+
+def _resource(value: object) -> tuple[str, str]:
+    """(group, resource) of ``request.resource``; ("", "") when it is absent."""
+    if value is None:
+        return "", ""
+    if not isinstance(value, dict):
+        raise BadReview("request.resource must be an object with group, version and resource")
+    group, resource = value.get("group", ""), value.get("resource", "")
+    if not isinstance(group, str) or not isinstance(resource, str):
+        raise BadReview("request.resource.group and .resource must be strings")
+    return group, resource
 
 
 def _short(value: object) -> str:

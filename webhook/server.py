@@ -36,8 +36,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from webhook import logs, metrics
 from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
+from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.engine.validate import validate
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.source import PolicySource
 from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import UsageStore
@@ -52,6 +54,19 @@ Send = Callable[[Message], Awaitable[None]]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
+class WorkloadUnreadable(Exception):
+    """The workload a scale request is for could not be read; the message says why."""
+
+
+# (resource, namespace, name, timeout in seconds) -> the workload as a plain dict, e.g.
+# ("deployments", "team-a", "trainer", 2.0); raises WorkloadUnreadable.
+WorkloadReader = Callable[[str, str, str, float], Awaitable[dict[str, Any]]]
+
+# At most this long for reading the workload of a scale request: an API server that
+# takes longer is struggling, and the check is only an early answer (see engine.scale).
+SCALE_READ_SECONDS = 2.0
+
+
 @dataclass
 class Runtime:
     """What the server needs besides the policy: cluster-fed lookups and readiness."""
@@ -59,6 +74,7 @@ class Runtime:
     policy: PolicySource
     namespace_labels: NamespaceLabels = no_labels
     store: UsageStore | None = None
+    read_workload: WorkloadReader | None = None  # for scale requests; None: no cluster
     ready_checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
@@ -152,6 +168,8 @@ class AdmissionApp:
         try:
             if webhook == "mutate":
                 decision = mutate(req, active.policy, self.runtime.namespace_labels)
+            elif req.sub_resource:
+                decision = await self._scale(req, active.policy, budget)
             else:
                 decision = validate(req, active.policy, self.runtime.namespace_labels,
                                     self.quota)
@@ -169,6 +187,29 @@ class AdmissionApp:
         _record(webhook, req, decision, active.policy.name, active.generation)
         return response(req.uid, decision, allow_patch=webhook == "mutate",
                         api_version=req.api_version)
+
+    async def _scale(self, req: AdmissionRequest, policy: CompiledPolicy, budget: float
+                     ) -> Decision:
+        """A scale subresource request: read the workload only for a scale-up that quota
+        applies to, then decide on its pod template."""
+        decision = Decision()
+        labels = self.runtime.namespace_labels
+        up = scale_up(req, policy, labels, decision)
+        if up is None:
+            return decision
+        read = self.runtime.read_workload
+        try:
+            if read is None:
+                raise WorkloadUnreadable("the webhook is not connected to a cluster")
+            workload = await read(up.resource, up.namespace, up.name,
+                                  min(budget, SCALE_READ_SECONDS))
+        except WorkloadUnreadable as exc:
+            metrics.SCALES_UNCHECKED.inc()
+            logs.event("scale not checked: the workload could not be read", logging.WARNING,
+                       uid=req.uid, resource=up.resource, namespace=up.namespace,
+                       name=up.name, error=str(exc))
+            return unchecked_scale(up, policy, str(exc))
+        return check_scale(req, up, workload, policy, labels, self.quota)
 
 
 def _record(webhook: str, req: AdmissionRequest, d: Decision, policy: str, gen: int) -> None:

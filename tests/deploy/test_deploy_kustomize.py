@@ -245,6 +245,10 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
                 set(rule["verbs"]) <= {"get", "update"} and len(rule["resourceNames"]) == 1)
         if rule.get("apiGroups") == ["admissionregistration.k8s.io"]:
             assert rule["resourceNames"] == ["gpu-webhook"]  # only its own configurations
+    # Workloads: get only (the pod template of the one a scale request is for).
+    assert [r for _, r in rules if "apps" in r["apiGroups"]] == [{
+        "apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "replicasets"],
+        "verbs": ["get"]}]
     cluster_writes = {v for kind, r in rules if kind == "ClusterRole" for v in r["verbs"]
                       if v in ("create", "update", "delete", "deletecollection")}
     assert cluster_writes == set()

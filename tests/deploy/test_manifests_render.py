@@ -89,6 +89,29 @@ def test_rules_cover_pods_on_create_and_workloads_on_create_and_update():
     }
 
 
+@pytest.mark.parametrize("failure", ["Fail", "Ignore"])
+def test_scale_subresources_go_to_a_validating_webhook_of_their_own(failure):
+    mutating, validating = render(validating_failure_policy=failure)
+    main, scale = validating["webhooks"]
+    assert scale["name"] == "scale.gpu-webhook.dev"
+    assert scale["rules"] == [{
+        "apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+        "resources": ["deployments/scale", "statefulsets/scale", "replicasets/scale"],
+        "scope": "Namespaced"}]
+    # Sent scale-ups of workloads without GPUs too: a webhook that is down must not block
+    # them, whatever the main webhook's choice (quota holds: pods are checked one by one).
+    assert (main["failurePolicy"], scale["failurePolicy"]) == (failure, "Ignore")
+    assert scale["sideEffects"] == "None"
+    assert scale["clientConfig"] == main["clientConfig"]
+    for key in ("namespaceSelector", "matchPolicy", "timeoutSeconds",
+                "admissionReviewVersions"):
+        assert scale[key] == main[key], key
+    # Nothing to mutate in a Scale: the mutating webhook never sees one.
+    assert [h["name"] for h in mutating["webhooks"]] == ["mutate.gpu-webhook.dev"]
+    for hook in (*mutating["webhooks"], main):
+        assert not any("/" in r for rule in hook["rules"] for r in rule["resources"])
+
+
 def test_url_client_config_for_a_webhook_outside_the_cluster():
     hook = render(url="https://127.0.0.1:9443")[1]["webhooks"][0]
     assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/validate"}
@@ -140,12 +163,12 @@ def wrap(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def sent(hook: dict[str, Any], obj: dict[str, Any], *, user: str = "dev",
-         groups: list[str] | None = None) -> bool:
+         groups: list[str] | None = None, old: dict[str, Any] | None = None) -> bool:
     """Whether the API server would call this webhook: every matchCondition is true."""
     user_info: dict[str, Any] = {"username": user}
     if groups:
         user_info["groups"] = groups
-    context = {"object": obj, "request": {
+    context = {"object": obj, "oldObject": old, "request": {
         "kind": {"group": "", "version": "v1", "kind": obj["kind"]}, "userInfo": user_info}}
     results = [cel.evaluate(mc["expression"], context) for mc in hook["matchConditions"]]
     assert all(isinstance(r, bool) for r in results), results
@@ -216,3 +239,32 @@ def test_malformed_templates_are_not_sent_rather_than_failing_the_condition():
     hook = render()[0]["webhooks"][0]
     assert not sent(hook, {"kind": "Deployment", "spec": {}})
     assert not sent(hook, {"kind": "CronJob", "spec": {"jobTemplate": {}}})
+
+
+def scale(replicas: int | None) -> dict[str, Any]:
+    """A Scale object (autoscaling/v1) as the API server sends it: spec.replicas is
+    omitted when 0."""
+    return {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": "x"},
+            "spec": {} if replicas is None else {"replicas": replicas},
+            "status": {"replicas": 1, "selector": "app=x"}}
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    (1, 5, True),
+    (None, 3, True),  # from 0
+    (5, 5, False),
+    (5, 2, False),
+    (2, None, False),  # to 0
+])
+def test_only_scale_ups_are_sent_to_the_scale_webhook(old, new, expected):
+    hook = render()[1]["webhooks"][1]
+    assert sent(hook, scale(new), old=scale(old)) is expected
+    p = policy("  exemptions:\n    users: [alice]\n")
+    exempting = manifests.render(p)[1]["webhooks"][1]
+    assert sent(exempting, scale(new), old=scale(old), user="bob") is expected
+    assert not sent(exempting, scale(new), old=scale(old), user="alice")
+
+
+def test_a_scale_object_makes_the_template_condition_false_not_an_error():
+    for hook in (render()[0]["webhooks"][0], render()[1]["webhooks"][0]):
+        assert not sent(hook, scale(5), old=scale(1))

@@ -28,10 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import yaml
 from controlplane.cluster import ControlPlane
 from kit import console_script, free_port
+
+from webhook.review import request_review
 
 E2E = Path(__file__).resolve().parent
 POLICY = E2E / "policies" / "e2e.yaml"
@@ -281,6 +284,16 @@ class Deployment:
     def validating(self) -> str:
         return self.webhook_name("ValidatingWebhookConfiguration")
 
+    @property
+    def scaling(self) -> str:
+        """The validating webhook for the scale subresource (kubectl scale, an HPA)."""
+        for doc in self.manifests:
+            if doc.get("kind") == "ValidatingWebhookConfiguration":
+                for hook in doc["webhooks"]:
+                    if str(hook["name"]).startswith("scale."):
+                        return str(hook["name"])
+        raise AssertionError("no scale webhook in the rendered manifests")
+
     def logs(self) -> str:
         return "\n".join(f"--- replica {i} ---\n{r.log()[-4000:]}"
                          for i, r in enumerate(self.replicas))
@@ -356,6 +369,20 @@ def get(cp: ControlPlane, namespace: str, kind: str, name: str) -> dict[str, Any
     out = cp.kubectl("get", kind, name, "-n", namespace, "-o", "yaml").stdout
     obj: dict[str, Any] = yaml.safe_load(out)
     return obj
+
+
+def sees_free_gpus(webhook: Deployment, namespace: str, gpus: int) -> bool:
+    """Whether every replica would now admit a pod of ``gpus`` GPUs in ``namespace``: a
+    dry-run review sent to each replica directly, which reserves nothing."""
+    review = request_review(gpu_pod("probe", limits=str(gpus), requests=str(gpus)),
+                            namespace=namespace, dry_run=True)
+    ctx = ssl.create_default_context(cafile=str(webhook.ca_file))
+    with httpx.Client(verify=ctx, timeout=5) as http:
+        for r in webhook.replicas:
+            reply = http.post(f"https://localhost:{r.port}/validate", content=orjson.dumps(review))
+            if not reply.json()["response"]["allowed"]:
+                return False
+    return True
 
 
 def denial_prefix(webhook: str) -> str:

@@ -9,13 +9,11 @@ them; dry runs never reserve; a Job whose gang can never fit is refused at apply
 
 from __future__ import annotations
 
-import ssl
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 import yaml
@@ -27,12 +25,11 @@ from e2ekit import (
     apply,
     denial_prefix,
     gpu_pod,
+    sees_free_gpus,
     wait_until,
 )
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-
-from webhook.review import request_review
 
 pytestmark = pytest.mark.e2e
 
@@ -81,20 +78,6 @@ def ledger(cp: ControlPlane, tenant: str) -> dict[str, Any] | None:
         return None
     obj: dict[str, Any] = yaml.safe_load(out.stdout)
     return obj
-
-
-def sees_free_gpus(webhook: Deployment, namespace: str, gpus: int) -> bool:
-    """Whether every replica would now admit a pod of ``gpus`` GPUs in ``namespace``: a
-    dry-run review sent to each replica directly, which reserves nothing."""
-    review = request_review(gpu_pod("probe", limits=str(gpus), requests=str(gpus)),
-                            namespace=namespace, dry_run=True)
-    ctx = ssl.create_default_context(cafile=str(webhook.ca_file))
-    with httpx.Client(verify=ctx, timeout=5) as http:
-        for r in webhook.replicas:
-            reply = http.post(f"https://localhost:{r.port}/validate", content=orjson.dumps(review))
-            if not reply.json()["response"]["allowed"]:
-                return False
-    return True
 
 
 def test_parallel_creates_across_two_replicas_admit_exactly_the_quota(

@@ -173,3 +173,10 @@ def quota_unavailable(reason: str) -> str:
     return (f"the GPU quota ledger cannot be reached ({reason}), so this GPU pod cannot be "
             "counted against its quota. Retry in a moment; if it persists, tell the "
             "platform team (the webhook's quota setting fails closed).")
+
+
+def scale_unchecked(kind: str, reason: str) -> str:
+    return (f"not checked against GPU quota: the webhook could not read the {kind.lower()} "
+            f"to see its pod template ({reason}). Its pods are still checked one by one "
+            "when they are created; a pod refused then shows as an event "
+            "(kubectl get events).")

@@ -62,10 +62,7 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     if target.tenant is None and not policy.unassigned_allowed:
         check.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
         return
-    counts = check_requests(check, target.containers, None)
-    effective = check_maximums(check, policy, target.containers, counts)
-    product = check_pinned(check, policy, target.template)
-    gpus = weighted(policy, effective)
+    product, effective, gpus = pod_charge(check, policy, target)
     check.decision.gpus = gpus
     if quota is not None and target.tenant is not None and check.decision.allowed:
         assert req.object is not None
@@ -78,3 +75,14 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
                   target.template.is_pod, added, req.kind)
         check.decision.ask = ask
         quota(check, req, ask)
+
+
+def pod_charge(check: Checker, policy: CompiledPolicy, target: Target
+               ) -> tuple[str | None, dict[str, float], float]:
+    """Check the template's GPU requests, maximums and pinning (reporting to ``check``)
+    and return what one of its pods is charged: (product, devices per resource,
+    GPU-equivalents)."""
+    counts = check_requests(check, target.containers, None)
+    effective = check_maximums(check, policy, target.containers, counts)
+    product = check_pinned(check, policy, target.template)
+    return product, effective, weighted(policy, effective)
