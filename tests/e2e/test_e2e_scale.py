@@ -11,11 +11,13 @@ does not fit what is free now, and scaling down always allowed.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 from controlplane.cluster import ControlPlane
 from e2ekit import (
+    LEDGER_NAMESPACE,
     Deployment,
     NamespaceFactory,
     apply,
@@ -121,3 +123,25 @@ def test_kubectl_scale_of_a_statefulset_is_checked_and_a_cpu_workload_is_not(
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
     assert replicas(cp, ns, "deployment", "web") == 200
+
+
+def test_the_shipped_rbac_lets_the_webhook_get_workloads_and_nothing_more(
+    control_plane: ControlPlane, namespace: NamespaceFactory,
+) -> None:
+    # The replicas here run with admin credentials; the ServiceAccount of deploy/base must
+    # be allowed the one read a scale-up needs (a GET), in any namespace.
+    cp = control_plane
+    rbac = Path(__file__).resolve().parents[2] / "deploy" / "base" / "rbac.yaml"
+    cp.kubectl("apply", "-n", LEDGER_NAMESPACE, "-f", str(rbac))
+    ns = namespace("scale")
+    account = f"system:serviceaccount:{LEDGER_NAMESPACE}:gpu-webhook"
+
+    def can(verb: str, resource: str) -> bool:
+        out = cp.kubectl("auth", "can-i", verb, resource, "-n", ns, f"--as={account}",
+                         check=False)
+        return out.stdout.strip() == "yes"
+
+    for resource in ("deployments.apps", "statefulsets.apps", "replicasets.apps"):
+        assert can("get", resource), resource
+        assert not can("list", resource) and not can("update", resource), resource
+    assert not can("get", "daemonsets.apps")
