@@ -4,7 +4,7 @@ as a workload UPDATE is, on the pod template of the workload read from the API s
 The pure part (``webhook.engine.scale``) is table-driven here; then the server's path
 with a fake workload reader (what is read, when, and what happens when the read fails),
 and the cluster adapter's timeout and error mapping. The real API server's side (the
-webhook configuration's rules and matchConditions, RBAC-free reads) is in
+webhook configuration's rules and matchConditions, the RBAC the read needs) is in
 tests/e2e/test_e2e_scale.py.
 """
 
