@@ -66,7 +66,8 @@ def test_gpu_request_and_limit_are_completed(
                "must equal limits: set both to 2, or drop the request (it defaults to the "
                "limit). [rule gpu-requests-match-limits, tenant research]"),
     ("500m", None, "container \"train\": nvidia.com/gpu limit '500m' is not a whole number. "
-                   'GPUs are whole devices: ask for a whole number of 1 or more, e.g. "1". '
+                   'GPUs are whole devices: ask for a whole number of 1 or more, e.g. "1" '
+                   "(or remove it, or write 0, for no GPU). "
                    "[rule gpu-whole-number, tenant research]"),
 ], ids=["request-differs-from-limit", "fractional"])
 def test_unusable_gpu_quantities_are_refused_with_our_message(

@@ -89,7 +89,7 @@ def test_kubectl_scale_of_a_gpu_deployment_is_checked_against_quota(
     out = scale(cp, ns, "deployment/trainer", 4)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "deployment.apps/trainer scaled"
-    assert (f"Warning: deployment {ns}/trainer, scaled from 3 to 4 replicas: asks for 1 pods "
+    assert (f"Warning: deployment {ns}/trainer, scaled from 3 to 4 replicas: asks for 1 pod "
             "x 2 GPUs, but only 0 of tenant scale's 8 GPUs are free now: 0 of its pods can "
             "start now and the rest will be refused until quota frees up. "
             "[rule quota, tenant scale]") in out.stderr

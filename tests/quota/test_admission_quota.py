@@ -132,6 +132,19 @@ def test_a_gang_that_can_never_fit_is_denied_at_apply_time() -> None:
             "Run at most 2 pods of this size, or fewer h100 GPUs per pod.") in d.message
 
 
+def test_counts_of_one_pod_read_as_one_pod() -> None:
+    # 2 pods x 3 GPUs can never fit a cap of 4: at most 1 pod of that size can run.
+    d = admit(store_with(), policy(), _deployment(2, 3))
+    assert not d.allowed
+    assert "Run at most 1 pod of this size, or fewer h100 GPUs per pod." in d.message
+    # Scaling 1 -> 2 adds one pod: it is named as one pod, not "1 pods".
+    store = store_with(pod("busy", gpus=3, product="H100"), pod("t-1", gpus=1, product="H100"))
+    d = admit(store, policy(), _deployment(2, 1), operation="UPDATE", old=_deployment(1, 1))
+    assert d.allowed
+    assert any("asks for 1 pod x 1 h100 GPUs, but only 0 of" in w for w in d.warnings), \
+        d.warnings
+
+
 def test_a_gang_that_fits_only_later_gets_a_warning() -> None:
     store = store_with(pod("busy", gpus=3, product="H100"))
     d = admit(store, policy(), _deployment(2, 1))

@@ -154,17 +154,21 @@ def quota_exceeded(scope: str, what: str, used: float, asked: float, cap: float,
             f"{asker} {num(asked)}. {fits[0].upper() + fits[1:]}{alt}.{hint}")
 
 
+def _pods(n: int) -> str:
+    return f"{n} pod" if n == 1 else f"{n} pods"
+
+
 def gang_never_fits(scope: str, what: str, pods: int, per_pod: float, cap: float) -> str:
     most = int(cap // per_pod) if per_pod else 0
-    return (f"asks for {pods} pods x {num(per_pod)} = {num(pods * per_pod)} {what} at once, "
+    return (f"asks for {_pods(pods)} x {num(per_pod)} = {num(pods * per_pod)} {what} at once, "
             f"but {scope}'s quota is {num(cap)} {what}: it can never run in full. "
-            f"Run at most {most} pods of this size, or fewer {what} per pod.")
+            f"Run at most {_pods(most)} of this size, or fewer {what} per pod.")
 
 
 def gang_not_free(scope: str, what: str, pods: int, per_pod: float, free: float,
                   cap: float) -> str:
     now = int(free // per_pod) if per_pod else 0
-    return (f"asks for {pods} pods x {num(per_pod)} {what}, but only {num(free)} of "
+    return (f"asks for {_pods(pods)} x {num(per_pod)} {what}, but only {num(free)} of "
             f"{scope}'s {num(cap)} {what} are free now: {now} of its pods can start now and "
             "the rest will be refused until quota frees up.")
 
