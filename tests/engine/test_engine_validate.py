@@ -14,6 +14,7 @@ import pytest
 from enginekit import (
     A100,
     GPU,
+    H100,
     PRODUCT_LABEL,
     RACK_LABEL,
     admitted,
@@ -116,6 +117,15 @@ def test_maximums(namespace: str, containers: list[dict[str, Any]], rules: list[
                      [Rule.ALLOWED_PRODUCTS], id="pinned to a product the tenant may not use"),
         pytest.param({"nodeSelector": {PRODUCT_LABEL: A100, RACK_LABEL: "rack-z"}},
                      [Rule.TOPOLOGY], id="pinned to a rack outside the tenant's"),
+        # research counts quota per product: a pod free to land on a100 or h100 would be
+        # charged to neither product's cap.
+        pytest.param({"affinity": required_affinity(
+            [expr(PRODUCT_LABEL, A100, H100), expr(RACK_LABEL, "rack-a")])},
+            [Rule.ALLOWED_PRODUCTS], id="two allowed products, per-product quota"),
+        pytest.param({"affinity": required_affinity(
+            [expr(PRODUCT_LABEL, H100), expr(RACK_LABEL, "rack-a")],
+            [expr(PRODUCT_LABEL, A100), expr(RACK_LABEL, "rack-b")])},
+            [Rule.ALLOWED_PRODUCTS], id="one product per term, two in all, per-product quota"),
     ],
 )
 def test_gpu_pod_must_be_pinned_to_allowed_products_and_racks(spec: dict[str, Any],
@@ -123,6 +133,24 @@ def test_gpu_pod_must_be_pinned_to_allowed_products_and_racks(spec: dict[str, An
     v = validated(pod(**spec))
     assert [f.rule for f in v.findings] == rules
     assert v.allowed is (not rules)
+
+
+def test_a_pod_of_a_per_product_quota_tenant_must_be_pinned_to_one_product() -> None:
+    free = pod(affinity=required_affinity([expr(PRODUCT_LABEL, A100, H100),
+                                           expr(RACK_LABEL, "rack-a")]))
+    v = validated(free)
+    assert v.message == (
+        "pod research/trainer: may be scheduled on nvidia.com/gpu.product in "
+        f"[{A100}, {H100}], but tenant research's quota counts GPUs per product "
+        "([a100, h100]), so each of its GPU pods must be pinned to exactly one. Keep one "
+        "value of nvidia.com/gpu.product in the pod's node affinity, or set a nodeSelector "
+        "on it (the mutating webhook pins the tenant's default when it runs). "
+        "[rule allowed-products, tenant research]")
+    # Through both webhooks, as the API server runs them, the same pod is admitted: the
+    # mutating webhook narrows it to the default product.
+    m, v = admitted(free)
+    assert v.allowed, v.message
+    assert "gpu-node-affinity" in m.decision.mutations
 
 
 def test_unpinned_message_says_what_to_add() -> None:

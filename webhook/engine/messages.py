@@ -122,6 +122,17 @@ def unpinned(label: str, tenant: str, allowed: Iterable[str]) -> str:
     )
 
 
+def one_product_needed(label: str, values: list[str] | None, tenant: str,
+                       capped: Iterable[str]) -> str:
+    where = f"{label} in [{one_of(values)}]" if values else f"any {label}"
+    return (
+        f"may be scheduled on {where}, but tenant {tenant}'s quota counts GPUs per product "
+        f"([{one_of(capped)}]), so each of its GPU pods must be pinned to exactly one. "
+        f"Keep one value of {label} in the pod's node affinity, or set a nodeSelector on "
+        "it (the mutating webhook pins the tenant's default when it runs)."
+    )
+
+
 def tolerates_gpu_taint(keys: Iterable[str]) -> str:
     return (
         f"requests no GPU but tolerates the GPU nodes' taint ({one_of(keys)}), which would let "

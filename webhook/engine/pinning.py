@@ -43,6 +43,13 @@ def _one_product_per_pod(tenant: TenantRules) -> bool:
     return any(limits.products for limits in tenant.namespace_quota.values())
 
 
+def _capped_products(tenant: TenantRules) -> list[str]:
+    names = set(tenant.quota.products) if tenant.quota is not None else set()
+    for limits in tenant.namespace_quota.values():
+        names.update(limits.products)
+    return sorted(names)
+
+
 def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate,
                    placement: Placement) -> tuple[str | None, bool]:
     """The product the pod names explicitly (short name), and whether asking failed."""
@@ -202,15 +209,25 @@ def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate) 
             product = names.pop()
     if tenant is None:
         return product
+    reported = False
     if tenant.allowed_products is not None:
         allowed_values = [policy.product_value[p] for p in tenant.allowed_products]
         if own is None:
             check.report(Rule.ALLOWED_PRODUCTS, messages.unpinned(
                 policy.product_label, tenant.name, tenant.allowed_products))
+            reported = True
         elif not own.values <= set(allowed_values):
             check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
                 own.source, policy.product_label, sorted(own.values), tenant.name,
                 allowed_values))
+            reported = True
+    if product is None and not reported and _one_product_per_pod(tenant):
+        # Quota charges a pod to a product only when it can land on that one alone: a pod
+        # left free to choose would count against no product's cap. The mutating webhook
+        # pins such a tenant's pods to one product; this catches a pod it did not see.
+        check.report(Rule.ALLOWED_PRODUCTS, messages.one_product_needed(
+            policy.product_label, sorted(own.values) if own else None, tenant.name,
+            _capped_products(tenant)))
     if tenant.topology_label:
         own_t = placement.restriction(tenant.topology_label)
         if own_t is None:
