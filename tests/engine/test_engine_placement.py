@@ -327,6 +327,29 @@ def test_pod_asks_for_a_product(labels: dict[str, str] | None,
         assert message is not None and message in d.message
 
 
+@pytest.mark.parametrize(
+    "terms",
+    [
+        pytest.param([[expr(PRODUCT_LABEL, A100)]], id="its only term is on another product"),
+        pytest.param([[expr(PRODUCT_LABEL, H100, op="NotIn")]], id="its only term rules it out"),
+        pytest.param([[expr(PRODUCT_LABEL, A100)], [expr(PRODUCT_LABEL, H100, op="NotIn")]],
+                     id="every term rules it out its own way"),
+    ],
+)
+def test_a_product_asked_for_but_ruled_out_by_the_pods_affinity_is_denied(
+        terms: list[list[dict[str, Any]]]) -> None:
+    # Widening to the tenant's other products would run the pod on one it did not ask for.
+    m = mutate_checked(pod(labels={PRODUCT_REQUEST: "h100"},
+                           affinity=required_affinity(*terms)))
+    assert not m.decision.allowed
+    assert [f.rule for f in m.decision.findings] == [Rule.ALLOWED_PRODUCTS]
+    assert m.decision.message == (
+        "pod research/trainer: asks for GPU product h100, but its required node affinity "
+        f"leaves no term that admits {PRODUCT_LABEL}={H100}: it could never run on h100. "
+        "Change the node affinity to allow it, or drop the product request. "
+        "[rule allowed-products, tenant research]")
+
+
 def test_pinning_keeps_the_users_own_affinity_and_tolerations_intact() -> None:
     """A realistic pod with preferred affinity, pod anti-affinity and extra tolerations:
     only the required node affinity and the GPU toleration are added."""

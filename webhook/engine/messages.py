@@ -122,6 +122,14 @@ def unpinned(label: str, tenant: str, allowed: Iterable[str]) -> str:
     )
 
 
+def asked_product_ruled_out(product: str, value: str, label: str) -> str:
+    return (
+        f"asks for GPU product {product}, but its required node affinity leaves no term "
+        f"that admits {label}={value}: it could never run on {product}. Change the node "
+        "affinity to allow it, or drop the product request."
+    )
+
+
 def one_product_needed(label: str, values: list[str] | None, tenant: str,
                        capped: Iterable[str]) -> str:
     where = f"{label} in [{one_of(values)}]" if values else f"any {label}"

@@ -146,11 +146,21 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate,
             keep = [p for p in products if policy.product_value[p] not in banned]
             if not keep and asked is None and own is None and allowed:
                 keep = [p for p in allowed if policy.product_value[p] not in banned]
-            if not keep:
+            if not keep and asked is not None:
+                check.report(Rule.ALLOWED_PRODUCTS, messages.asked_product_ruled_out(
+                    asked, policy.product_value[asked], policy.product_label))
+            elif not keep:
                 check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
                     "node affinity", policy.product_label, [],
                     tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
             products = keep
+        if products and asked is not None and not placement.survives(
+                policy.product_label, [policy.product_value[asked]]):
+            # The pod named a product and its own terms rule it out: widening, as for a
+            # default, would run it on a product it did not ask for.
+            check.report(Rule.ALLOWED_PRODUCTS, messages.asked_product_ruled_out(
+                asked, policy.product_value[asked], policy.product_label))
+            products = []
         if products and not placement.survives(policy.product_label,
                                                [policy.product_value[p] for p in products]):
             # Terms that each rule out the chosen product in their own way (one In
