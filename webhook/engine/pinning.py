@@ -19,7 +19,7 @@ from webhook.engine import messages
 from webhook.engine.decision import Checker
 from webhook.engine.placement import Placement
 from webhook.patch import child_map
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
 from webhook.workloads import PodTemplate
 
@@ -33,21 +33,6 @@ class Requirement:
     values: list[str]
     # Values a term may already be confined to and be left as it is (Placement.pin).
     keep: frozenset[str] = frozenset()
-
-
-def _one_product_per_pod(tenant: TenantRules) -> bool:
-    """Whether the tenant's quota caps products: a pod is charged to a product only when
-    it can land on that one alone, so such a tenant's pods are pinned to one product."""
-    if tenant.quota is not None and tenant.quota.products:
-        return True
-    return any(limits.products for limits in tenant.namespace_quota.values())
-
-
-def _capped_products(tenant: TenantRules) -> list[str]:
-    names = set(tenant.quota.products) if tenant.quota is not None else set()
-    for limits in tenant.namespace_quota.values():
-        names.update(limits.products)
-    return sorted(names)
 
 
 def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate,
@@ -176,7 +161,7 @@ def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate,
                 products = []
         if products:
             named: frozenset[str] = frozenset()
-            if asked is None and tenant is not None and not _one_product_per_pod(tenant):
+            if asked is None and tenant is not None and not tenant.capped_products:
                 # Terms are ORed: the chosen product ANDed into a term that names another
                 # allowed product would leave that term no node. Such a term has made its
                 # choice and is kept. The default is left out: a term offering it among
@@ -231,13 +216,13 @@ def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate) 
                 own.source, policy.product_label, sorted(own.values), tenant.name,
                 allowed_values))
             reported = True
-    if product is None and not reported and _one_product_per_pod(tenant):
+    if product is None and not reported and tenant.capped_products:
         # Quota charges a pod to a product only when it can land on that one alone: a pod
         # left free to choose would count against no product's cap. The mutating webhook
         # pins such a tenant's pods to one product; this catches a pod it did not see.
         check.report(Rule.ALLOWED_PRODUCTS, messages.one_product_needed(
             policy.product_label, sorted(own.values) if own else None, tenant.name,
-            _capped_products(tenant)))
+            tenant.capped_products))
     if tenant.topology_label:
         own_t = placement.restriction(tenant.topology_label)
         if own_t is None:

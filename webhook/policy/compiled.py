@@ -54,6 +54,10 @@ class TenantRules:
     quota: Limits | None
     namespace_quota: Mapping[str, Limits]
     mode: Mode | None
+    # Products any of the tenant's caps (tenant-wide or per namespace) count GPUs for. A
+    # pod is charged to a product only when it can land on that one alone, so such a
+    # tenant's GPU pods are pinned to exactly one product.
+    capped_products: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +169,12 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
     by_ns: dict[str, TenantRules] = {}
     by_sel: list[tuple[_Selector, TenantRules]] = []
     for t in spec.tenants:
+        quota = Limits.of(t.quota) if t.quota else None
+        namespace_quota = ({ns: Limits.of(q) for ns, q in t.quota.namespaces.items()}
+                           if t.quota else {})
+        capped = set(quota.products) if quota is not None else set()
+        for limits in namespace_quota.values():
+            capped.update(limits.products)
         rules = TenantRules(
             name=t.name,
             allowed_resources=frozenset(t.allowed_resources)
@@ -176,11 +186,10 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             max_per_pod=t.max_gpus_per_pod,
             topology_label=t.topology.node_label if t.topology else None,
             topology_values=tuple(t.topology.values) if t.topology else (),
-            quota=Limits.of(t.quota) if t.quota else None,
-            namespace_quota={ns: Limits.of(q) for ns, q in t.quota.namespaces.items()}
-            if t.quota
-            else {},
+            quota=quota,
+            namespace_quota=namespace_quota,
             mode=t.mode,
+            capped_products=tuple(sorted(capped)),
         )
         tenants.append(rules)
         for ns in t.namespaces:
