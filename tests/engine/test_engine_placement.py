@@ -154,8 +154,9 @@ RACKS = expr(RACK_LABEL, "rack-a", "rack-b")
             id="a term naming a product the tenant may not use still gets the default"),
         pytest.param(
             [[expr(PRODUCT_LABEL, H100, L4)], [expr(ZONE, "a")]],
-            [[expr(PRODUCT_LABEL, H100, L4), *PINNED], [expr(ZONE, "a"), *PINNED]],
-            id="a term naming an allowed and a disallowed product still gets the default"),
+            [[expr(PRODUCT_LABEL, H100, L4), expr(PRODUCT_LABEL, H100), RACKS],
+             [expr(ZONE, "a"), *PINNED]],
+            id="a term naming an allowed and a disallowed product is narrowed to its own"),
         pytest.param(
             [[expr(PRODUCT_LABEL, "h100")], [expr(ZONE, "a")]],
             [[expr(PRODUCT_LABEL, "h100"), *PINNED], [expr(ZONE, "a"), *PINNED]],

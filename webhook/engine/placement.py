@@ -204,7 +204,9 @@ class Placement:
         """AND ``key In values`` into every required node-affinity term that does not
         already confine ``key`` to a subset of ``values`` or of ``keep`` (values a term
         may name and still comply, though the pin would narrow a term left open to
-        ``values``). Returns True if anything changed.
+        ``values``). A term that names some ``keep`` values and no ``values`` among
+        others is narrowed to its ``keep`` values instead. Returns True if anything
+        changed.
 
         The caller has checked for conflicts (:meth:`restriction`), so the pod can still
         land somewhere after this.
@@ -228,13 +230,19 @@ class Placement:
             have = term.admitted(key)
             if have is not None and (have <= wanted or have <= keep):
                 continue  # already compliant (or unsatisfiable, which adding cannot fix)
-            patch.append(term.raw, "matchExpressions", f"{base}/{i}",
-                         dict(expr, values=list(values)))
+            narrow, here = wanted, list(values)
+            if have is not None and not have & wanted and have & keep:
+                # A term that names allowed values among others, none of them pinned
+                # ones: keep its own allowed choice rather than AND in values it rules
+                # out, which would leave it no node.
+                narrow = have & keep
+                here = sorted(narrow)
+            patch.append(term.raw, "matchExpressions", f"{base}/{i}", dict(expr, values=here))
             # What _note would make of the expression just appended (values are str).
             rule = term.keys.get(key)
             if rule is None:
                 rule = term.keys[key] = _KeyRule()
-            _narrow(rule, wanted)
+            _narrow(rule, narrow)
             changed = True
         return changed
 
