@@ -164,11 +164,12 @@ def pod(name: str, count: int | str = 1, resource: str = "nvidia.com/gpu",
             "spec": pod_spec(count, resource, tolerations)}
 
 
-def deployment(name: str, replicas: int, count: int) -> dict[str, Any]:
+def deployment(name: str, replicas: int, count: int,
+               resource: str = "nvidia.com/gpu") -> dict[str, Any]:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
             "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
                      "template": {"metadata": {"labels": {"app": name}},
-                                  "spec": pod_spec(count)}}}
+                                  "spec": pod_spec(count, resource)}}}
 
 
 def job(name: str, parallelism: int, count: int, run_for: str) -> dict[str, Any]:
