@@ -57,14 +57,15 @@ class SimCluster:
     def __init__(self, work_dir: Path, *, policy: Path = POLICY,
                  description: Path = nodes.DESCRIPTION, gpu_nodes: int | None = None,
                  replicas: int = 1, component_args: dict[str, list[str]] | None = None,
-                 install: bool = True) -> None:
+                 apiserver_args: list[str] | None = None, install: bool = True) -> None:
         self.work_dir = Path(work_dir)
         self.policy = policy
         self.cluster = nodes.load(description, gpu_nodes=gpu_nodes)
         self.replicas = replicas
         self.install_webhook = install
         self.cp = ControlPlane(build_binaries(), self.work_dir / "controlplane",
-                               components=SIMULATED, component_args=component_args)
+                               components=SIMULATED, component_args=component_args,
+                               extra_apiserver_args=apiserver_args)
         self.webhook: Deployment | None = None
         self.timings: dict[str, float] = {}
 
@@ -149,8 +150,9 @@ def _up(args: argparse.Namespace) -> int:
     for spec in args.component_arg:
         name, _, flag = spec.partition("=")
         component_args.setdefault(name, []).append(flag)
-    sim = SimCluster(Path(args.work_dir), gpu_nodes=args.gpu_nodes, replicas=args.replicas,
-                     component_args=component_args, install=not args.no_install)
+    sim = SimCluster(Path(args.work_dir), policy=Path(args.policy), gpu_nodes=args.gpu_nodes,
+                     replicas=args.replicas, component_args=component_args,
+                     apiserver_args=args.apiserver_arg, install=not args.no_install)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -160,6 +162,8 @@ def _up(args: argparse.Namespace) -> int:
             "kubeconfig": str(sim.cp.kubeconfig), "server": sim.cp.server,
             "nodes": len(sim.cluster.nodes), "webhook_url": sim.webhook.url,
             "webhook_pids": [r.process.pid for r in sim.webhook.replicas],
+            "webhook_ports": [r.port for r in sim.webhook.replicas],
+            "ca_file": str(sim.webhook.ca_file),
             "pids": sim.pids(),
             "timings": sim.timings,
         }
@@ -183,6 +187,9 @@ def main(argv: list[str]) -> int:
     up.add_argument("--gpu-nodes", type=int, default=None,
                     help="scale the plain GPU node groups to this many nodes in all")
     up.add_argument("--replicas", type=int, default=1, help="webhook replicas")
+    up.add_argument("--policy", default=str(POLICY), help="the webhook's policy file")
+    up.add_argument("--apiserver-arg", action="append", default=[], metavar="--flag=value",
+                    help="an extra kube-apiserver flag")
     up.add_argument("--no-install", action="store_true",
                     help="run the webhook but do not install its configurations")
     up.add_argument("--component-arg", action="append", default=[],
