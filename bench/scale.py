@@ -11,9 +11,11 @@ round-robin TCP proxy in front of the two replicas (a Service's part). Rate limi
 lifted as kwokctl's ``--disable-qps-limits`` lifts them (kube-apiserver inflight limits and
 priority-and-fairness off, controller-manager and scheduler client QPS 5000), and the Job
 controller syncs 50 Jobs at once, so that the API server, not a client's limiter, is what
-saturates. The policy is generated: ``--tenants`` tenants, each with a GPU quota 20 %
-above what its Jobs can hold at once (so quota is checked and committed for every pod
-but is not what paces the run), and a tight cap on one race namespace per tenant.
+saturates (and finished pods are kept: the pod garbage collector's default threshold,
+12,500, would make it delete pods during the second phase only). The policy is
+generated: ``--tenants`` tenants, each with a GPU quota 20 % above what its Jobs can hold
+at once (so quota is checked and committed for every pod but is not what paces the run),
+and a tight cap on one race namespace per tenant.
 
 Three phases on the one cluster, in this order:
 
@@ -183,7 +185,10 @@ def start_sim(work: Path, gpu_nodes: int, replicas: int, policy_file: Path,
     args += [f"--apiserver-arg={a}" for a in APISERVER_ARGS]
     for component in ("kube-controller-manager", "kube-scheduler"):
         args += [f"--component-arg={component}={a}" for a in UNLIMITED]
-    args += ["--component-arg=kube-controller-manager=--concurrent-job-syncs=50"]
+    args += ["--component-arg=kube-controller-manager=--concurrent-job-syncs=50",
+             # The pod garbage collector deletes finished pods past 12,500 by default:
+             # it would start in the second phase only, and load it alone.
+             "--component-arg=kube-controller-manager=--terminated-pod-gc-threshold=1000000"]
     log = open(work / "sim.log", "wb")  # noqa: SIM115 (kept open for the child's life)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log,
                             start_new_session=True)
