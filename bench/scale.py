@@ -404,8 +404,8 @@ class Phase:
     created_per_s: float = 0.0
     to_complete_s: float | None = None
     refused_creates: float = 0.0
-    latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    webhook_latency_ms: dict[str, float | None] = field(default_factory=dict)
+    latency_ms: dict[str, dict[str, float | str | None]] = field(default_factory=dict)
+    webhook_latency_ms: dict[str, float | str | None] = field(default_factory=dict)
     peaks: dict[str, int] = field(default_factory=dict)
     caps: dict[str, int] = field(default_factory=dict)
     over_admits: dict[str, int] = field(default_factory=dict)
@@ -448,7 +448,7 @@ def measure(phase: Phase, before: Snapshot, after: Snapshot, events: list[PodEve
                   buckets(before.apiserver, name, type=kind, operation="CREATE"))
         if h.get(float("inf"), 0) > 0:
             phase.latency_ms[kind] = {
-                "p50": _ms(quantile(0.5, h)), "p99": _ms(quantile(0.99, h)),
+                "p50": _ms(quantile(0.5, h), h), "p99": _ms(quantile(0.99, h), h),
                 "count": h[float("inf")]}
     own: dict[float, float] = defaultdict(float)
     for b, a in zip(before.webhooks, after.webhooks, strict=True):
@@ -460,8 +460,8 @@ def measure(phase: Phase, before: Snapshot, after: Snapshot, events: list[PodEve
         phase.commits += (total(a, "gpu_webhook_quota_reservations_total")
                           - total(b, "gpu_webhook_quota_reservations_total"))
     if own.get(float("inf"), 0) > 0:
-        phase.webhook_latency_ms = {"p50": _ms(quantile(0.5, own)),
-                                    "p99": _ms(quantile(0.99, own))}
+        phase.webhook_latency_ms = {"p50": _ms(quantile(0.5, own), own),
+                                    "p99": _ms(quantile(0.99, own), own)}
     phase.peaks = holding(ours, key)
     phase.caps = caps
     phase.over_admits = {k: v - caps[k] for k, v in phase.peaks.items()
@@ -474,8 +474,14 @@ def measure(phase: Phase, before: Snapshot, after: Snapshot, events: list[PodEve
                               "rss_mib": round(p.rss_mib, 1), "peak_rss_mib": round(p.hwm_mib, 1)}
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 2)
+def _ms(seconds: float | None, hist: dict[float, float] | None = None) -> float | str | None:
+    """Milliseconds; ``">X"`` when the quantile is past the histogram's last finite bound."""
+    if seconds is None:
+        return None
+    top = max((le for le in hist or {} if le != float("inf")), default=None)
+    if top is not None and seconds >= top:
+        return f">{top * 1000:g}"
+    return round(seconds * 1000, 2)
 
 
 def run_phase(kube: Kube, meter: Meter, watch: PodWatch, phase: Phase,
@@ -552,6 +558,13 @@ def report(results: dict[str, Any]) -> str:
     ratio = results.get("ratio_with_over_without")
     if ratio is not None:
         lines.append(f"pods/s with / without the webhook: {ratio:.3f}")
+    lines.append("CPU ms per pod created (all processes of the cluster; webhook replicas):")
+    for p in results["phases"]:
+        if p["created"]:
+            cpu = sum(s["cpu_s"] for s in p["procs"].values())
+            hooks = sum(s["cpu_s"] for n, s in p["procs"].items() if n.startswith("gpu-webhook"))
+            lines.append(f"  {p['name']}: {1000 * cpu / p['created']:.1f} "
+                         f"({1000 * hooks / p['created']:.1f})")
     lines.append("CPU % of one core (and RSS MiB) per process, by phase:")
     for p in results["phases"]:
         lines.append(f"  {p['name']}: " + ", ".join(
