@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint unit e2e controlplane bench bench-quick audit demo demo-down
+.PHONY: install run test lint unit e2e controlplane bench bench-quick audit demo demo-down bench-scale
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
 install: $(VENV)/.installed
@@ -61,3 +61,9 @@ bench: install
 
 bench-quick: install
 	$(BIN)/python -m bench.run --quick
+
+# Scale run on the simulated GPU cluster: 500 kwok GPU nodes, 20 tenants, 2 x 10,000 GPU
+# pods through the Job controller with and without the webhook (about 25 minutes on 2
+# cores; bench/README.md). Sizes are flags: $(BIN)/python -m bench.scale --help
+bench-scale: install controlplane
+	$(BIN)/python -m bench.scale

@@ -412,6 +412,9 @@ class Phase:
     conflicts: float = 0.0
     commits: float = 0.0
     procs: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The machine's 1-minute load average at the end: the machine is shared, and a
+    # load far above its 2 cores says the other jobs took much of the CPU.
+    load_average: float = 0.0
 
 
 def make_namespaces(kube: Kube, names: dict[str, str]) -> None:
@@ -462,6 +465,7 @@ def measure(phase: Phase, before: Snapshot, after: Snapshot, events: list[PodEve
     if own.get(float("inf"), 0) > 0:
         phase.webhook_latency_ms = {"p50": _ms(quantile(0.5, own), own),
                                     "p99": _ms(quantile(0.99, own), own)}
+    phase.load_average = round(os.getloadavg()[0], 1)
     phase.peaks = holding(ours, key)
     phase.caps = caps
     phase.over_admits = {k: v - caps[k] for k, v in phase.peaks.items()
@@ -542,7 +546,7 @@ def report(results: dict[str, Any]) -> str:
              f"{results['tenants']} tenants, {results['replicas']} webhook replicas"]
     lines.append(f"{'phase':<8} {'pods':>6} {'pods/s':>7} {'to done':>8} {'refused':>8} "
                  f"{'mut p50/p99 ms':>15} {'val p50/p99 ms':>15} {'own p50/p99':>12} "
-                 f"{'conflicts/s':>11} {'over-admits':>11}")
+                 f"{'conflicts/s':>11} {'over-admits':>11} {'load':>5}")
     for p in results["phases"]:
         lat = p["latency_ms"]
 
@@ -554,7 +558,7 @@ def report(results: dict[str, Any]) -> str:
             f"{p['to_complete_s'] or '-'!s:>8} {p['refused_creates']:>8.0f} "
             f"{pair(lat.get('admit')):>15} {pair(lat.get('validating')):>15} "
             f"{pair(p['webhook_latency_ms']):>12} {p['conflicts'] / p['seconds']:>11.2f} "
-            f"{sum(p['over_admits'].values()):>11}")
+            f"{sum(p['over_admits'].values()):>11} {p.get('load_average', 0):>5}")
     ratio = results.get("ratio_with_over_without")
     if ratio is not None:
         lines.append(f"pods/s with / without the webhook: {ratio:.3f}")
