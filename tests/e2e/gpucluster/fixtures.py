@@ -3,9 +3,9 @@
 ``sim`` (session): one :class:`~gpucluster.sim.SimCluster` (scheduler, controllers, kwok
 nodes, the webhook with ``policy.yaml``), separate from the suite's controller-free
 control plane, and started only when a test asks for it. ``sim_namespace(tenant)``: a
-fresh namespace joined to ``tenant``, deleted when the test ends, and waited for (its pods
-gone, so their GPUs are free for the next test): with a namespace controller and kwok,
-deletion finishes here.
+fresh namespace joined to ``tenant``, deleted when the test ends, and waited for until its
+pods are gone (so their GPUs are free for the next test): with a namespace controller and
+kwok, deletion finishes here.
 
 The helpers read what the cluster did through the Kubernetes client (pods, nodes,
 events), polling on conditions with a deadline, never sleeping for an ordering.
@@ -62,19 +62,12 @@ def sim_namespace(sim: SimCluster, core: k8s.CoreV1Api) -> Iterator[SimNamespace
     yield make
     for name in made:
         sim.cp.kubectl("delete", "namespace", name, "--wait=false")
+    # Waiting for the pods is enough: once they are gone their GPUs are free for the next
+    # test. The namespace itself goes a few seconds later (the namespace controller
+    # requeues it after its pods' deletion); every test makes new ones.
     for name in made:
-        wait_until(f"namespace {name} to be deleted",
-                   lambda n=name: not _exists(core, n), timeout=SCHEDULE_TIMEOUT, every=0.5)
-
-
-def _exists(core: k8s.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespace(namespace)
-    except k8s.ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
+        wait_until(f"the pods of namespace {name} to be deleted",
+                   lambda n=name: not pods(core, n), timeout=SCHEDULE_TIMEOUT, every=0.3)
 
 
 # --------------------------------------------------------------------------- reading
