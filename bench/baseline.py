@@ -1,6 +1,6 @@
 """The floor to compare with: a bare ASGI app that parses the review with orjson,
 echoes the uid and allows, served with the same uvicorn settings as the webhook (our
-SSLContext from ``webhook.serve``, one worker, uvloop, httptools, no access log).
+SSLContext from ``webhook.server.run``, one worker, uvloop, httptools, no access log).
 
 The difference between this and ``gpu-webhook serve`` on the same requests is what the
 webhook itself costs: the envelope checks, the engine, metrics and the decision log.
@@ -19,8 +19,8 @@ import orjson
 import uvicorn
 import uvloop
 
-from webhook import serve
-from webhook.settings import Settings
+from webhook.server import run as serve
+from webhook.server.settings import Settings
 
 Message = MutableMapping[str, Any]
 HEADERS = [(b"content-type", b"application/json")]

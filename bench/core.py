@@ -21,10 +21,10 @@ from bench import mix
 from bench.population import NAMESPACES, population
 from webhook.engine.decision import Ask, Checker, Decision
 from webhook.engine.validate import OWNED
+from webhook.k8s.review import parse_review
 from webhook.quota.admit import precheck
 from webhook.quota.check import check_pod
 from webhook.quota.store import MemoryStore
-from webhook.review import parse_review
 
 GPU = "nvidia.com/gpu"
 
@@ -136,9 +136,9 @@ def app(seconds: float, keys: tuple[str, ...] = (
     import logging
     import os
 
-    from webhook import logs
-    from webhook.policy.source import PolicySource
-    from webhook.server import AdmissionApp, Runtime
+    from webhook.libs import logs
+    from webhook.server.app import AdmissionApp, Runtime
+    from webhook.server.reload import PolicySource
 
     source = PolicySource(str(mix.POLICY))
     source.load()

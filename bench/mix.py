@@ -21,10 +21,10 @@ import orjson
 from webhook.engine.mutate import mutate
 from webhook.engine.target import no_labels
 from webhook.engine.validate import QuotaCheck, validate
+from webhook.k8s.reply import response
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_file
-from webhook.reply import response
-from webhook.review import parse_review, request_review
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "policies" / "multi-tenant.yaml"

@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from webhook.settings import Settings
+    from webhook.server.settings import Settings
 
     p = argparse.ArgumentParser(prog="gpu-webhook",
                                 description="Admission webhook that governs GPU workloads.")
@@ -133,14 +133,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from webhook.serve import run
-    from webhook.settings import Settings
+    from webhook.server.run import run
+    from webhook.server.settings import Settings
 
     return run(Settings.from_args(args))
 
 
 def _certs(args: argparse.Namespace) -> int:
-    from webhook import certs
+    from webhook.libs import certs
 
     names = certs.service_names(args.service, args.namespace) + list(args.dns)
     ca = ca_key = None
@@ -167,9 +167,8 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _manifests(args: argparse.Namespace) -> int:
-    from webhook import manifests
-    from webhook.policy.load import PolicyError, load_file, load_text
-    from webhook.policy.source import default_policy_text
+    from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
+    from webhook.tools import manifests
 
     try:
         policy = (load_file(args.policy) if args.policy else
@@ -215,7 +214,7 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from webhook import policytest
+    from webhook.tools import policytest
 
     target = Path(args.path)
     if not target.exists():
@@ -237,10 +236,9 @@ def _test(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from webhook import replay
     from webhook.policy.compiled import compile_policy
-    from webhook.policy.load import PolicyError, load_file, load_text
-    from webhook.policy.source import default_policy_text
+    from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
+    from webhook.tools import replay
 
     if args.filename:
         print("gpu-webhook review: give -f or --replay, not both", file=sys.stderr)
@@ -283,12 +281,11 @@ def _review(args: argparse.Namespace) -> int:
         print("gpu-webhook review: give -f MANIFEST (or --replay FILE --policy CANDIDATE)",
               file=sys.stderr)
         return 2
-    from webhook.offline import through_both
+    from webhook.k8s.review import BadReview, parse_review, request_review
     from webhook.policy.compiled import compile_policy
-    from webhook.policy.load import PolicyError, load_file, load_text
-    from webhook.policy.source import default_policy_text
+    from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
     from webhook.quota.store import MemoryStore
-    from webhook.review import BadReview, parse_review, request_review
+    from webhook.tools.offline import through_both
 
     try:
         policy = compile_policy(load_file(args.policy) if args.policy else

@@ -18,9 +18,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from webhook import manifests
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_file, load_text
+from webhook.tools import manifests
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "policies" / "multi-tenant.yaml"

@@ -34,7 +34,7 @@ import yaml
 from controlplane.cluster import ControlPlane
 from kit import console_script, free_port
 
-from webhook.review import request_review
+from webhook.k8s.review import request_review
 
 E2E = Path(__file__).resolve().parent
 POLICY = E2E / "policies" / "e2e.yaml"

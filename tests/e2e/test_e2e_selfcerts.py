@@ -44,7 +44,7 @@ from e2ekit import (
     wait_until,
 )
 
-from webhook import certs
+from webhook.libs import certs
 
 pytestmark = pytest.mark.e2e
 

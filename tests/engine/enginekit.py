@@ -25,9 +25,9 @@ from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
 from webhook.engine.target import NamespaceLabels
 from webhook.engine.validate import validate
+from webhook.k8s.review import AdmissionRequest, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
-from webhook.review import AdmissionRequest, parse_review, request_review
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = ROOT / "policies" / "multi-tenant.yaml"

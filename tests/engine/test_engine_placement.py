@@ -38,7 +38,7 @@ from enginekit import (
 from webhook.engine.mutate import mutate
 from webhook.engine.placement import Placement
 from webhook.engine.validate import validate
-from webhook.patch import Patch
+from webhook.k8s.patch import Patch
 from webhook.policy.model import Rule
 from webhook.quota.usage import charge_of_pod
 

@@ -44,8 +44,8 @@ from enginekit import (
 from webhook.engine.mutate import mutate
 from webhook.engine.target import no_labels
 from webhook.engine.validate import validate
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.model import Mode, Rule
-from webhook.review import parse_review, request_review
 
 EXEMPTING = example_variant((
     "    serviceAccounts: [gpu-operator/nvidia-device-plugin]",

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from webhook.engine.mutate import OWNED as MUTATE_OWNED
 from webhook.engine.mutate import mutate
 from webhook.engine.validate import validate
+from webhook.k8s.reply import response
+from webhook.k8s.review import AdmissionRequest, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_file
 from webhook.policy.model import Mode
-from webhook.reply import response
-from webhook.review import AdmissionRequest, parse_review, request_review
 
 POLICY_FILE = Path(__file__).resolve().parents[2] / "policies" / "multi-tenant.yaml"
 POLICY: CompiledPolicy = compile_policy(load_file(POLICY_FILE))

@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from webhook.engine.validate import validate
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.load import load_file
 from webhook.policy.model import Mode
 from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import MemoryStore
 from webhook.quota.usage import charge_of_pod
-from webhook.review import parse_review, request_review
 
 SPEC = load_file(POLICY_FILE).spec
 NAMESPACE_LABELS = {"inference-a": {"gpu.example.com/tenant": "inference"}}

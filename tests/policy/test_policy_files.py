@@ -20,9 +20,9 @@ import pytest
 from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
 from webhook.engine.validate import validate
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_file
-from webhook.review import parse_review, request_review
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "policies"

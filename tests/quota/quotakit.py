@@ -10,11 +10,11 @@ import orjson
 
 from webhook.engine.decision import Decision
 from webhook.engine.validate import validate
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import MemoryStore
-from webhook.review import parse_review, request_review
 
 POLICY = """
 apiVersion: gpu-webhook.dev/v1alpha1

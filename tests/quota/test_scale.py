@@ -20,18 +20,19 @@ import pytest
 from quotakit import POLICY, pod
 from urllib3.exceptions import ProtocolError
 
-from webhook import cluster, kube, metrics
 from webhook.engine.decision import Decision
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import no_labels
+from webhook.k8s.review import AdmissionRequest, BadReview, parse_review, request_review
+from webhook.libs import kube
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
-from webhook.policy.source import PolicySource
 from webhook.quota.admit import precheck
 from webhook.quota.store import MemoryStore
 from webhook.quota.usage import charge_of_pod
-from webhook.review import AdmissionRequest, BadReview, parse_review, request_review
-from webhook.server import AdmissionApp, Runtime, WorkloadUnreadable
+from webhook.server import cluster, metrics
+from webhook.server.app import AdmissionApp, Runtime, WorkloadUnreadable
+from webhook.server.reload import PolicySource
 
 # The quota tests' policy, plus exemptions and a tenant without quota.
 SCALE_POLICY = POLICY.replace("  tenants:\n", """  exemptions:

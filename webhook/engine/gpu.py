@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from webhook.engine import messages
 from webhook.engine.decision import Checker
-from webhook.patch import Patch
+from webhook.k8s.patch import Patch
+from webhook.k8s.quantity import QuantityError, gpu_count
+from webhook.k8s.resources import ContainerGPUs, ContainerKind, effective_request
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
-from webhook.quantity import QuantityError, gpu_count
-from webhook.resources import ContainerGPUs, ContainerKind, effective_request
 
 Counts = list[tuple[ContainerKind, dict[str, float]]]
 

@@ -3,7 +3,7 @@ affinity, strip GPU tolerations from non-GPU pods, and deny what core validation
 otherwise reject with a terse message.
 
 The object in the request is edited in place while the patch is recorded (see
-``webhook.patch``); callers that still need the original must pass a copy.
+``webhook.k8s.patch``); callers that still need the original must pass a copy.
 Mutation is idempotent: running it on its own output yields an empty patch.
 """
 
@@ -16,10 +16,10 @@ from webhook.engine.pinning import requirements
 from webhook.engine.placement import Placement
 from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations, missing
-from webhook.patch import MalformedObject, Patch, child_list, child_map
+from webhook.k8s.patch import MalformedObject, Patch, child_list, child_map
+from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule, TolerationPolicy
-from webhook.review import AdmissionRequest
 
 # Rules this phase reports in every mode; the others it leaves to the validating webhook.
 OWNED = frozenset({

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from webhook.engine import messages
 from webhook.engine.decision import Checker
 from webhook.engine.placement import Placement
-from webhook.patch import child_map
+from webhook.k8s.patch import child_map
+from webhook.k8s.workloads import PodTemplate
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
-from webhook.workloads import PodTemplate
 
 
 @dataclass(slots=True)

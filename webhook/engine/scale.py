@@ -32,10 +32,10 @@ from webhook.engine import messages
 from webhook.engine.decision import Ask, Checker, Decision
 from webhook.engine.target import NamespaceLabels, prepare
 from webhook.engine.validate import OWNED, QuotaCheck, pod_charge
-from webhook.patch import MalformedObject
+from webhook.k8s.patch import MalformedObject
+from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Mode, Rule
-from webhook.review import AdmissionRequest
 
 # Resources of the apps group whose scale subresource is checked, and their kinds.
 SCALABLE: dict[str, str] = {

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from webhook.engine import messages
 from webhook.engine.decision import Decision, subject_of
-from webhook.patch import MalformedObject
+from webhook.k8s.patch import MalformedObject
+from webhook.k8s.resources import ContainerGPUs, gpu_containers
+from webhook.k8s.review import AdmissionRequest
+from webhook.k8s.workloads import PodTemplate, pod_template
 from webhook.policy.compiled import CompiledPolicy, TenantRules
-from webhook.resources import ContainerGPUs, gpu_containers
-from webhook.review import AdmissionRequest
-from webhook.workloads import PodTemplate, pod_template
 
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 

@@ -18,11 +18,11 @@ from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.pinning import check_pinned
 from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations
-from webhook.patch import MalformedObject, child_list
+from webhook.k8s.patch import MalformedObject, child_list
+from webhook.k8s.review import AdmissionRequest
+from webhook.k8s.workloads import replicas
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule, TolerationPolicy
-from webhook.review import AdmissionRequest
-from webhook.workloads import replicas
 
 OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA})
 

@@ -15,6 +15,7 @@ than a located error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,6 +24,13 @@ from pydantic import BaseModel, ValidationError
 
 from webhook.policy import model
 from webhook.policy.model import API_VERSION, KIND, FieldProblem, GPUPolicy
+
+
+def default_policy_text() -> str:
+    """The example multi-tenant policy shipped inside the package (what `serve`, `review`
+    and `manifests` use when no policy file is given)."""
+    return (resources.files("webhook") / "defaults" / "policy.yaml").read_text("utf-8")
+
 
 MAX_POLICY_BYTES = 1 << 20  # a generous policy is tens of KiB; a bigger file is a mistake
 MAX_DEPTH = 64  # a policy nests about 8 levels deep
@@ -131,7 +139,7 @@ Model = TypeVar("Model", bound=BaseModel)
 def load_document(text: str, source: str, model: type[Model], kind: str) -> Model:
     """One YAML document validated as ``model`` (whose ``apiVersion`` is API_VERSION and
     ``kind`` is ``kind``), with every problem located; shared by the policy and the
-    policy test suites (``webhook.policytest``)."""
+    policy test suites (``webhook.tools.policytest``)."""
     try:
         docs = [d for d in yaml.compose_all(text, Loader=_NoAliasLoader) if not _empty(d)]
     except yaml.MarkedYAMLError as exc:

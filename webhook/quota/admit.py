@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from webhook import metrics
 from webhook.engine import messages
 from webhook.engine.decision import Ask, Checker, Decision
 from webhook.engine.validate import OWNED, QuotaCheck
+from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
 from webhook.quota.check import UsageView, check_pod, check_workload
 from webhook.quota.store import ReservationUnavailable, UsageStore
 from webhook.quota.usage import Charge, owner_of
-from webhook.review import AdmissionRequest
+from webhook.server import metrics
 
 
 def precheck(current: Callable[[], UsageStore | None]) -> QuotaCheck:

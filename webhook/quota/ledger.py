@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from webhook.kube import ConfigMaps, Conflict, KubeError, StoredMap
+from webhook.libs.kube import ConfigMaps, Conflict, KubeError, StoredMap
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView
 from webhook.quota.store import Combined, ReservationUnavailable

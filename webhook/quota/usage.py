@@ -15,10 +15,10 @@ from operator import neg
 from typing import Any
 
 from webhook.engine.placement import restriction
+from webhook.k8s.quantity import QuantityError, gpu_count
+from webhook.k8s.resources import effective_request, gpu_containers
+from webhook.k8s.workloads import pod_template
 from webhook.policy.compiled import CompiledPolicy
-from webhook.quantity import QuantityError, gpu_count
-from webhook.resources import effective_request, gpu_containers
-from webhook.workloads import pod_template
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 

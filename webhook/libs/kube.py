@@ -24,7 +24,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from webhook import logs
+from webhook.libs import logs
 
 Event = tuple[str, dict[str, Any]]  # ("ADDED"|"MODIFIED"|"DELETED"|"SYNCED"|"RESET", obj)
 

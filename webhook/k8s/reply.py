@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from webhook.engine.decision import Decision
-from webhook.review import API_VERSION
+from webhook.k8s.review import API_VERSION
 
 MAX_WARNINGS = 20
 MAX_WARNING_CHARS = 1024

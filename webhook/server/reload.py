@@ -14,17 +14,12 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-from webhook import logs, metrics
+from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy, compile_policy
-from webhook.policy.load import PolicyError, load_file, load_text
-
-
-def default_policy_text() -> str:
-    """The example multi-tenant policy shipped inside the package."""
-    return (resources.files("webhook") / "defaults" / "policy.yaml").read_text("utf-8")
+from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
+from webhook.server import metrics
 
 
 @dataclass(frozen=True, slots=True)

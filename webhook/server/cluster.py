@@ -12,12 +12,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from webhook import kube, logs
+from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
-from webhook.policy.source import PolicySource
 from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import LedgerStore
-from webhook.server import Runtime, WorkloadReader, WorkloadUnreadable
+from webhook.server.app import Runtime, WorkloadReader, WorkloadUnreadable
+from webhook.server.reload import PolicySource
 
 
 def configured(kubeconfig: str | None) -> bool:

@@ -63,7 +63,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from webhook import certs, kube, logs
+from webhook.libs import certs, kube, logs
 
 RENEW_FRACTION = 1 / 3
 """Renew when this share of a certificate's lifetime (notAfter - notBefore) or less is left."""

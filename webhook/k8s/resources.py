@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from webhook.patch import MalformedObject, child_list, child_map
-from webhook.quantity import is_zero
+from webhook.k8s.patch import MalformedObject, child_list, child_map
+from webhook.k8s.quantity import is_zero
 
 ContainerKind = Literal["container", "init", "sidecar"]
 

@@ -22,10 +22,10 @@ from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.engine.validate import validate
+from webhook.k8s.review import parse_review
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import MemoryStore
-from webhook.review import parse_review
 
 
 @dataclass(slots=True)

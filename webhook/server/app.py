@@ -33,18 +33,19 @@ import orjson
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from webhook import logs, metrics
 from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.engine.validate import validate
+from webhook.k8s.reply import error_response, response
+from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
+from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
-from webhook.policy.source import PolicySource
 from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import UsageStore
-from webhook.reply import error_response, response
-from webhook.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
+from webhook.server import metrics
+from webhook.server.reload import PolicySource
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

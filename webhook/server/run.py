@@ -33,14 +33,15 @@ import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from webhook import certs, logs, metrics, selfcerts
-from webhook.cluster import attach, configured, ledger_namespace
-from webhook.kube import Unreachable
+from webhook.libs import certs, logs
+from webhook.libs.kube import Unreachable
 from webhook.policy.load import PolicyError
-from webhook.policy.source import PolicySource, resolve
 from webhook.quota.store import MemoryStore
-from webhook.server import ARRIVED, AdmissionApp, Receive, Runtime, Scope, Send
-from webhook.settings import Settings
+from webhook.server import metrics, selfcerts
+from webhook.server.app import ARRIVED, AdmissionApp, Receive, Runtime, Scope, Send
+from webhook.server.cluster import attach, configured, ledger_namespace
+from webhook.server.reload import PolicySource, resolve
+from webhook.server.settings import Settings
 
 DEV_NAMES = ["localhost", *certs.service_names("gpu-webhook", "gpu-webhook")]
 
