@@ -20,11 +20,12 @@ from typing import Any
 import jsonpatch
 import kubernetes_validate
 import orjson
+from kit import validating
 
+from webhook.admission import mutating as mutate
+from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Decision
-from webhook.engine.mutate import mutate
 from webhook.engine.target import NamespaceLabels
-from webhook.engine.validate import validate
 from webhook.k8s.review import AdmissionRequest, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
@@ -251,10 +252,19 @@ def validated(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
     """Run the validating webhook; it must never return a patch or touch the object."""
     req = review(manifest, **kw)
     before = copy.deepcopy(req.object)
-    decision = validate(req, policy or example_policy(), labels)
+    decision = validating(req, policy or example_policy(), labels)
     assert decision.patch == [], "the validating webhook returned a patch"
     assert req.object == before, "the validating webhook changed the object"
     return decision
+
+
+def gpus_charged(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
+                 labels: NamespaceLabels = namespace_labels) -> float:
+    """The GPU-equivalents the pod is charged: the one pod cost (``engine.charge``) that
+    admission and the cluster cache both count."""
+    namespace = str(manifest.get("metadata", {}).get("namespace", ""))
+    charge = charge_of_pod(manifest, policy or example_policy(), labels(namespace))
+    return charge.gpus if charge is not None else 0.0
 
 
 def admitted(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,

@@ -34,8 +34,8 @@ from enginekit import (
     validated,
 )
 
+from webhook.admission import mutating as mutate
 from webhook.engine.decision import Decision
-from webhook.engine.mutate import mutate
 from webhook.policy.model import Rule
 
 DENY_TOLERATIONS = example_variant(("nonGpuPodsToleratingGpuTaints: strip",

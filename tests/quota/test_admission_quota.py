@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from quotakit import POLICY, admit, pod, policy
 
+from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Decision
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.store import MemoryStore
-from webhook.quota.usage import charge_of_pod
 
 
 def store_with(*pods: dict) -> MemoryStore:

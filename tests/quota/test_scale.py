@@ -20,18 +20,18 @@ import pytest
 from quotakit import POLICY, pod
 from urllib3.exceptions import ProtocolError
 
+from webhook.admission import Cluster, WorkloadUnreadable, scaling
+from webhook.engine.charge import Ask, charge_of_pod
 from webhook.engine.decision import Decision
-from webhook.engine.scale import check_scale, scale_up, unchecked_scale
+from webhook.engine.scale import ScaleUp, check_scale, scale_up, unchecked_scale
 from webhook.engine.target import no_labels
 from webhook.k8s.review import AdmissionRequest, BadReview, parse_review, request_review
 from webhook.libs import kube
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
-from webhook.quota.admit import precheck
 from webhook.quota.store import MemoryStore
-from webhook.quota.usage import charge_of_pod
 from webhook.server import cluster, metrics
-from webhook.server.app import AdmissionApp, Runtime, WorkloadUnreadable
+from webhook.server.app import AdmissionApp, Runtime
 from webhook.server.reload import PolicySource
 
 # The quota tests' policy, plus exemptions and a tenant without quota.
@@ -98,13 +98,25 @@ def store_with(p: CompiledPolicy, *pods: dict[str, Any]) -> MemoryStore:
 
 def decide(req: AdmissionRequest, obj: dict[str, Any], store: MemoryStore | None = None,
            p: CompiledPolicy | None = None) -> Decision:
-    """The engine's two steps, with the workload ``obj`` as if read from the API."""
+    """The admission pipeline's scale step, with the workload ``obj`` as if read from the
+    API."""
     p = p or policy()
     store = store if store is not None else MemoryStore(ttl=60)
-    d = Decision()
-    up = scale_up(req, p, no_labels, d)
-    assert up is not None, d
-    return check_scale(req, up, obj, p, no_labels, precheck(lambda: store))
+    assert isinstance(scale_up(req, p, no_labels), ScaleUp)
+
+    async def read(resource: str, namespace: str, name: str, timeout: float
+                   ) -> dict[str, Any]:
+        return obj
+
+    return asyncio.run(scaling(req, p, Cluster(no_labels, store, read)))
+
+
+def asked(req: AdmissionRequest, obj: dict[str, Any]) -> Ask | None:
+    """What the scale-up asks of quota (the engine's half of the step), if anything."""
+    up = scale_up(req, policy(), no_labels)
+    assert isinstance(up, ScaleUp)
+    step = check_scale(up, obj, policy(), no_labels).quota
+    return step.ask if step is not None else None
 
 
 # --- answered from the request alone (no read) --------------------------------------------
@@ -124,8 +136,8 @@ def decide(req: AdmissionRequest, obj: dict[str, Any], store: MemoryStore | None
     (scale_review(1, 5, namespace="team-c"), "no-quota"),  # a tenant without quota
 ])
 def test_requests_answered_without_reading_the_workload(req, skipped) -> None:
-    d = Decision()
-    assert scale_up(req, policy(), no_labels, d) is None
+    d = scale_up(req, policy(), no_labels)
+    assert isinstance(d, Decision)
     assert d.allowed and d.skipped == skipped and not d.warnings and not d.findings
 
 
@@ -137,9 +149,8 @@ def test_requests_answered_without_reading_the_workload(req, skipped) -> None:
     (scale_review(1, 2, namespace="team-a-dev"), 1, 2, "Deployment"),
 ])
 def test_a_scale_up_in_a_tenant_with_quota_needs_the_workload(req, old, new, kind) -> None:
-    d = Decision()
-    up = scale_up(req, policy(), no_labels, d)
-    assert up is not None
+    up = scale_up(req, policy(), no_labels)
+    assert isinstance(up, ScaleUp)
     assert (up.old, up.new, up.kind, up.tenant.name) == (old, new, kind, "team-a")
     assert up.subject == (f"{kind.lower()} {req.namespace}/trainer, scaled from {old} to "
                           f"{new} replicas")
@@ -150,8 +161,8 @@ def test_a_malformed_scale_is_denied_with_the_pointer(replicas) -> None:
     req = scale_review(1, 5)
     assert req.object is not None
     req.object["spec"]["replicas"] = replicas
-    d = Decision()
-    assert scale_up(req, policy(), no_labels, d) is None
+    d = scale_up(req, policy(), no_labels)
+    assert isinstance(d, Decision)
     assert not d.allowed
     assert d.message == ("deployment team-a/trainer, scale: the object is malformed: "
                          "/spec/replicas must be a non-negative integer.")
@@ -203,7 +214,8 @@ def test_the_pods_a_scale_up_adds_are_checked_against_quota(old, new, busy, gpus
         assert found == []
     else:  # every cap exceeded is named; the one of this case among them
         assert f"{SUBJECT.format(old, new)}: {text} {TAG}" in found
-    assert d.ask is not None and (d.ask.pods, d.ask.pods_added) == (new, new - old)
+    ask = asked(scale_review(old, new), workload(gpus=gpus))
+    assert ask is not None and (ask.pods, ask.pods_added) == (new, new - old)
     if outcome == "denied":
         assert d.message == "\n".join(found)
 
@@ -231,7 +243,8 @@ def test_a_workload_without_gpus_is_allowed_without_a_finding() -> None:
     obj = workload()
     obj["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     d = decide(scale_review(1, 500), obj)
-    assert d.allowed and d.skipped == "no-gpu" and not d.findings and d.ask is None
+    assert d.allowed and d.skipped == "no-gpu" and not d.findings
+    assert asked(scale_review(1, 500), obj) is None
 
 
 def test_only_quota_is_checked_not_the_templates_other_rules() -> None:
@@ -263,8 +276,8 @@ def test_quota_in_warn_or_audit_mode_admits_the_scale(mode) -> None:
 def test_a_workload_that_could_not_be_read_is_allowed_with_a_warning_saying_why() -> None:
     p = policy()
     req = scale_review(1, 50)
-    up = scale_up(req, p, no_labels, Decision())
-    assert up is not None
+    up = scale_up(req, p, no_labels)
+    assert isinstance(up, ScaleUp)
     d = unchecked_scale(up, p, "read deployment team-a/trainer: HTTP 403 Forbidden")
     assert d.allowed and d.outcome == "warned"
     assert d.warnings == [

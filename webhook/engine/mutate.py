@@ -10,13 +10,14 @@ Mutation is idempotent: running it on its own output yields an empty patch.
 from __future__ import annotations
 
 from webhook.engine import messages
-from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision
+from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision, malformed
 from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
 from webhook.engine.placement import Placement
 from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations, missing
-from webhook.k8s.patch import MalformedObject, Patch, child_list, child_map
+from webhook.k8s.objects import MalformedObject, child_list, child_map
+from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule, TolerationPolicy
@@ -30,60 +31,53 @@ OWNED = frozenset({
 
 def mutate(req: AdmissionRequest, policy: CompiledPolicy,
            labels: NamespaceLabels = no_labels) -> Decision:
-    decision = Decision()
-    target = prepare(req, policy, labels, decision)
-    if target is None:
-        return decision
-    check = Checker(policy, target.tenant, target.subject, OWNED, decision)
+    target = prepare(req, policy, labels)
+    if isinstance(target, Decision):
+        return target
+    check = Checker(policy, target.tenant, target.subject, OWNED)
     patch = Patch()
+    changes: list[str] = []
     try:
         if target.has_gpu:
-            _gpu_pod(check, policy, target, req, patch)
+            _gpu_pod(check, policy, target, req, patch, changes)
         else:
-            _non_gpu_pod(check, policy, target, patch)
-        if decision.mutations:
+            _non_gpu_pod(check, policy, target, patch, changes)
+        if changes:
             # Inside the try: a metadata that is not a mapping is only found here when
             # no rule before needed the pod's labels (a non-GPU pod being stripped).
-            _annotate(target, decision.mutations, patch)
+            _annotate(target, changes, patch)
     except MalformedObject as exc:
-        decision.allowed = False
-        decision.message = f"{target.subject}: {messages.malformed(exc.pointer, exc.expected)}"
-        return decision
-    decision.patch = patch.ops
-    return check.finish()
+        return malformed(target.subject, exc)
+    return check.decide(patch.ops, changes)
 
 
 def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest,
-             patch: Patch) -> None:
-    decision = check.decision
+             patch: Patch, changes: list[str]) -> None:
     if target.tenant is None and not policy.unassigned_allowed:
         check.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
     n_ops = len(patch.ops)
     check_requests(check, target.containers, patch)
     if len(patch.ops) > n_ops:
-        decision.mutations.append("gpu-requests")
+        changes.append("gpu-requests")
     spec, sptr = target.template.spec, target.template.spec_pointer
     tolerations = child_list(spec, "tolerations", sptr) or []
     to_add = missing(tolerations, policy.tolerations)
     for t in to_add:
         patch.append(spec, "tolerations", sptr, dict(t))
     if to_add:
-        decision.mutations.append("gpu-tolerations")
+        changes.append("gpu-tolerations")
     # One Placement for the checks and the pins: the spec's node affinity is walked once.
     placement = Placement(spec, sptr)
     changed = False
     for r in requirements(check, policy, target.template, placement):
-        if check.mode(r.rule) is Mode.ENFORCE or not _conflicted(check, r.rule):
+        if check.mode(r.rule) is Mode.ENFORCE or not check.reported(r.rule):
             changed |= placement.pin(r.key, r.values, patch, r.keep)
     if changed:
-        decision.mutations.append("gpu-node-affinity")
+        changes.append("gpu-node-affinity")
 
 
-def _conflicted(check: Checker, rule: Rule) -> bool:
-    return any(f.rule is rule for f in check.decision.findings)
-
-
-def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch) -> None:
+def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,
+                 changes: list[str]) -> None:
     choice = policy.non_gpu_tolerations
     if choice is TolerationPolicy.ALLOW:
         return
@@ -100,7 +94,7 @@ def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: 
         check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
         return
     patch.remove_indices(spec, "tolerations", sptr, hits)
-    check.decision.mutations.append("strip-gpu-tolerations")
+    changes.append("strip-gpu-tolerations")
 
 
 def _annotate(target: Target, changes: list[str], patch: Patch) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from webhook.engine import messages
 from webhook.engine.decision import Checker
 from webhook.engine.placement import Placement
-from webhook.k8s.patch import child_map
+from webhook.k8s.objects import child_map
 from webhook.k8s.workloads import PodTemplate
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule

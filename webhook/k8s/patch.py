@@ -14,46 +14,7 @@ from typing import Any
 
 import orjson
 
-
-class MalformedObject(ValueError):
-    """The object has the wrong JSON type where the pod spec needs a mapping or list."""
-
-    def __init__(self, pointer: str, expected: str) -> None:
-        self.pointer = pointer or "/"
-        self.expected = expected
-        super().__init__(f"{self.pointer} must be {expected}")
-
-
-def escape(token: str) -> str:
-    """Escape one reference token for a JSON Pointer."""
-    if "~" in token:
-        token = token.replace("~", "~0")
-    if "/" in token:
-        token = token.replace("/", "~1")
-    return token
-
-
-def pointer(*tokens: str | int) -> str:
-    return "".join("/" + escape(str(t)) for t in tokens)
-
-
-def child_map(parent: dict[str, Any], key: str, ptr: str) -> dict[str, Any] | None:
-    """``parent[key]`` when it is a mapping, None when absent/null; raise if another type."""
-    value = parent.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise MalformedObject(ptr + "/" + escape(key), "a mapping")
-    return value
-
-
-def child_list(parent: dict[str, Any], key: str, ptr: str) -> list[Any] | None:
-    value = parent.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise MalformedObject(ptr + "/" + escape(key), "a list")
-    return value
+from webhook.k8s.objects import child_list, child_map, escape
 
 
 class Patch:

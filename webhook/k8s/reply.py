@@ -8,27 +8,30 @@ path. Warnings are trimmed to what the API server passes on (it drops longer one
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from webhook.engine.decision import Decision
 from webhook.k8s.review import API_VERSION
 
 MAX_WARNINGS = 20
 MAX_WARNING_CHARS = 1024
 
 
-def response(uid: str, decision: Decision, *, allow_patch: bool,
-             api_version: str = API_VERSION) -> dict[str, Any]:
-    body: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
-    if not decision.allowed:
-        body["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
-    elif allow_patch and decision.patch:
+def response(uid: str, allowed: bool, message: str = "", warnings: Sequence[str] = (),
+             patch: Sequence[dict[str, Any]] = (), *, api_version: str = API_VERSION
+             ) -> dict[str, Any]:
+    """The reply to a decided review. A denial carries ``message`` (as a 403 status) and
+    never a patch; the validating path passes no ``patch``."""
+    body: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        body["status"] = {"code": 403, "reason": "Forbidden", "message": message}
+    elif patch:
         body["patchType"] = "JSONPatch"
-        body["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode("ascii")
-    if decision.warnings:
-        body["warnings"] = [w[:MAX_WARNING_CHARS] for w in decision.warnings[:MAX_WARNINGS]]
+        body["patch"] = base64.b64encode(orjson.dumps(list(patch))).decode("ascii")
+    if warnings:
+        body["warnings"] = [w[:MAX_WARNING_CHARS] for w in warnings[:MAX_WARNINGS]]
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": body}
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from webhook.k8s.patch import MalformedObject, child_list, child_map
+from webhook.k8s.objects import MalformedObject, child_list, child_map
 from webhook.k8s.quantity import is_zero
 
 ContainerKind = Literal["container", "init", "sidecar"]

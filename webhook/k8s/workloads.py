@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.k8s.patch import MalformedObject, child_map
+from webhook.k8s.objects import MalformedObject, child_map
 
 # (API group, kind) -> path of the pod template (metadata + spec) inside the object,
 # or () for a Pod, whose own metadata/spec are the "template".

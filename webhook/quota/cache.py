@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from webhook.engine.charge import charge_of_pod
 from webhook.policy.compiled import CompiledPolicy
-from webhook.quota.usage import Usage, charge_of_pod
+from webhook.quota.usage import Usage
 
 
 class ClusterState:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.engine import messages
-from webhook.engine.decision import Ask, Checker
+from webhook.engine.charge import Ask
+from webhook.engine.decision import Checker
 from webhook.policy.compiled import Limits, TenantRules
 from webhook.policy.model import Mode, Rule
 from webhook.quota.usage import Totals

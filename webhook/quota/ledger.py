@@ -29,11 +29,12 @@ from typing import Any
 
 import orjson
 
+from webhook.engine.charge import Charge
 from webhook.libs.kube import ConfigMaps, Conflict, KubeError, StoredMap
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView
 from webhook.quota.store import Combined, ReservationUnavailable
-from webhook.quota.usage import Charge, Usage
+from webhook.quota.usage import Usage
 
 LEDGER_PREFIX = "gpu-webhook-ledger-"
 LABELS = {"app.kubernetes.io/name": "gpu-webhook", "gpu-webhook.dev/ledger": "quota"}

@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from webhook.engine.charge import Charge
 from webhook.quota.check import UsageView
-from webhook.quota.usage import Charge, Totals, Usage
+from webhook.quota.usage import Totals, Usage
 
 
 class ReservationUnavailable(Exception):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,16 +33,12 @@ import orjson
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from webhook.admission import Cluster, Phase, WorkloadReader, admit, reply
 from webhook.engine.decision import Decision
-from webhook.engine.mutate import mutate
-from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
-from webhook.engine.validate import validate
-from webhook.k8s.reply import error_response, response
+from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
 from webhook.libs import logs
-from webhook.policy.compiled import CompiledPolicy
-from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import UsageStore
 from webhook.server import metrics
 from webhook.server.reload import PolicySource
@@ -55,31 +51,23 @@ Send = Callable[[Message], Awaitable[None]]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-class WorkloadUnreadable(Exception):
-    """The workload a scale request is for could not be read; the message says why."""
-
-
-# (resource, namespace, name, timeout in seconds) -> the workload as a plain dict, e.g.
-# ("deployments", "team-a", "trainer", 2.0); raises WorkloadUnreadable.
-WorkloadReader = Callable[[str, str, str, float], Awaitable[dict[str, Any]]]
-
-# At most this long for reading the workload of a scale request: an API server that
-# takes longer is struggling, and the check is only an early answer (see engine.scale).
-SCALE_READ_SECONDS = 2.0
-
-
-@dataclass
+@dataclass(frozen=True)
 class Runtime:
-    """What the server needs besides the policy: cluster-fed lookups and readiness."""
+    """What the server needs besides the policy: cluster-fed lookups and readiness.
+    Built once, before the server starts (``webhook.server.run``), and never changed:
+    the policy source swaps policies inside itself, the store keeps its own state."""
 
     policy: PolicySource
     namespace_labels: NamespaceLabels = no_labels
     store: UsageStore | None = None
     read_workload: WorkloadReader | None = None  # for scale requests; None: no cluster
-    ready_checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
     request_timeout: float = 8.0  # seconds from a request's first byte to its answer
+
+
+_PATHS = {"/mutate": Phase.MUTATE, "/validate": Phase.VALIDATE}
 
 
 class AdmissionApp:
@@ -87,25 +75,25 @@ class AdmissionApp:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.other = _control_app(runtime)
-        # Quota gauges and store counters are read when Prometheus scrapes, from whichever
-        # store and policy are current then (the cluster wiring swaps the store in later).
-        metrics.STATE.attach(
-            lambda: runtime.store,
+        self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload)
+        # This app's quota gauges and store counters, read when Prometheus scrapes (a
+        # second app in the process has its own: nothing here is global).
+        self.state = metrics.StateCollector(
+            runtime.store,
             lambda: runtime.policy.active.policy if runtime.policy.active else None)
-        self.quota = precheck(lambda: runtime.store)
+        self.other = _control_app(runtime, self.state)
         self.inflight = 0
         self.deadlines = BodyDeadlines()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            if path == "/mutate" or path == "/validate":
-                await self._admit(path[1:], scope, receive, send)
+            phase = _PATHS.get(scope["path"])
+            if phase is not None:
+                await self._admit(phase, scope, receive, send)
                 return
         await self.other(scope, receive, send)
 
-    async def _admit(self, webhook: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _admit(self, webhook: Phase, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         if self.inflight >= self.runtime.max_inflight:
             # Checked before any await: refusing costs no body read and no parse.
@@ -121,7 +109,7 @@ class AdmissionApp:
             self.inflight -= 1
             metrics.INFLIGHT.dec()
 
-    async def _admit_within(self, webhook: str, scope: Scope, receive: Receive, send: Send,
+    async def _admit_within(self, webhook: Phase, scope: Scope, receive: Receive, send: Send,
                             started: float) -> None:
         now = time.monotonic()
         limit = min(self.runtime.request_timeout, _budget(scope))
@@ -148,73 +136,49 @@ class AdmissionApp:
                        error=str(exc), client=_client(scope))
             await _send(send, exc.status, {"error": str(exc)})
             return
-        reply = await self.decide(webhook, req, max(0.0, deadline - time.monotonic()))
-        await _send(send, 200, reply)
+        answer = await self.decide(webhook, req, max(0.0, deadline - time.monotonic()))
+        await _send(send, 200, answer)
         elapsed = time.perf_counter() - started
         metrics.child(metrics.LATENCY, webhook).observe(elapsed)
 
-    async def _overloaded(self, webhook: str, scope: Scope, send: Send, status: int,
+    async def _overloaded(self, webhook: Phase, scope: Scope, send: Send, status: int,
                           reason: str, message: str) -> None:
         metrics.OVERLOAD.labels(webhook, reason).inc()
         logs.event("admission request refused", logging.WARNING, webhook=webhook,
                    status=status, reason=reason, client=_client(scope))
         await _send(send, status, {"error": message}, retry_after=status in (429, 503))
 
-    async def decide(self, webhook: str, req: AdmissionRequest, budget: float
+    async def decide(self, webhook: Phase | str, req: AdmissionRequest, budget: float
                      ) -> dict[str, Any]:
-        """Run the engine for one parsed review and build the reply (never raises)."""
+        """Decide one parsed review through the admission pipeline and build the reply
+        (never raises: a failure to decide is a denial)."""
+        phase = Phase(webhook)
         active = self.runtime.policy.active
         assert active is not None, "the server starts only after a policy loaded"
-        store = self.runtime.store
         try:
-            if webhook == "mutate":
-                decision = mutate(req, active.policy, self.runtime.namespace_labels)
-            elif req.sub_resource:
-                decision = await self._scale(req, active.policy, budget)
-            else:
-                decision = validate(req, active.policy, self.runtime.namespace_labels,
-                                    self.quota)
-                if store is not None and needs_commit(decision, req, active.policy):
-                    await commit(decision, req, active.policy, store, budget)
+            decision = await admit(phase, req, active.policy, self.cluster, budget)
         except Exception as exc:  # a bug must deny (fail closed), never 500 or allow
-            metrics.ERRORS.labels(webhook).inc()
+            metrics.ERRORS.labels(phase).inc()
             logging.getLogger("gpu_webhook").exception(
-                "review failed", extra={"fields": {"uid": req.uid, "webhook": webhook}})
+                "review failed", extra={"fields": {"uid": req.uid, "webhook": phase.value}})
             return error_response(
                 req.uid,
                 f"gpu-webhook could not decide this request ({type(exc).__name__}); "
                 f"it is denied to stay safe. The webhook log has the details (uid {req.uid}).",
                 api_version=req.api_version)
-        _record(webhook, req, decision, active.policy.name, active.generation)
-        return response(req.uid, decision, allow_patch=webhook == "mutate",
-                        api_version=req.api_version)
-
-    async def _scale(self, req: AdmissionRequest, policy: CompiledPolicy, budget: float
-                     ) -> Decision:
-        """A scale subresource request: read the workload only for a scale-up that quota
-        applies to, then decide on its pod template."""
-        decision = Decision()
-        labels = self.runtime.namespace_labels
-        up = scale_up(req, policy, labels, decision)
-        if up is None:
-            return decision
-        read = self.runtime.read_workload
-        try:
-            if read is None:
-                raise WorkloadUnreadable("the webhook is not connected to a cluster")
-            workload = await read(up.resource, up.namespace, up.name,
-                                  min(budget, SCALE_READ_SECONDS))
-        except WorkloadUnreadable as exc:
-            metrics.SCALES_UNCHECKED.inc()
-            logs.event("scale not checked: the workload could not be read", logging.WARNING,
-                       uid=req.uid, resource=up.resource, namespace=up.namespace,
-                       name=up.name, error=str(exc))
-            return unchecked_scale(up, policy, str(exc))
-        return check_scale(req, up, workload, policy, labels, self.quota)
+        _record(phase, req, decision, active.policy.name, active.generation)
+        return reply(phase, req.uid, decision, req.api_version)
 
 
-def _record(webhook: str, req: AdmissionRequest, d: Decision, policy: str, gen: int) -> None:
+_FAULTS = {"ledger-unavailable": metrics.RESERVATIONS_UNAVAILABLE,
+           "scale-unchecked": metrics.SCALES_UNCHECKED}
+
+
+def _record(webhook: Phase, req: AdmissionRequest, d: Decision, policy: str, gen: int
+            ) -> None:
     outcome = d.outcome
+    for fault in d.faults:
+        _FAULTS[fault].inc()
     metrics.child(metrics.ADMISSIONS, webhook, req.operation, req.kind, outcome).inc()
     for f in d.findings:
         metrics.child(metrics.FINDINGS, webhook, f.rule.value, f.mode.value,
@@ -361,7 +325,7 @@ def _client(scope: Scope) -> str:
     return f"{client[0]}:{client[1]}" if client else ""
 
 
-def _control_app(runtime: Runtime) -> FastAPI:
+def _control_app(runtime: Runtime, state: metrics.StateCollector) -> FastAPI:
     app = FastAPI(title="gpu-webhook", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/healthz")
@@ -386,7 +350,8 @@ def _control_app(runtime: Runtime) -> FastAPI:
     async def prom() -> Response:
         # On the event loop, not in FastAPI's thread pool: the scrape reads the usage store
         # (metrics.StateCollector), which only the event loop may touch.
-        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(metrics.Exposition(state)),
+                        media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/mutate")
     @app.post("/validate")

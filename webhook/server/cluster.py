@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.admission import WorkloadReader, WorkloadUnreadable
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import LedgerStore
-from webhook.server.app import Runtime, WorkloadReader, WorkloadUnreadable
 from webhook.server.reload import PolicySource
 
 
@@ -37,10 +37,14 @@ def ledger_namespace(explicit: str | None) -> str:
         return "gpu-webhook"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Cluster:
+    """The cluster as the server uses it: the watch-fed state, the ledger store, the
+    reader of scale requests' workloads, and the watches to stop at shutdown."""
+
     state: ClusterState
     store: LedgerStore
+    read_workload: WorkloadReader
     watchers: list[kube.Watcher]
 
     def stop(self) -> None:
@@ -48,10 +52,10 @@ class Cluster:
             w.stop()
 
 
-def attach(runtime: Runtime, source: PolicySource, kubeconfig: str | None,
-           namespace: str | None, loop: asyncio.AbstractEventLoop) -> Cluster:
-    """Start the pod and namespace watches and put the ledger store into ``runtime``.
-    Raises kube.Unreachable when credentials cannot even be loaded."""
+def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
+           loop: asyncio.AbstractEventLoop) -> Cluster:
+    """Start the pod and namespace watches and the ledger store, before the server is
+    built from them. Raises kube.Unreachable when credentials cannot even be loaded."""
     api = kube.connect(kubeconfig)
 
     def policy() -> CompiledPolicy:
@@ -69,13 +73,9 @@ def attach(runtime: Runtime, source: PolicySource, kubeconfig: str | None,
     source.on_change.append(pods.resync)  # a new policy may charge pods differently
     namespaces.start()
     pods.start()
-    runtime.store = store
-    runtime.namespace_labels = state.namespace_labels
-    runtime.read_workload = workload_reader(kube.Workloads(api))
-    runtime.ready_checks["caches-synced"] = state.synced
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
-    return Cluster(state, store, [pods, namespaces])
+    return Cluster(state, store, workload_reader(kube.Workloads(api)), [pods, namespaces])
 
 
 def workload_reader(workloads: kube.Workloads) -> WorkloadReader:

@@ -124,21 +124,16 @@ class StateCollector(Collector):
     bounded by the policy, not by the cluster.
     """
 
-    def __init__(self) -> None:
-        self._store: Callable[[], _Store | None] = lambda: None
-        self._policy: Callable[[], CompiledPolicy | None] = lambda: None
-
-    def attach(self, store: Callable[[], _Store | None],
-               policy: Callable[[], CompiledPolicy | None]) -> None:
-        """Follow this server's store and policy (both looked up at every scrape: the
-        cluster wiring replaces the store, and reloads replace the policy)."""
+    def __init__(self, store: _Store | None, policy: Callable[[], CompiledPolicy | None]
+                 ) -> None:
+        # The policy is looked up at every scrape: reloads replace it.
         self._store, self._policy = store, policy
 
     def describe(self) -> Iterable[Metric]:
         return []  # what collect() yields depends on the policy; nothing to pre-register
 
     def collect(self) -> Iterable[Metric]:
-        store, policy = self._store(), self._policy()
+        store, policy = self._store, self._policy()
         if store is None:
             return
         labels = ["tenant", "scope", "namespace", "name"]
@@ -188,8 +183,17 @@ def _caps(caps: Limits, totals: Totals) -> Iterator[tuple[str, float, float]]:
         yield "pods", caps.pods, totals.pods
 
 
-STATE = StateCollector()
-REGISTRY.register(STATE)
+class Exposition:
+    """What one server's ``/metrics`` shows: the process-wide counters and histograms
+    (``REGISTRY``), then that server's own quota state. Anything with ``collect()`` is a
+    registry to ``generate_latest``."""
+
+    def __init__(self, state: StateCollector) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+        yield from self.state.collect()
 
 
 _CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}

@@ -24,7 +24,7 @@ import signal
 import ssl
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from webhook.engine.target import no_labels
 from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable
 from webhook.policy.load import PolicyError
@@ -371,10 +372,6 @@ def run(settings: Settings) -> int:
     # Read at scrape time, so it follows certificate reloads.
     metrics.CERT_EXPIRY.set_function(lambda: reloader.serving.not_after.timestamp())
     client_cns = settings.client_cn_list()
-    runtime = Runtime(policy=source,
-                      store=MemoryStore(ttl=active.policy.reservation_ttl),
-                      max_inflight=settings.max_inflight,
-                      request_timeout=settings.request_timeout)
     logs.event("starting", host=settings.host, port=settings.port,
                policy=active.policy.name, policy_source=active.source,
                tls_min=settings.tls_min_version, mtls=bool(settings.client_ca),
@@ -383,26 +380,38 @@ def run(settings: Settings) -> int:
                cert_not_after=reloader.serving.not_after.isoformat(),
                usage_store="cluster ledger" if configured(settings.kubeconfig)
                else "in-memory (no cluster configured)", pid=os.getpid())
-    app: Any = AdmissionApp(runtime)
-    if settings.client_ca:
-        app = ClientCertGate(app, client_cns)
-    config = _Config(
-        app, context, host=settings.host, port=settings.port, loop="uvloop",
-        http=AdmissionProtocol, lifespan="off", access_log=False, log_config=None,
-        timeout_keep_alive=30, timeout_graceful_shutdown=20,
-    )
-    server = uvicorn.Server(config)
 
     async def main() -> None:
+        # The cluster first, then the app built on it once: nothing is swapped into a
+        # running server.
         cluster = None
+        ready: dict[str, Callable[[], bool]] = {}
         if configured(settings.kubeconfig):
             try:
-                cluster = attach(runtime, source, settings.kubeconfig, settings.namespace,
+                cluster = attach(source, settings.kubeconfig, settings.namespace,
                                  asyncio.get_running_loop())
+                ready["caches-synced"] = cluster.state.synced
             except Unreachable as exc:
                 logs.event("cannot use the cluster; not ready until it can", logging.ERROR,
                            error=str(exc))
-                runtime.ready_checks["cluster"] = lambda: False
+                ready["cluster"] = lambda: False
+        runtime = Runtime(
+            policy=source,
+            namespace_labels=cluster.state.namespace_labels if cluster else no_labels,
+            store=cluster.store if cluster else MemoryStore(ttl=active.policy.reservation_ttl),
+            read_workload=cluster.read_workload if cluster else None,
+            ready_checks=ready,
+            max_inflight=settings.max_inflight,
+            request_timeout=settings.request_timeout)
+        app: Any = AdmissionApp(runtime)
+        if settings.client_ca:
+            app = ClientCertGate(app, client_cns)
+        config = _Config(
+            app, context, host=settings.host, port=settings.port, loop="uvloop",
+            http=AdmissionProtocol, lifespan="off", access_log=False, log_config=None,
+            timeout_keep_alive=30, timeout_graceful_shutdown=20,
+        )
+        server = uvicorn.Server(config)
         watchers = [asyncio.ensure_future(source.watch(settings.policy_poll_seconds)),
                     asyncio.ensure_future(reloader.watch(settings.cert_poll_seconds))]
         if renewer is not None:

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jsonpatch
 import orjson
 
+from webhook.admission import Cluster, mutating, validating
 from webhook.engine.decision import Decision
-from webhook.engine.mutate import mutate
 from webhook.engine.target import NamespaceLabels, no_labels
-from webhook.engine.validate import validate
 from webhook.k8s.review import parse_review
 from webhook.policy.compiled import CompiledPolicy
-from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import MemoryStore
 
 
@@ -80,25 +78,20 @@ def as_stored(pod: dict[str, Any], uid: str) -> None:
 
 def through_both(body: bytes, policy: CompiledPolicy, labels: NamespaceLabels = no_labels,
                  store: MemoryStore | None = None) -> Outcome:
-    """Run an AdmissionReview body through mutate, patch, and validate (with quota).
+    """Run an AdmissionReview body through the admission pipeline: mutating, the patch
+    applied as the API server applies it, then validating (with quota).
 
     Raises BadReview for a body that is not a usable review."""
     req = parse_review(body)
-    m = mutate(req, policy, labels)
+    original = orjson.loads(body)["request"]["object"]  # mutating edits req's own copy
+    m = mutating(req, policy, labels)
     if not m.allowed:
         return Outcome(m, None, None)
-    doc = orjson.loads(body)  # a fresh original: mutate edited its own copy in place
-    original = doc["request"]["object"]
     patched = jsonpatch.apply_patch(original, m.patch) if m.patch else original
     final = copy.deepcopy(patched)
     if req.kind == "Pod" and req.group == "" and req.operation == "CREATE":
         as_stored(final, req.uid)
-    doc["request"]["object"] = final
-    vreq = parse_review(orjson.dumps(doc))
     store = store if store is not None else MemoryStore()
-    v = validate(vreq, policy, labels, precheck(lambda: store))
-    reserved = False
-    if needs_commit(v, vreq, policy):
-        asyncio.run(commit(v, vreq, policy, store, budget=1.0))
-        reserved = v.allowed
-    return Outcome(m, v, patched, reserved)
+    commits = store.commits
+    v = asyncio.run(validating(replace(req, object=final), policy, Cluster(labels, store)))
+    return Outcome(m, v, patched, reserved=store.commits > commits)

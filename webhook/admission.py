@@ -1,0 +1,158 @@
+"""The admission pipeline: the one sequence of steps every caller runs.
+
+The HTTPS server, the offline tools (``review``, ``review --replay``, ``test``) and the
+tests all decide a review here, so what is tested is what runs:
+
+- :func:`mutating`: the mutating webhook (pure: the engine alone);
+- :func:`validating`: the validating webhook, then its quota step against a usage
+  store: a workload or a dry run is checked against the usage this replica sees; a real
+  pod creation is checked *inside* the store's atomic reservation, so two pods that each
+  fit alone can never both be admitted when together they do not;
+- :func:`scaling`: a scale subresource request, with the read of the workload it scales.
+
+:func:`admit` picks one of them for a webhook path. Each returns a final
+:class:`~webhook.engine.decision.Decision`; the callers only carry it (to the reply
+:func:`reply` builds, a report, an assertion) and count what it says.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from webhook.engine import messages
+from webhook.engine.decision import Checker, Decision, Finding
+from webhook.engine.mutate import mutate
+from webhook.engine.scale import check_scale, scale_up, unchecked_scale
+from webhook.engine.target import NamespaceLabels, no_labels
+from webhook.engine.validate import OWNED, QuotaStep, Validation, validate
+from webhook.k8s.reply import response
+from webhook.k8s.review import API_VERSION, AdmissionRequest
+from webhook.libs import logs
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.model import Mode, Rule
+from webhook.quota.check import UsageView, check_pod, check_workload
+from webhook.quota.store import ReservationUnavailable, UsageStore
+
+
+class Phase(StrEnum):
+    """Which webhook a review was sent to (its path, its metrics label)."""
+
+    MUTATE = "mutate"
+    VALIDATE = "validate"
+
+
+class WorkloadUnreadable(Exception):
+    """The workload a scale request is for could not be read; the message says why."""
+
+
+# (resource, namespace, name, timeout in seconds) -> the workload as a plain dict, e.g.
+# ("deployments", "team-a", "trainer", 2.0); raises WorkloadUnreadable.
+WorkloadReader = Callable[[str, str, str, float], Awaitable[dict[str, Any]]]
+
+# At most this long for reading the workload of a scale request: an API server that
+# takes longer is struggling, and the check is only an early answer (see engine.scale).
+SCALE_READ_SECONDS = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """What the pipeline reads besides the review and the policy."""
+
+    labels: NamespaceLabels = no_labels
+    store: UsageStore | None = None  # None: quota is not checked
+    read_workload: WorkloadReader | None = None  # None: scale-ups are not checked
+
+
+def mutating(req: AdmissionRequest, policy: CompiledPolicy,
+             labels: NamespaceLabels = no_labels) -> Decision:
+    """The mutating webhook. The request's object is edited in place while the patch is
+    recorded: pass a copy to keep the original."""
+    return mutate(req, policy, labels)
+
+
+async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
+                     budget: float = 1.0) -> Decision:
+    """The validating webhook, quota included."""
+    return await _with_quota(validate(req, policy, cluster.labels), policy, cluster.store,
+                             budget)
+
+
+async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
+                  budget: float = 1.0) -> Decision:
+    """A scale subresource request: read the workload only for a scale-up that quota
+    applies to, then decide on its pod template."""
+    up = scale_up(req, policy, cluster.labels)
+    if isinstance(up, Decision):
+        return up
+    read = cluster.read_workload
+    try:
+        if read is None:
+            raise WorkloadUnreadable("the webhook is not connected to a cluster")
+        workload = await read(up.resource, up.namespace, up.name,
+                              min(budget, SCALE_READ_SECONDS))
+    except WorkloadUnreadable as exc:
+        logs.event("scale not checked: the workload could not be read", logging.WARNING,
+                   uid=req.uid, resource=up.resource, namespace=up.namespace,
+                   name=up.name, error=str(exc))
+        return unchecked_scale(up, policy, str(exc)).adding([], ["scale-unchecked"])
+    return await _with_quota(check_scale(up, workload, policy, cluster.labels), policy,
+                             cluster.store, budget)
+
+
+async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
+                cluster: Cluster, budget: float = 1.0) -> Decision:
+    """The decision of the webhook at ``phase`` for one parsed review."""
+    if phase is Phase.MUTATE:
+        return mutating(req, policy, cluster.labels)
+    if req.sub_resource:
+        return await scaling(req, policy, cluster, budget)
+    return await validating(req, policy, cluster, budget)
+
+
+def reply(phase: Phase, uid: str, d: Decision, api_version: str = API_VERSION
+          ) -> dict[str, Any]:
+    """The AdmissionReview reply that carries a decision; the validating webhook's never
+    has a patch."""
+    return response(uid, d.allowed, d.message, d.warnings,
+                    d.patch if phase is Phase.MUTATE else (), api_version=api_version)
+
+
+async def _with_quota(v: Validation, policy: CompiledPolicy, store: UsageStore | None,
+                      budget: float) -> Decision:
+    if v.quota is None or store is None:
+        return v.decision
+    findings, faults = await quota(v.quota, policy, store, budget)
+    return v.decision.adding(findings, faults)
+
+
+async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budget: float
+                ) -> tuple[list[Finding], list[str]]:
+    """The quota step's findings (and faults): checked against the store's usage, or,
+    for a real pod creation, checked and reserved in one atomic step."""
+    check = Checker(policy, step.tenant, step.subject, OWNED)
+    if step.reservation is None:
+        view = store.view()
+        if step.ask.is_pod:
+            check_pod(check, step.tenant, step.ask, view)  # a dry run: checked, not kept
+        else:
+            check_workload(check, step.tenant, step.ask, view)
+        return check.findings, []
+
+    def fits(view: UsageView) -> bool:
+        # Run on every attempt of the store's compare-and-swap loop, against fresh state:
+        # only the last attempt's findings stand.
+        check.findings.clear()
+        return check_pod(check, step.tenant, step.ask, view)
+
+    try:
+        await store.reserve(step.reservation.key, step.reservation.charge, fits, budget)
+    except ReservationUnavailable as exc:
+        check.findings.clear()
+        check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
+                     at_most=Mode.WARN if policy.quota_fail_open else None)
+        return check.findings, ["ledger-unavailable"]
+    return check.findings, []

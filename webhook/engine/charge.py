@@ -1,0 +1,122 @@
+"""What a pod costs, computed in one place: the GPUs it holds against its tenant's quota.
+
+Admission (a pod, a workload's template, a scale-up) and the cluster cache (a pod seen by
+the watch) both charge a pod through :func:`pod_cost`, so what admission counts and what
+the cluster later shows can never disagree: the effective request per GPU resource (as
+ResourceQuota counts it: the larger of the app containers with restartable init
+"sidecars" and the largest plain init container), the GPU-equivalents the policy's
+weights make of it, and the one product the pod is pinned to, if it is pinned to one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.engine.decision import Checker, Quiet
+from webhook.engine.gpu import check_maximums, check_requests, weighted
+from webhook.engine.pinning import check_pinned
+from webhook.engine.target import Target, read_target
+from webhook.k8s.objects import MalformedObject
+from webhook.policy.compiled import CompiledPolicy
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one pod of a template costs."""
+
+    product: str | None  # the product it is pinned to, when exactly one
+    resources: Mapping[str, float]  # effective request, devices per GPU resource
+    gpus: float  # GPU-equivalents (weights applied)
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one GPU pod counts against its tenant's quota, and who holds it."""
+
+    tenant: str
+    namespace: str
+    owner: str  # "job/llm-pretrain", "deployment/web", "pod/notebook-x"
+    product: str | None
+    resources: Mapping[str, float]
+    gpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What admitting one object would add to its tenant's usage (for quota)."""
+
+    tenant: str
+    namespace: str
+    cost: Cost  # per pod
+    pods: int  # pods of this template at once (replicas / parallelism; 1 for a Pod)
+    is_pod: bool
+    pods_added: int  # pods this request adds (an UPDATE that scales 2 -> 5 adds 3)
+    kind: str
+
+    @property
+    def product(self) -> str | None:
+        return self.cost.product
+
+    @property
+    def resources(self) -> Mapping[str, float]:
+        return self.cost.resources
+
+    @property
+    def gpus(self) -> float:
+        return self.cost.gpus
+
+
+def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
+    """Check the template's GPU requests, maximums and pinning (reporting to ``check``)
+    and return what one of its pods costs."""
+    counts = check_requests(check, target.containers, None)
+    effective = check_maximums(check, policy, target.containers, counts)
+    product = check_pinned(check, policy, target.template)
+    return Cost(product, effective, weighted(policy, effective))
+
+
+def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
+                  labels: Mapping[str, str] | None = None) -> Charge | None:
+    """The charge of a pod seen in the cluster, or None when it holds no GPU quota (no
+    GPU, terminal phase, no tenant, malformed). The same :func:`pod_cost` as admission,
+    with the findings dropped: the rules ran when the pod was admitted."""
+    if not isinstance(pod, dict):
+        return None
+    status = pod.get("status") or {}
+    if isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES:
+        return None
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
+    try:
+        target = read_target("", "Pod", namespace, pod, "", policy, lambda _: labels)
+    except MalformedObject:
+        return None
+    if target is None or not target.has_gpu or target.tenant is None:
+        return None
+    try:
+        cost = pod_cost(Quiet(policy, target.tenant, "", frozenset()), policy, target)
+    except MalformedObject:
+        return None
+    if not cost.resources:
+        return None
+    return Charge(target.tenant.name, namespace, owner_of(pod), cost.product, cost.resources,
+                  cost.gpus)
+
+
+def owner_of(pod: Mapping[str, Any]) -> str:
+    """A readable owner for messages: the Deployment behind a ReplicaSet, else the
+    controller's kind/name, else the pod itself."""
+    meta = pod.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or ():
+        if not isinstance(ref, dict) or not ref.get("controller"):
+            continue
+        kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
+        pth = (meta.get("labels") or {}).get("pod-template-hash")
+        if kind == "ReplicaSet" and pth and name.endswith("-" + pth):
+            return "deployment/" + name[: -len(pth) - 1]
+        return f"{kind.lower()}/{name}"
+    return "pod/" + str(meta.get("name") or meta.get("generateName", "") + "*")
