@@ -81,6 +81,11 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     cost = pod_cost(check, policy, target)
     if tenant is None or check.denied or (tenant.quota is None and not tenant.namespace_quota):
         return None
+    if not cost.resources:
+        # Every GPU count unreadable (only reported in warn or audit mode): the pod costs
+        # nothing, as the cluster cache will count it; reserving a GPU pod of 0 GPUs would
+        # hold a slot of the tenant's pod cap that the cache never charges.
+        return None
     assert req.object is not None
     pods = 1 if target.template.is_pod else replicas(req.group, req.kind, req.object)
     added = pods

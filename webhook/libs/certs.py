@@ -239,10 +239,6 @@ def write(issued: Issued, directory: str | Path, *, force: bool = False) -> list
     return written
 
 
-def not_after(cert_pem: bytes) -> dt.datetime:
-    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
-
-
 @dataclass(frozen=True)
 class ServingPair:
     """What the server tells about the certificate it serves (for logs and reload checks)."""

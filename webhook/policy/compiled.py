@@ -35,9 +35,6 @@ class Limits:
     def of(cls, q: QuotaLimits) -> Limits:
         return cls(q.gpus, dict(q.resources), dict(q.products), q.pods)
 
-    def empty(self) -> bool:
-        return self.gpus is None and not self.resources and not self.products and self.pods is None
-
 
 @dataclass(frozen=True, slots=True)
 class TenantRules:
