@@ -30,8 +30,9 @@ lint: install
 controlplane:
 	bash tests/e2e/controlplane/build.sh
 
+# The fast suite: no API server, no install or benchmark runs (marked slow).
 unit: install
-	$(BIN)/pytest -m "not e2e"
+	$(BIN)/pytest -m "not e2e and not slow"
 
 e2e: install controlplane
 	$(BIN)/pytest -m e2e

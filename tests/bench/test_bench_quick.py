@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("wrk") is None,
                     reason="wrk, the load generator, is not installed "
                            "(`make install` as root, or apt-get install wrk)")
+@pytest.mark.slow  # every part of the benchmark, briefly
 def test_quick_bench_writes_every_section(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

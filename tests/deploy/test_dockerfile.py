@@ -114,6 +114,7 @@ def test_build_context_is_only_what_the_install_needs():
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a real pip install of the package into a fresh venv
 def test_the_install_steps_give_a_working_command(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
