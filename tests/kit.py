@@ -18,6 +18,7 @@ import pytest
 from webhook import admission
 from webhook.admission import Cluster
 from webhook.engine.decision import Decision
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
@@ -44,8 +45,9 @@ def free_port() -> int:
 
 
 def validating(req: AdmissionRequest, policy: CompiledPolicy,
-               labels: NamespaceLabels = no_labels, store: UsageStore | None = None
-               ) -> Decision:
+               labels: NamespaceLabels = no_labels, store: UsageStore | None = None,
+               claims: ClaimLookup = no_claims) -> Decision:
     """The validating webhook exactly as the server runs it (``webhook.admission``), from
     synchronous test code; with ``store``, quota is checked and committed in it."""
-    return asyncio.run(admission.validating(req, policy, Cluster(labels, store)))
+    return asyncio.run(admission.validating(req, policy, Cluster(labels, store,
+                                                                 claims=claims)))

@@ -24,11 +24,13 @@ from enum import StrEnum
 from typing import Any
 
 from webhook.engine import messages
+from webhook.engine.charge import QuotaStep, Validation
 from webhook.engine.decision import Checker, Decision, Finding
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.mutate import mutate
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
-from webhook.engine.validate import OWNED, QuotaStep, Validation, validate
+from webhook.engine.validate import OWNED, validate
 from webhook.k8s.reply import response
 from webhook.k8s.review import API_VERSION, AdmissionRequest
 from webhook.libs import logs
@@ -65,20 +67,22 @@ class Cluster:
     labels: NamespaceLabels = no_labels
     store: UsageStore | None = None  # None: quota is not checked
     read_workload: WorkloadReader | None = None  # None: scale-ups are not checked
+    claims: ClaimLookup = no_claims  # DRA claims and templates seen (a watch cache)
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
-             labels: NamespaceLabels = no_labels) -> Decision:
+             labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims
+             ) -> Decision:
     """The mutating webhook. The request's object is edited in place while the patch is
     recorded: pass a copy to keep the original."""
-    return mutate(req, policy, labels)
+    return mutate(req, policy, labels, claims)
 
 
 async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
                      budget: float = 1.0) -> Decision:
     """The validating webhook, quota included."""
-    return await _with_quota(validate(req, policy, cluster.labels), policy, cluster.store,
-                             budget)
+    return await _with_quota(validate(req, policy, cluster.labels, cluster.claims), policy,
+                             cluster.store, budget)
 
 
 async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
@@ -107,7 +111,7 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
                 cluster: Cluster, budget: float = 1.0) -> Decision:
     """The decision of the webhook at ``phase`` for one parsed review."""
     if phase is Phase.MUTATE:
-        return mutating(req, policy, cluster.labels)
+        return mutating(req, policy, cluster.labels, cluster.claims)
     if req.sub_resource:
         return await scaling(req, policy, cluster, budget)
     return await validating(req, policy, cluster, budget)

@@ -93,7 +93,7 @@ CASES: list[tuple[str, str, str, str]] = [
     ("bad-tenant-mode", _tenant("namespaces: [a]\nmode: block  # <-\n"),
      "spec.tenants[0].mode", "(got 'block')"),
     ("unknown-rule", _spec("rules:\n  quotas: {mode: warn}  # <-\n"), "spec.rules.quotas",
-     "unknown rule 'quotas'; the rules are: allowed-products"),
+     "unknown rule 'quotas'; the rules are: allowed-device-classes, allowed-products"),
     ("rule-without-mode", _spec("rules:\n  quota: {}  # <-\n"), "spec.rules.quota.mode",
      "required field is missing"),
     ("bad-toleration-operator",

@@ -14,12 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.engine.decision import Checker, Quiet
+from webhook.engine import devices, messages
+from webhook.engine.decision import Checker, Decision, Quiet
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.pinning import check_pinned
 from webhook.engine.target import Target, read_target
 from webhook.k8s.objects import MalformedObject
-from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.model import Rule
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -43,6 +46,7 @@ class Charge:
     product: str | None
     resources: Mapping[str, float]
     gpus: float
+    pods: int = 1  # GPU pods it counts as (a shared ResourceClaim: 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,7 @@ class Ask:
     is_pod: bool
     pods_added: int  # pods this request adds (an UPDATE that scales 2 -> 5 adds 3)
     kind: str
+    counts_pods: bool = True  # False for a ResourceClaim: not a pod, not under a pods cap
 
     @property
     def product(self) -> str | None:
@@ -70,17 +75,69 @@ class Ask:
         return self.cost.gpus
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A pod creation's quota, to be reserved atomically under ``key`` (its uid)."""
+
+    key: str
+    charge: Charge
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaStep:
+    """The quota check the engine leaves to the pipeline: it needs the usage store."""
+
+    tenant: TenantRules
+    subject: str
+    ask: Ask
+    reservation: Reservation | None  # a real pod creation; None: check, never reserve
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    decision: Decision  # every rule but quota
+    quota: QuotaStep | None = None
+
+
 def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
     """Check the template's GPU requests, maximums and pinning (reporting to ``check``)
-    and return what one of its pods costs."""
+    and return what one of its pods costs: its containers' GPUs and the devices of the
+    claims made for it alone from ResourceClaimTemplates. A claim it shares
+    (``resourceClaimName``) is charged once, when the claim is created, not with each pod."""
     counts = check_requests(check, target.containers, None)
-    effective = check_maximums(check, policy, target.containers, counts)
-    product = check_pinned(check, policy, target.template)
-    return Cost(product, effective, weighted(policy, effective))
+    claimed: dict[str, float] = {}
+    claimed_gpus = 0.0
+    products: set[str | None] = set()
+    for use in target.gpu_claims:
+        if not use.per_pod or use.requests is None:
+            continue
+        dc = devices.cost(check, policy, use.requests, f'resource claim "{use.entry.name}"')
+        for r, n in dc.resources.items():
+            claimed[r] = claimed.get(r, 0.0) + n
+        claimed_gpus += dc.gpus
+        products.add(dc.product)
+    effective = check_maximums(check, policy, target.containers, counts, claimed_gpus)
+    product = check_pinned(check, policy, target.template, target.gpu_containers)
+    gpus = weighted(policy, effective) + claimed_gpus
+    if not target.gpu_containers and len(products) == 1:
+        product = products.pop()  # DRA alone: the product its claims are pinned to
+    for r, n in claimed.items():
+        effective[r] = effective.get(r, 0.0) + n
+    return Cost(product, effective, gpus)
+
+
+def unknown_templates(check: Checker, target: Target) -> None:
+    """A tenant's pod naming a ResourceClaimTemplate the webhook has not seen: what it
+    costs is unknown, so it is not admitted blind (rule unknown-claim)."""
+    if target.tenant is None:
+        return
+    for name in target.unknown_templates:
+        check.report(Rule.UNKNOWN_CLAIM, messages.template_unknown(name))
 
 
 def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
-                  labels: Mapping[str, str] | None = None) -> Charge | None:
+                  labels: Mapping[str, str] | None = None,
+                  claims: ClaimLookup = no_claims) -> Charge | None:
     """The charge of a pod seen in the cluster, or None when it holds no GPU quota (no
     GPU, terminal phase, no tenant, malformed). The same :func:`pod_cost` as admission,
     with the findings dropped: the rules ran when the pod was admitted."""
@@ -92,7 +149,8 @@ def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
     try:
-        target = read_target("", "Pod", namespace, pod, "", policy, lambda _: labels)
+        target = read_target("", "Pod", namespace, pod, "", policy, lambda _: labels,
+                             claims)
     except MalformedObject:
         return None
     if target is None or not target.has_gpu or target.tenant is None:

@@ -76,9 +76,10 @@ def weighted(policy: CompiledPolicy, counts: dict[str, float]) -> float:
 
 
 def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[ContainerGPUs],
-                   counts: Counts) -> dict[str, float]:
-    """Per-container and per-pod caps (GPU-equivalents). Returns the pod's effective
-    request per resource."""
+                   counts: Counts, claimed: float = 0.0) -> dict[str, float]:
+    """Per-container and per-pod caps (GPU-equivalents; ``claimed``: the pod's own DRA
+    devices, which count towards the per-pod cap). Returns the pod's effective request
+    per resource."""
     tenant = check.tenant
     if tenant is not None and tenant.max_per_container is not None:
         for c, (_, amounts) in zip(containers, counts, strict=True):
@@ -89,7 +90,7 @@ def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[Cont
                                                         tenant.max_per_container), c.describe())
     effective = effective_request(counts)
     if tenant is not None and tenant.max_per_pod is not None:
-        asked = weighted(policy, effective)
+        asked = weighted(policy, effective) + claimed
         if asked > tenant.max_per_pod:
             check.report(Rule.MAX_PER_POD,
                          messages.per_pod_max(asked, tenant.name, tenant.max_per_pod))

@@ -9,8 +9,12 @@ Mutation is idempotent: running it on its own output yields an empty patch.
 
 from __future__ import annotations
 
+from webhook.engine import claims as claims_engine
 from webhook.engine import messages
+from webhook.engine.charge import unknown_templates
+from webhook.engine.claims import is_claim
 from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision, malformed
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
 from webhook.engine.placement import Placement
@@ -30,14 +34,17 @@ OWNED = frozenset({
 
 
 def mutate(req: AdmissionRequest, policy: CompiledPolicy,
-           labels: NamespaceLabels = no_labels) -> Decision:
-    target = prepare(req, policy, labels)
+           labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims) -> Decision:
+    if is_claim(req):
+        return claims_engine.mutate(req, policy, labels)
+    target = prepare(req, policy, labels, claims)
     if isinstance(target, Decision):
         return target
     check = Checker(policy, target.tenant, target.subject, OWNED)
     patch = Patch()
     changes: list[str] = []
     try:
+        unknown_templates(check, target)
         if target.has_gpu:
             _gpu_pod(check, policy, target, req, patch, changes)
         else:
@@ -69,7 +76,7 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     # One Placement for the checks and the pins: the spec's node affinity is walked once.
     placement = Placement(spec, sptr)
     changed = False
-    for r in requirements(check, policy, target.template, placement):
+    for r in requirements(check, policy, target.template, placement, target.gpu_containers):
         if check.mode(r.rule) is Mode.ENFORCE or not check.reported(r.rule):
             changed |= placement.pin(r.key, r.values, patch, r.keep)
     if changed:
@@ -79,7 +86,9 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
 def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,
                  changes: list[str]) -> None:
     choice = policy.non_gpu_tolerations
-    if choice is TolerationPolicy.ALLOW:
+    if choice is TolerationPolicy.ALLOW or target.claims:
+        # A pod with DRA claims the webhook has not seen (or of other devices) may well
+        # need the GPU nodes: its tolerations are its own business.
         return
     spec, sptr = target.template.spec, target.template.spec_pointer
     tolerations = child_list(spec, "tolerations", sptr)

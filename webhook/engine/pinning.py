@@ -86,12 +86,13 @@ def _asked_product(check: Checker, policy: CompiledPolicy, template: PodTemplate
 
 
 def requirements(check: Checker, policy: CompiledPolicy, template: PodTemplate,
-                 placement: Placement) -> list[Requirement]:
-    """The node-label requirements the mutating webhook adds: the product, then the
+                 placement: Placement, products: bool = True) -> list[Requirement]:
+    """The node-label requirements the mutating webhook adds: the product (unless
+    ``products`` is False: DRA claims pin their devices' product themselves), then the
     topology group; reports conflicts. ``placement`` is the template spec's, shared with
     the caller's pins."""
     out: list[Requirement] = []
-    product = _product(check, policy, template, placement)
+    product = _product(check, policy, template, placement) if products else None
     if product is not None:
         out.append(product)
     if check.tenant is not None and check.tenant.topology_label:
@@ -233,9 +234,12 @@ def _topology(check: Checker, placement: Placement) -> Requirement | None:
     return None
 
 
-def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate) -> str | None:
+def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate,
+                 products: bool = True) -> str | None:
     """Validating phase: the final pod must be confined to allowed products and topology.
-    Returns the product short name the pod is pinned to, when it is exactly one."""
+    Returns the product short name the pod is pinned to, when it is exactly one.
+    ``products`` False: the pod's GPUs come from DRA claims alone, whose devices are
+    confined to products by their own selectors, so only the topology is checked here."""
     tenant = check.tenant
     product: str | None = None
     placement = Placement(template.spec, template.spec_pointer)
@@ -246,8 +250,8 @@ def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate) 
             product = names.pop()
     if tenant is None:
         return product
-    reported = False
-    if tenant.allowed_products is not None:
+    reported = not products  # nothing to report about products
+    if products and tenant.allowed_products is not None:
         allowed_values = [policy.product_value[p] for p in tenant.allowed_products]
         if own is None:
             check.report(Rule.ALLOWED_PRODUCTS, messages.unpinned(

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine import messages
-from webhook.engine.charge import Ask, pod_cost
+from webhook.engine.charge import Ask, QuotaStep, Validation, pod_cost
 from webhook.engine.decision import Checker, Decision, Quiet, malformed
 from webhook.engine.target import NamespaceLabels, read_target
-from webhook.engine.validate import OWNED, QuotaStep, Validation
+from webhook.engine.validate import OWNED
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy, TenantRules

@@ -11,6 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine.decision import Decision, malformed, subject_of
+from webhook.engine.devices import ClaimLookup, is_gpu_request, no_claims
+from webhook.k8s.claims import (
+    CLAIM,
+    TEMPLATE,
+    DeviceRequest,
+    PodClaim,
+    claim_spec,
+    device_requests,
+    pod_claims,
+)
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.resources import ContainerGPUs, gpu_containers
 from webhook.k8s.review import AdmissionRequest
@@ -25,16 +35,43 @@ def no_labels(namespace: str) -> Mapping[str, str] | None:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimUse:
+    """One of a pod's ``spec.resourceClaims``, with the device requests of the claim or
+    template it names (None when the webhook has not seen it)."""
+
+    entry: PodClaim
+    requests: list[DeviceRequest] | None
+    gpu: bool  # it asks a GPU device class
+
+    @property
+    def per_pod(self) -> bool:
+        """A template's claim is made for this pod alone (and charged with it); a named
+        claim may be shared, and is charged once, when it is created."""
+        return self.entry.template is not None
+
+
+@dataclass(frozen=True, slots=True)
 class Target:
     template: PodTemplate
     containers: list[ContainerGPUs]
-    has_gpu: bool
+    has_gpu: bool  # GPUs by container resources or by DRA claims
     tenant: TenantRules | None
     subject: str
+    claims: tuple[ClaimUse, ...] = ()
+    gpu_containers: bool = False  # GPUs by container resources (the device plugin)
+
+    @property
+    def gpu_claims(self) -> list[ClaimUse]:
+        return [c for c in self.claims if c.requests is not None and c.gpu]
+
+    @property
+    def unknown_templates(self) -> list[str]:
+        return [c.entry.template for c in self.claims
+                if c.requests is None and c.entry.template is not None]
 
 
-def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels
-            ) -> Target | Decision:
+def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels,
+            claims: ClaimLookup = no_claims) -> Target | Decision:
     """The request's pod template, or the final decision when no rule applies (skipped,
     saying why) or the object cannot be read (denied, saying where)."""
     if req.sub_resource:
@@ -51,7 +88,8 @@ def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabe
         return Decision.skip("exempt")
     subject = subject_of(req.kind, req.namespace, obj, req.name)
     try:
-        target = read_target(req.group, req.kind, req.namespace, obj, subject, policy, labels)
+        target = read_target(req.group, req.kind, req.namespace, obj, subject, policy, labels,
+                             claims)
     except MalformedObject as exc:
         # Fail closed with a clear reason: the API server would refuse this object anyway.
         return malformed(subject, exc)
@@ -59,13 +97,34 @@ def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabe
 
 
 def read_target(group: str, kind: str, namespace: str, obj: dict[str, Any], subject: str,
-                policy: CompiledPolicy, labels: NamespaceLabels) -> Target | None:
-    """The pod template of an object of this kind, its GPU containers and tenant; None
-    for a kind without a pod template. Raises MalformedObject."""
+                policy: CompiledPolicy, labels: NamespaceLabels,
+                claims: ClaimLookup = no_claims) -> Target | None:
+    """The pod template of an object of this kind, its GPU containers, DRA claims and
+    tenant; None for a kind without a pod template. Raises MalformedObject."""
     template = pod_template(group, kind, obj)
     if template is None:
         return None
     containers = gpu_containers(template.spec, template.spec_pointer, policy.is_gpu)
-    has_gpu = any(c.names for c in containers)
+    by_containers = any(c.names for c in containers)
+    uses = tuple(_claim_use(e, namespace, policy, claims)
+                 for e in pod_claims(template.spec, template.spec_pointer))
+    has_gpu = by_containers or any(u.gpu for u in uses)
     tenant = policy.tenant_for(namespace, labels(namespace)) if namespace else None
-    return Target(template, containers, has_gpu, tenant, subject)
+    return Target(template, containers, has_gpu, tenant, subject, uses, by_containers)
+
+
+def _claim_use(entry: PodClaim, namespace: str, policy: CompiledPolicy,
+               claims: ClaimLookup) -> ClaimUse:
+    kind, name = ((TEMPLATE, entry.template) if entry.template is not None
+                  else (CLAIM, entry.claim))
+    obj = claims(kind, namespace, name) if name else None
+    if obj is None:
+        return ClaimUse(entry, None, False)
+    try:
+        found = claim_spec(kind, dict(obj))
+        requests = device_requests(*found) if found is not None else []
+    except MalformedObject:
+        # A stored claim the API server accepted is well formed; one that is not
+        # counts as unseen, never as free.
+        return ClaimUse(entry, None, False)
+    return ClaimUse(entry, requests, any(is_gpu_request(policy, r) for r in requests))

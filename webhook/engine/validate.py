@@ -15,57 +15,48 @@ reserve atomically). The admission pipeline (``webhook.admission``) runs it.
 from __future__ import annotations
 
 from contextlib import suppress
-from dataclasses import dataclass
 
+from webhook.engine import claims as claims_engine
 from webhook.engine import messages
-from webhook.engine.charge import Ask, Charge, owner_of, pod_cost
+from webhook.engine.charge import (
+    Ask,
+    Charge,
+    QuotaStep,
+    Reservation,
+    Validation,
+    owner_of,
+    pod_cost,
+    unknown_templates,
+)
+from webhook.engine.claims import is_claim
 from webhook.engine.decision import Checker, Decision, malformed
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations
 from webhook.k8s.objects import MalformedObject, child_list
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import replicas
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule, TolerationPolicy
 
-OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA})
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """A pod creation's quota, to be reserved atomically under ``key`` (its uid)."""
-
-    key: str
-    charge: Charge
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaStep:
-    """The quota check the engine leaves to the pipeline: it needs the usage store."""
-
-    tenant: TenantRules
-    subject: str
-    ask: Ask
-    reservation: Reservation | None  # a real pod creation; None: check, never reserve
-
-
-@dataclass(frozen=True, slots=True)
-class Validation:
-    decision: Decision  # every rule but quota
-    quota: QuotaStep | None = None
+OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA, Rule.UNKNOWN_CLAIM})
 
 
 def validate(req: AdmissionRequest, policy: CompiledPolicy,
-             labels: NamespaceLabels = no_labels) -> Validation:
-    target = prepare(req, policy, labels)
+             labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims
+             ) -> Validation:
+    if is_claim(req):
+        return claims_engine.validate(req, policy, labels)
+    target = prepare(req, policy, labels, claims)
     if isinstance(target, Decision):
         return Validation(target)
     check = Checker(policy, target.tenant, target.subject, OWNED)
     try:
         quota = None
+        unknown_templates(check, target)
         if target.has_gpu:
             quota = _gpu_pod(check, policy, target, req)
-        elif policy.non_gpu_tolerations is TolerationPolicy.DENY:
+        elif policy.non_gpu_tolerations is TolerationPolicy.DENY and not target.claims:
             _tolerates_gpu_taints(check, policy, target)
     except MalformedObject as exc:
         return Validation(malformed(target.subject, exc))

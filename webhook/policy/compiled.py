@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from webhook.policy.model import (
+    DeviceClass,
     GPUPolicy,
     LabelSelector,
     Mode,
@@ -20,6 +21,9 @@ from webhook.policy.model import (
     TolerationPolicy,
     pattern_regex,
 )
+
+# Every DeviceClass is also requestable as this prefix + its name (KEP-5004).
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class TenantRules:
     default_product: str | None
     max_per_container: float | None
     max_per_pod: float | None
+    allowed_device_classes: frozenset[str] | None
     topology_label: str | None
     topology_values: tuple[str, ...]
     quota: Limits | None
@@ -113,19 +118,36 @@ class CompiledPolicy:
     by_name: Mapping[str, TenantRules]
     _by_namespace: Mapping[str, TenantRules]
     _by_selector: tuple[tuple[_Selector, TenantRules], ...]
+    device_classes: Mapping[str, DeviceClass] = field(default_factory=dict)
     _is_gpu: dict[str, bool] = field(default_factory=dict)
 
     def is_gpu(self, resource: str) -> bool:
-        """Whether an extended resource name counts as a GPU (memoised: names are few)."""
+        """Whether an extended resource name counts as a GPU (memoised: names are few). A
+        GPU DeviceClass's implicit extended resource
+        (``deviceclass.resource.kubernetes.io/gpu.nvidia.com``) is one."""
         hit = self._is_gpu.get(resource)
         if hit is None:
-            hit = resource in self.gpu_names or any(p.match(resource) for p in self.gpu_patterns)
+            hit = (resource in self.gpu_names or any(p.match(resource) for p in self.gpu_patterns)
+                   or self.implicit_class(resource) is not None)
             if len(self._is_gpu) < 4096:  # bound the memo against hostile resource names
                 self._is_gpu[resource] = hit
         return hit
 
     def weight(self, resource: str) -> float:
-        return self.weights.get(resource, 1.0)
+        w = self.weights.get(resource)
+        if w is not None:
+            return w
+        cls = self.implicit_class(resource)
+        return self.device_classes[cls].gpus if cls is not None else 1.0
+
+    def implicit_class(self, resource: str) -> str | None:
+        """The GPU DeviceClass a ``deviceclass.resource.kubernetes.io/<class>`` request
+        names (KEP-5004: every class is requestable so), else None."""
+        if resource.startswith(IMPLICIT_PREFIX):
+            cls = resource[len(IMPLICIT_PREFIX):]
+            if cls in self.device_classes:
+                return cls
+        return None
 
     def tenant_for(
         self, namespace: str, labels: Mapping[str, str] | None = None
@@ -181,6 +203,8 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             default_product=t.default_product,
             max_per_container=t.max_gpus_per_container,
             max_per_pod=t.max_gpus_per_pod,
+            allowed_device_classes=frozenset(t.allowed_device_classes)
+            if t.allowed_device_classes is not None else None,
             topology_label=t.topology.node_label if t.topology else None,
             topology_values=tuple(t.topology.values) if t.topology else (),
             quota=quota,
@@ -224,4 +248,5 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         by_name={t.name: t for t in tenants},
         _by_namespace=by_ns,
         _by_selector=tuple(by_sel),
+        device_classes=dict(spec.device_classes),
     )

@@ -58,6 +58,10 @@ class Rule(StrEnum):
     MAX_PER_POD = "max-gpus-per-pod"
     NON_GPU_TOLERATIONS = "non-gpu-tolerations"
     QUOTA = "quota"
+    ALLOWED_DEVICE_CLASSES = "allowed-device-classes"
+    DEVICE_ADMIN_ACCESS = "device-admin-access"
+    EXTENDED_RESOURCE_CLAIM = "extended-resource-claim"
+    UNKNOWN_CLAIM = "unknown-claim"
 
 
 class FieldProblem(ValueError):
@@ -103,6 +107,31 @@ class GPUResources(_Strict):
     )
     """GPU-equivalents per device of a resource (a MIG 1g slice of 7 -> 0.142857).
     Resources not listed weigh 1."""
+
+
+class DeviceClass(_Strict):
+    """A DeviceClass whose devices are GPUs (Dynamic Resource Allocation), and what one
+    device of it weighs."""
+
+    gpus: Annotated[float, Field(gt=0, le=1024)] = 1.0
+    """GPU-equivalents per device (a per-profile MIG class such as
+    ``mig-1g-12gb.gpu.nvidia.com`` -> 0.142857)."""
+    mig_profiles: bool = False
+    """Weigh a request by the MIG profile its CEL selectors name
+    (``device.attributes['gpu.nvidia.com'].profile == '1g.10gb'`` weighs as
+    ``gpuResources.weights['nvidia.com/mig-1g.10gb']``); a request that names no profile
+    weighs ``gpus`` (keep it at 1: at most a whole GPU)."""
+    product_attribute: Annotated[str, Field(min_length=1, max_length=253)] = (
+        "device.attributes['gpu.nvidia.com'].productName")
+    """The CEL path of the device's product name, matched against the policy's product
+    node-label values after spaces become dashes (NVML says ``NVIDIA A100-SXM4-80GB``,
+    GPU Feature Discovery labels ``NVIDIA-A100-SXM4-80GB``)."""
+
+
+def _default_device_classes() -> dict[str, DeviceClass]:
+    # NVIDIA's DRA driver publishes these two classes.
+    return {"gpu.nvidia.com": DeviceClass(),
+            "mig.nvidia.com": DeviceClass(mig_profiles=True)}
 
 
 class ProductRequest(_Strict):
@@ -245,6 +274,9 @@ class Tenant(_Strict):
     """GPU resource names this tenant may request (default: every GPU resource)."""
     allowed_products: list[str] | None = Field(default=None, max_length=256)
     """Product short names this tenant may use (default: any; no product pinning)."""
+    allowed_device_classes: list[str] | None = Field(default=None, max_length=256)
+    """GPU DeviceClasses (of ``spec.deviceClasses``) this tenant's claims may ask (default:
+    every one)."""
     default_product: str | None = None
     max_gpus_per_container: Equivalents | None = None
     max_gpus_per_pod: Equivalents | None = None
@@ -301,6 +333,11 @@ class Spec(_Strict):
     mode: Mode = Mode.ENFORCE
     rules: dict[Rule, RuleSettings] = Field(default_factory=dict)
     gpu_resources: GPUResources = Field(default_factory=GPUResources)
+    device_classes: dict[
+        Annotated[str, Field(pattern=_QUALIFIED, max_length=253)], DeviceClass
+    ] = Field(default_factory=_default_device_classes, max_length=256)
+    """DeviceClasses whose devices are GPUs (DRA), by name; default: NVIDIA's
+    ``gpu.nvidia.com`` and ``mig.nvidia.com``."""
     products: Products = Field(default_factory=Products)
     tolerations: list[Toleration] = Field(
         default_factory=lambda: [
@@ -355,6 +392,13 @@ class Spec(_Strict):
                 for ns, limits in t.quota.namespaces.items():
                     products.extend((("quota", "namespaces", ns, "products", p), p)
                                     for p in limits.products)
+            for k, cls in enumerate(t.allowed_device_classes or []):
+                if cls not in self.device_classes:
+                    raise FieldProblem(
+                        (*here, "allowedDeviceClasses", k),
+                        f"tenant {t.name}: device class {cls!r} is not a GPU class; add it "
+                        f"under spec.deviceClasses (defined: "
+                        f"{', '.join(sorted(self.device_classes)) or 'none'})")
             for loc, p in products:
                 if p not in aliases:
                     raise FieldProblem(

@@ -70,7 +70,7 @@ def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
             out.append(Line(scope, f"{ask.product} GPUs", limits.products[ask.product],
                             totals.products.get(ask.product, 0.0), ask.gpus,
                             product_holders, ask.product))
-        if limits.pods is not None:
+        if limits.pods is not None and ask.counts_pods:
             out.append(Line(scope, "GPU pods", limits.pods, totals.pods, 1.0, holders))
     return out
 
@@ -99,7 +99,8 @@ def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -
             top = usage.top_owners(line.holders)
             check.report(Rule.QUOTA, messages.quota_exceeded(
                 line.scope, line.what, line.used, line.per_pod, line.cap, top,
-                "this pod asks", _alternatives(tenant, line, usage, ask)))
+                "this pod asks" if ask.counts_pods else f"this {ask.kind} asks",
+                _alternatives(tenant, line, usage, ask)))
     return fits
 
 

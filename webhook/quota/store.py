@@ -69,7 +69,7 @@ class Combined:
 
 
 def _sum(x: Totals, y: Totals) -> Totals:
-    if not y.pods:
+    if not y.pods and not y.gpus and not y.resources:  # nothing reserved in this scope
         return x
     out = x.copy()
     out.gpus += y.gpus

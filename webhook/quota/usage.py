@@ -26,7 +26,7 @@ class Totals:
 
     def add(self, c: Charge, sign: int = 1) -> None:
         self.gpus += sign * c.gpus
-        self.pods += sign
+        self.pods += sign * c.pods
         for r, n in c.resources.items():
             self.resources[r] = self.resources.get(r, 0.0) + sign * n
         if c.product is not None:
