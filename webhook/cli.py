@@ -285,7 +285,7 @@ def _review(args: argparse.Namespace) -> int:
     from webhook.policy.compiled import compile_policy
     from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
     from webhook.quota.store import MemoryStore
-    from webhook.tools.offline import through_both
+    from webhook.tools.offline import ClaimBook, through_both
 
     try:
         policy = compile_policy(load_file(args.policy) if args.policy else
@@ -307,6 +307,7 @@ def _review(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     denied = False
     store = MemoryStore()
+    claims = ClaimBook()
     for n, doc in enumerate(docs):
         if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
             print(f"gpu-webhook review: {args.filename}: each document must be a Kubernetes "
@@ -326,7 +327,7 @@ def _review(args: argparse.Namespace) -> int:
 
         # The documents of one file share an empty usage store: quota caps apply to each
         # object, and pods earlier in the file count against the ones after them.
-        out = through_both(body, policy, labels, store)
+        out = through_both(body, policy, labels, store, claims)
         m = out.mutating
         result: dict[str, Any] = {"kind": doc["kind"], "name": req.name or "(generated)",
                                   "namespace": req.namespace,

@@ -92,7 +92,7 @@ def test_rules_cover_pods_on_create_and_workloads_on_create_and_update():
 @pytest.mark.parametrize("failure", ["Fail", "Ignore"])
 def test_scale_subresources_go_to_a_validating_webhook_of_their_own(failure):
     mutating, validating = render(validating_failure_policy=failure)
-    main, scale = validating["webhooks"]
+    main, scale = validating["webhooks"][:2]
     assert scale["name"] == "scale.gpu-webhook.dev"
     assert scale["rules"] == [{
         "apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["UPDATE"],
@@ -107,7 +107,8 @@ def test_scale_subresources_go_to_a_validating_webhook_of_their_own(failure):
                 "admissionReviewVersions"):
         assert scale[key] == main[key], key
     # Nothing to mutate in a Scale: the mutating webhook never sees one.
-    assert [h["name"] for h in mutating["webhooks"]] == ["mutate.gpu-webhook.dev"]
+    assert [h["name"] for h in mutating["webhooks"]] == ["mutate.gpu-webhook.dev",
+                                                         "claims.mutate.gpu-webhook.dev"]
     for hook in (*mutating["webhooks"], main):
         assert not any("/" in r for rule in hook["rules"] for r in rule["resources"])
 
@@ -268,3 +269,50 @@ def test_only_scale_ups_are_sent_to_the_scale_webhook(old, new, expected):
 def test_a_scale_object_makes_the_template_condition_false_not_an_error():
     for hook in (render()[0]["webhooks"][0], render()[1]["webhooks"][0]):
         assert not sent(hook, scale(5), old=scale(1))
+
+
+# --- DRA: pods asking through claims, and the claims themselves ------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("claims", "expected"), [
+    ([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}], True),
+    ([{"name": "gpu", "resourceClaimName": "shared"}], True),
+    ([], False),
+])
+def test_pods_asking_through_claims_are_sent(kind, claims, expected):
+    mutating, validating = (o["webhooks"][0] for o in render())
+    spec = pod_spec(container(limits={"cpu": "1"}))
+    spec["resourceClaims"] = claims
+    obj = wrap(kind, spec)
+    assert sent(mutating, obj) is expected
+    assert sent(validating, obj) is expected
+
+
+def claim_object(kind: str, *requests: dict[str, Any]) -> dict[str, Any]:
+    spec = {"devices": {"requests": list(requests)}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": kind,
+            "spec": spec if kind == "ResourceClaim" else {"spec": spec}}
+
+
+@pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate"])
+@pytest.mark.parametrize(("requests", "expected"), [
+    ([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}], True),
+    ([{"name": "g", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 2}}], True),
+    ([{"name": "n", "exactly": {"deviceClassName": "nic.example.com"}},
+      {"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "mig.nvidia.com"}]}],
+     True),
+    ([{"name": "n", "exactly": {"deviceClassName": "nic.example.com"}}], False),
+    ([], False),
+])
+def test_only_claims_of_gpu_device_classes_are_sent(kind, requests, expected):
+    mutating, validating = render()
+    claims_hooks = [h for doc in (mutating, validating) for h in doc["webhooks"]
+                    if h["name"].startswith("claims.")]
+    assert [h["name"] for h in claims_hooks] == ["claims.mutate.gpu-webhook.dev",
+                                                 "claims.validate.gpu-webhook.dev"]
+    for hook in claims_hooks:
+        assert hook["rules"] == [{
+            "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
+        assert hook["matchPolicy"] == "Equivalent"  # v1beta1 requests arrive as v1
+        assert sent(hook, claim_object(kind, *requests)) is expected

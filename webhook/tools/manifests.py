@@ -64,6 +64,14 @@ RULES: list[dict[str, Any]] = [
 ]
 
 
+# DRA claims and templates: their spec is immutable, so only their creation matters.
+# Registered for v1; with matchPolicy Equivalent the API server converts a request made
+# through another version (v1beta1's flat request fields) to v1 before sending it.
+CLAIM_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"},
+]
+
 # The scale subresource: only the replica count changes, and only the validating webhook
 # (quota) cares. The pods a scale-up adds are checked when they are created either way.
 SCALE_RULES: list[dict[str, Any]] = [
@@ -102,7 +110,12 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
     if options.url is not None and not options.url.startswith("https://"):
         raise ValueError(f"--url must start with https:// (got {options.url!r})")
     spec = policy.spec
-    gpu = gpu_pod_expression(spec.gpu_resources.names, spec.gpu_resources.patterns)
+    # A pod asking through DRA claims is sent too: whether a claim is a GPU's is known
+    # only to the webhook (its watch of claims and templates).
+    gpu = (gpu_pod_expression(spec.gpu_resources.names, [
+        *spec.gpu_resources.patterns,
+        *(f"deviceclass.resource.kubernetes.io/{c}" for c in sorted(spec.device_classes))])
+        + f" || {claims_expression()}")
     keys = sorted({t.key for t in spec.tolerations if t.key})
     tolerating = tolerates_expression(keys) if keys else None
     choice = spec.non_gpu_pods_tolerating_gpu_taints
@@ -141,6 +154,25 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
             hook["reinvocationPolicy"] = "IfNeeded"
         return hook
 
+    def claim(kind: str, failure: FailurePolicy) -> dict[str, Any]:
+        conditions = [{"name": "gpu-device-classes",
+                       "expression": claim_expression(sorted(spec.device_classes))}]
+        if exempt:
+            conditions.append({"name": "not-exempt", "expression": exempt})
+        return {
+            "name": f"claims.{kind}.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config(kind, options),
+            "rules": CLAIM_RULES,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": {"matchExpressions": [
+                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}]},
+            "matchConditions": conditions,
+            "sideEffects": "NoneOnDryRun",  # a claim's quota is reserved, except dry runs
+            "timeoutSeconds": options.timeout_seconds,
+            "failurePolicy": failure,
+        }
+
     def scale() -> dict[str, Any]:
         conditions = [{"name": "scale-up", "expression": SCALE_UP}]
         if exempt:
@@ -165,11 +197,15 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
         {"apiVersion": "admissionregistration.k8s.io/v1",
          "kind": "MutatingWebhookConfiguration",
          "metadata": {"name": options.name, "labels": labels},
-         "webhooks": [webhook("mutate", options.mutating_failure_policy)]},
+         "webhooks": [webhook("mutate", options.mutating_failure_policy),
+                      *([claim("mutate", options.mutating_failure_policy)]
+                        if spec.device_classes else [])]},
         {"apiVersion": "admissionregistration.k8s.io/v1",
          "kind": "ValidatingWebhookConfiguration",
          "metadata": {"name": options.name, "labels": labels},
-         "webhooks": [webhook("validate", options.validating_failure_policy), scale()]},
+         "webhooks": [webhook("validate", options.validating_failure_policy), scale(),
+                      *([claim("validate", options.validating_failure_policy)]
+                        if spec.device_classes else [])]},
     ]
 
 
@@ -228,6 +264,24 @@ def gpu_pod_expression(names: Iterable[str], patterns: Iterable[str]) -> str:
                  f"(has(c.resources.requests) && c.resources.requests.exists(r, {gpu})))")
     return (f"(has({_SPEC}.containers) && {_SPEC}.containers.exists(c, {container})) || "
             f"(has({_SPEC}.initContainers) && {_SPEC}.initContainers.exists(c, {container}))")
+
+
+def claims_expression() -> str:
+    """CEL over the pod spec placeholder: it names DRA claims or claim templates."""
+    return f"(has({_SPEC}.resourceClaims) && size({_SPEC}.resourceClaims) > 0)"
+
+
+def claim_expression(classes: list[str]) -> str:
+    """CEL over a ResourceClaim or ResourceClaimTemplate: a device request (or one of its
+    firstAvailable alternatives) asks one of ``classes``."""
+    listed = _list(classes)
+    request = (f"(has(r.exactly) && r.exactly.deviceClassName in {listed}) || "
+               f"(has(r.firstAvailable) && r.firstAvailable.exists(f, "
+               f"f.deviceClassName in {listed}))")
+    specs = ("(request.kind.kind == 'ResourceClaimTemplate' ? "
+             "(has(object.spec.spec) ? [object.spec.spec] : []) : [object.spec])")
+    return (f"{specs}.exists(s, has(s.devices) && has(s.devices.requests) && "
+            f"s.devices.requests.exists(r, {request}))")
 
 
 def tolerates_expression(keys: list[str]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,9 +20,10 @@ import jsonpatch
 import orjson
 
 from webhook.admission import Cluster, mutating, validating
+from webhook.engine.claims import is_claim
 from webhook.engine.decision import Decision
 from webhook.engine.target import NamespaceLabels, no_labels
-from webhook.k8s.review import parse_review
+from webhook.k8s.review import AdmissionRequest, parse_review
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import MemoryStore
 
@@ -76,22 +78,46 @@ def as_stored(pod: dict[str, Any], uid: str) -> None:
             meta["name"] = f"{meta['generateName']}{uid.rsplit('-', 1)[-1]:0>5}"
 
 
+class ClaimBook:
+    """The ResourceClaims and ResourceClaimTemplates admitted so far in one offline run
+    (a manifest file, a test suite): what the server's watch cache would hold, so a pod
+    later in the file that uses them is decided as it would be in a cluster."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+
+    def __call__(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self._known.get((kind, namespace, name))
+
+    def add(self, req: AdmissionRequest, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if is_claim(req) and isinstance(name, str):
+            self._known[(req.kind, req.namespace, name)] = obj
+
+
 def through_both(body: bytes, policy: CompiledPolicy, labels: NamespaceLabels = no_labels,
-                 store: MemoryStore | None = None) -> Outcome:
+                 store: MemoryStore | None = None, claims: ClaimBook | None = None
+                 ) -> Outcome:
     """Run an AdmissionReview body through the admission pipeline: mutating, the patch
-    applied as the API server applies it, then validating (with quota).
+    applied as the API server applies it, then validating (with quota). An admitted claim
+    or template goes into ``claims``, for the objects after it.
 
     Raises BadReview for a body that is not a usable review."""
     req = parse_review(body)
     original = orjson.loads(body)["request"]["object"]  # mutating edits req's own copy
-    m = mutating(req, policy, labels)
+    book = claims if claims is not None else ClaimBook()
+    m = mutating(req, policy, labels, book)
     if not m.allowed:
         return Outcome(m, None, None)
     patched = jsonpatch.apply_patch(original, m.patch) if m.patch else original
     final = copy.deepcopy(patched)
-    if req.kind == "Pod" and req.group == "" and req.operation == "CREATE":
+    if req.operation == "CREATE" and ((req.kind == "Pod" and req.group == "") or is_claim(req)):
         as_stored(final, req.uid)
     store = store if store is not None else MemoryStore()
     commits = store.commits
-    v = asyncio.run(validating(replace(req, object=final), policy, Cluster(labels, store)))
+    vreq = replace(req, object=final)
+    v = asyncio.run(validating(vreq, policy, Cluster(labels, store, claims=book)))
+    if v.allowed:
+        book.add(vreq, final)
     return Outcome(m, v, patched, reserved=store.commits > commits)

@@ -38,7 +38,7 @@ from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, Problem, load_document, load_file, read_file
 from webhook.policy.model import Rule
 from webhook.quota.store import MemoryStore
-from webhook.tools.offline import through_both
+from webhook.tools.offline import ClaimBook, through_both
 
 KIND = "GPUPolicyTest"
 OUTCOMES = ("allowed", "denied", "warned", "audited", "skipped")
@@ -264,6 +264,7 @@ class _Runner:
         self.suite = suite
         self.policy = policy
         self.store = MemoryStore(ttl=policy.reservation_ttl, clock=lambda: 0.0)
+        self.claims = ClaimBook()  # the claims and templates the suite's cases admitted
         self.problems: list[Problem] = []
         for i, pod in enumerate(suite.usage):
             self._load_running(i, pod)
@@ -288,7 +289,7 @@ class _Runner:
                 return
             key = f"{pod.namespace}/{manifest['metadata']['name']}#{i}"
         ns = str(manifest["metadata"].get("namespace") or "")
-        charge = charge_of_pod(manifest, self.policy, self.labels(ns))
+        charge = charge_of_pod(manifest, self.policy, self.labels(ns), self.claims)
         if charge is None:
             self.problems.append(Problem(where, None, (
                 f"this pod holds no GPU quota under policy {self.policy.name}: it needs a "
@@ -365,7 +366,7 @@ class _Runner:
             raise PolicyError(str(self.path), [Problem(
                 f"cases[{i}].resource", None, "a Kubernetes object with apiVersion and kind")])
         body, _ = self._request(i, case, obj)
-        out = through_both(body, self.policy, self.labels, self.store)
+        out = through_both(body, self.policy, self.labels, self.store, self.claims)
         m, v = out.mutating, out.validating
         got = Got(outcome="", changes=list(m.mutations), rules=out.rules(),
                   warnings=out.warnings)
