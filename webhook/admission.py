@@ -34,7 +34,7 @@ from webhook.k8s.review import API_VERSION, AdmissionRequest
 from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
-from webhook.quota.check import UsageView, check_pod, check_workload
+from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
 from webhook.quota.store import ReservationUnavailable, UsageStore
 
 
@@ -134,19 +134,25 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
     """The quota step's findings (and faults): checked against the store's usage, or,
     for a real pod creation, checked and reserved in one atomic step."""
     check = Checker(policy, step.tenant, step.subject, OWNED)
+    if step.gang is not None:
+        check_gang(check, step.tenant, step.gang, store.view(),
+                   reservable=step.gang_key is not None)
+        return check.findings, []
+    assert step.ask is not None  # a QuotaStep holds an ask or a gang
+    ask = step.ask
     if step.reservation is None:
         view = store.view()
-        if step.ask.is_pod:
-            check_pod(check, step.tenant, step.ask, view)  # a dry run: checked, not kept
+        if ask.is_pod:
+            check_pod(check, step.tenant, ask, view)  # a dry run: checked, not kept
         else:
-            check_workload(check, step.tenant, step.ask, view)
+            check_workload(check, step.tenant, ask, view)
         return check.findings, []
 
     def fits(view: UsageView) -> bool:
         # Run on every attempt of the store's compare-and-swap loop, against fresh state:
         # only the last attempt's findings stand.
         check.findings.clear()
-        return check_pod(check, step.tenant, step.ask, view)
+        return check_pod(check, step.tenant, ask, view)
 
     try:
         await store.reserve(step.reservation.key, step.reservation.charge, fits, budget)
