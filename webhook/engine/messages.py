@@ -216,10 +216,11 @@ def parts(items: Iterable[tuple[str, int, float]]) -> str:
 def roles_never_fit(scope: str, what: str, breakdown: str, total: float, pods: int,
                     cap: float, gang: bool) -> str:
     if gang:
-        return (f"its gang of {_pods(pods)} must start together and asks for {breakdown} "
-                f"= {num(total)} {what}, but {scope}'s quota is {num(cap)} {what}: it can "
-                f"never start. Make the gang need at most {num(cap)} {what} (fewer pods, "
-                "or fewer per pod), or ask the platform team for more quota.")
+        return (f"its gang of {_pods(pods)} must start together, and its GPU pods "
+                f"({breakdown}) need {num(total)} {what} at once, but {scope}'s quota is "
+                f"{num(cap)} {what}: it can never start. Make the gang need at most "
+                f"{num(cap)} {what} (fewer pods, or fewer per pod), or ask the platform "
+                "team for more quota.")
     return (f"asks for {_pods(pods)} at once, {breakdown} = {num(total)} {what}, but "
             f"{scope}'s quota is {num(cap)} {what}: it can never run in full. Ask for at "
             f"most {num(cap)} {what} (fewer pods, or fewer per pod).")
@@ -237,8 +238,8 @@ def roles_not_free(scope: str, what: str, breakdown: str, asked: float, used: fl
                    unreserved: bool) -> str:
     free = max(cap - used, 0.0)
     if gang_pods is not None:
-        now = (f"its gang of {_pods(gang_pods)} needs {num(gang_total)} and cannot start "
-               "until quota frees up")
+        now = (f"its gang of {_pods(gang_pods)} needs {num(gang_total)} {what} and cannot "
+               "start until quota frees up")
     else:
         now = "its pods beyond that will be refused until quota frees up"
     tail = (" No GPUs are reserved for it: its pods will compete with other pods as they "

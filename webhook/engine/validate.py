@@ -169,7 +169,8 @@ def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest) -> V
     gang = GangAsk(tenant.name, req.namespace, w.kind, w.noun, w.role_word, tuple(asks),
                    w.gang, w.sequential)
     key = None
-    if w.gang is not None and not req.dry_run and req.object is not None:
+    if (w.gang is not None and req.operation == "CREATE" and not req.dry_run
+            and req.object is not None):
         # The validating webhook sees the final object, uid included: a gang's GPUs are
         # reserved under it, and its pods find it through their owners.
         meta = req.object.get("metadata") or {}

@@ -303,10 +303,10 @@ def trainjob(obj: dict[str, Any]) -> Workload | None:
         return None
     nodes = _count(trainer.get("numNodes"), tptr + "/numNodes", 1)
     # A made-up spec of one container holding resourcesPerNode: only ever read.
-    holder = {"spec": {"containers": [{"name": "node", "resources": res}]}}
+    holder = {"spec": {"containers": [{"name": "trainer", "resources": res}]}}
     t = PodTemplate("TrainJob", False, holder, tptr, holder["spec"])
     return Workload("TrainJob", "trainjob", "",
-                    [Role("node", t, nodes, patchable=False)], nodes)
+                    [Role("trainer", t, nodes, patchable=False)], nodes)
 
 
 def leaderworkerset(obj: dict[str, Any]) -> Workload | None:
