@@ -18,9 +18,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from webhook.k8s.workloads import CRD_KINDS
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_file, load_text
-from webhook.k8s.workloads import CRD_KINDS
 from webhook.tools import manifests
 
 ROOT = Path(__file__).resolve().parents[2]
