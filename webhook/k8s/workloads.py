@@ -98,9 +98,13 @@ def _get(obj: Mapping[str, Any], path: tuple[str, ...]) -> tuple[Any, str]:
     for key in path:
         if cur is None:
             return None, ptr
-        if not isinstance(cur, dict):
+        if isinstance(cur, list) and key.isdigit():  # an item a ``*`` was bound to
+            cur = cur[int(key)] if int(key) < len(cur) else None
+        elif isinstance(cur, dict):
+            cur = cur.get(key)
+        else:
             raise MalformedObject(at, "a mapping")
-        cur, at = cur.get(key), f"{at}/{escape(key)}"
+        at = f"{at}/{escape(key)}"
     return cur, ptr
 
 

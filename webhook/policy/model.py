@@ -332,6 +332,10 @@ class WorkloadRole(_Strict):
     def _same_item(self) -> WorkloadRole:
         tokens = _tokens(self.template)
         stars = [i for i, t in enumerate(tokens) if t == "*"]
+        if len(stars) > 1:
+            raise FieldProblem(("template",),
+                f"template {self.template!r} has {len(stars)} '*' segments: use one (each "
+                "item of one list or map is a role)")
         prefix = tokens[: stars[-1] + 1] if stars else ()
         for field_name, value in (("replicas", self.replicas), ("name", self.name)):
             if value is None:
