@@ -24,7 +24,9 @@ from enum import StrEnum
 from typing import Any
 
 from webhook.engine import messages
+from webhook.engine.charge import Charge
 from webhook.engine.decision import Checker, Decision, Finding
+from webhook.engine.gang import GangAsk
 from webhook.engine.mutate import mutate
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
@@ -35,7 +37,8 @@ from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
 from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
-from webhook.quota.store import ReservationUnavailable, UsageStore
+from webhook.quota.gang import GANG_BOUND_SECONDS
+from webhook.quota.store import GangStore, ReservationUnavailable, UsageStore
 
 
 class Phase(StrEnum):
@@ -135,9 +138,7 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
     for a real pod creation, checked and reserved in one atomic step."""
     check = Checker(policy, step.tenant, step.subject, OWNED)
     if step.gang is not None:
-        check_gang(check, step.tenant, step.gang, store.view(),
-                   reservable=step.gang_key is not None)
-        return check.findings, []
+        return await _gang(step, step.gang, check, store)
     assert step.ask is not None  # a QuotaStep holds an ask or a gang
     ask = step.ask
     if step.reservation is None:
@@ -147,6 +148,11 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         else:
             check_workload(check, step.tenant, ask, view)
         return check.findings, []
+
+    res = step.reservation
+    if res.gangs and isinstance(store, GangStore) and store.draw(res.key, res.charge,
+                                                                 res.gangs):
+        return [], []  # admitted from its gang's reservation: counted there already
 
     def fits(view: UsageView) -> bool:
         # Run on every attempt of the store's compare-and-swap loop, against fresh state:
@@ -161,4 +167,27 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
                      at_most=Mode.WARN if policy.quota_fail_open else None)
         return check.findings, ["ledger-unavailable"]
+    return check.findings, []
+
+
+async def _gang(step: QuotaStep, gang: GangAsk, check: Checker, store: UsageStore
+                ) -> tuple[list[Finding], list[str]]:
+    """A gang workload's quota: checked; and when it is being created and its gang fits
+    what is free now, its GPUs reserved whole in the same atomic step."""
+    if step.gang_key is None or not isinstance(store, GangStore):
+        # A dry run, an update, or a store without gang reservations (the shared
+        # ledger): checked only, and its pods are reserved one by one as they come.
+        check_gang(check, step.tenant, gang, store.view())
+        return check.findings, []
+    charges = [(Charge(gang.tenant, gang.namespace, step.gang_owner, r.cost.product,
+                       dict(r.cost.resources), r.cost.gpus), n)
+               for r, n in zip(gang.roles, gang.members(), strict=True)
+               if n and r.cost.resources]
+
+    def fits(view: UsageView) -> bool:
+        check.findings.clear()  # only the last attempt's findings stand
+        return check_gang(check, step.tenant, gang, view, reservable=True)
+
+    await store.reserve_gang(step.gang_key, step.gang_ids, charges, fits,
+                             GANG_BOUND_SECONDS)
     return check.findings, []

@@ -14,7 +14,9 @@ against the caps and, when it fits now, reserved (``webhook.quota.gang``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from webhook.engine.charge import Cost
 
@@ -65,3 +67,41 @@ class GangAsk:
 
     def role_label(self, r: RoleAsk) -> str:
         return f"{self.role_word} {r.name}" if self.role_word else r.name
+
+
+# Labels the controllers put on their pods, naming the workload: (group, kind) -> key.
+POD_LABELS: dict[tuple[str, str], str] = {
+    ("batch.volcano.sh", "Job"): "volcano.sh/job-name",
+    ("jobset.x-k8s.io", "JobSet"): "jobset.sigs.k8s.io/jobset-name",
+    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): "leaderworkerset.sigs.k8s.io/name",
+    **{("kubeflow.org", k): "training.kubeflow.org/job-name"
+       for k in ("PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob")},
+}
+_LABEL_KEYS = frozenset(POD_LABELS.values())
+
+
+def workload_ids(group: str, kind: str, namespace: str, name: str, uid: str) -> tuple[str, ...]:
+    """What a gang is found by: its uid, and the label its pods carry (if its kind has
+    one)."""
+    label = POD_LABELS.get((group, kind))
+    return (uid, f"{namespace}/{label}={name}") if label else (uid,)
+
+
+def pod_ids(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The gangs a pod may belong to: its owners' uids and the workload labels it has."""
+    meta = pod.get("metadata") or {}
+    if not isinstance(meta, dict):
+        return ()
+    out: list[str] = []
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, dict) and isinstance(ref.get("uid"), str):
+            out.append(ref["uid"])
+    labels = meta.get("labels") or {}
+    ns = str(meta.get("namespace") or "")
+    if isinstance(labels, dict):
+        out.extend(f"{ns}/{k}={v}" for k, v in labels.items()
+                   if k in _LABEL_KEYS and isinstance(v, str))
+        uid = labels.get("jobset.sigs.k8s.io/jobset-uid")
+        if isinstance(uid, str):
+            out.append(uid)
+    return tuple(out)

@@ -26,7 +26,7 @@ from typing import Any
 from webhook.engine import messages
 from webhook.engine.charge import Ask, Charge, Cost, owner_of, pod_cost
 from webhook.engine.decision import Checker, Decision, Finding, malformed
-from webhook.engine.gang import GangAsk, RoleAsk
+from webhook.engine.gang import GangAsk, RoleAsk, pod_ids, workload_ids
 from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.target import NamespaceLabels, Target, Targets, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations
@@ -45,6 +45,7 @@ class Reservation:
 
     key: str
     charge: Charge
+    gangs: tuple[str, ...] = ()  # the gangs the pod may belong to (its owners, labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class QuotaStep:
     # the gang reservation the pipeline makes when the gang fits now.
     gang_key: str | None = None
     gang_owner: str = ""
+    gang_ids: tuple[str, ...] = ()  # what its pods find it by (uid, controller's label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +120,8 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         meta = req.object.get("metadata") or {}
         key = str(meta.get("uid") or f"{req.namespace}/{meta.get('name') or req.name}")
         reservation = Reservation(key, Charge(tenant.name, req.namespace, owner_of(req.object),
-                                              cost.product, dict(cost.resources), cost.gpus))
+                                              cost.product, dict(cost.resources), cost.gpus),
+                                  pod_ids(req.object))
     return QuotaStep(tenant, target.subject, ask, reservation)
 
 
@@ -176,9 +179,11 @@ def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest) -> V
         meta = req.object.get("metadata") or {}
         uid = meta.get("uid") if isinstance(meta, dict) else None
         key = str(uid) if uid else None
-    owner = f"{w.kind.lower()}/{req.name or _name(req.object)}"
+    name = req.name or _name(req.object)
+    owner = f"{w.kind.lower()}/{name}"
+    ids = workload_ids(req.group, req.kind, req.namespace, name, key) if key else ()
     return Validation(decision, QuotaStep(tenant, targets.subject, None, None, gang, key,
-                                          owner))
+                                          owner, ids))
 
 
 def _name(obj: dict[str, Any] | None) -> str:
