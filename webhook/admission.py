@@ -24,9 +24,10 @@ from enum import StrEnum
 from typing import Any
 
 from webhook.engine import messages
-from webhook.engine.charge import QuotaStep, Validation
+from webhook.engine.charge import Charge, QuotaStep, Validation
 from webhook.engine.decision import Checker, Decision, Finding
 from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.gang import GangAsk
 from webhook.engine.mutate import mutate
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
@@ -36,8 +37,9 @@ from webhook.k8s.review import API_VERSION, AdmissionRequest
 from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
-from webhook.quota.check import UsageView, check_pod, check_workload
-from webhook.quota.store import ReservationUnavailable, UsageStore
+from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
+from webhook.quota.gang import GANG_BOUND_SECONDS
+from webhook.quota.store import GangStore, ReservationUnavailable, UsageStore
 
 
 class Phase(StrEnum):
@@ -138,19 +140,28 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
     """The quota step's findings (and faults): checked against the store's usage, or,
     for a real pod creation, checked and reserved in one atomic step."""
     check = Checker(policy, step.tenant, step.subject, OWNED)
+    if step.gang is not None:
+        return await _gang(step, step.gang, check, store)
+    assert step.ask is not None  # a QuotaStep holds an ask or a gang
+    ask = step.ask
     if step.reservation is None:
         view = store.view()
-        if step.ask.is_pod:
-            check_pod(check, step.tenant, step.ask, view)  # a dry run: checked, not kept
+        if ask.is_pod:
+            check_pod(check, step.tenant, ask, view)  # a dry run: checked, not kept
         else:
-            check_workload(check, step.tenant, step.ask, view)
+            check_workload(check, step.tenant, ask, view)
         return check.findings, []
+
+    res = step.reservation
+    if res.gangs and isinstance(store, GangStore) and store.draw(res.key, res.charge,
+                                                                 res.gangs):
+        return [], []  # admitted from its gang's reservation: counted there already
 
     def fits(view: UsageView) -> bool:
         # Run on every attempt of the store's compare-and-swap loop, against fresh state:
         # only the last attempt's findings stand.
         check.findings.clear()
-        return check_pod(check, step.tenant, step.ask, view)
+        return check_pod(check, step.tenant, ask, view)
 
     try:
         await store.reserve(step.reservation.key, step.reservation.charge, fits, budget)
@@ -159,4 +170,27 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
                      at_most=Mode.WARN if policy.quota_fail_open else None)
         return check.findings, ["ledger-unavailable"]
+    return check.findings, []
+
+
+async def _gang(step: QuotaStep, gang: GangAsk, check: Checker, store: UsageStore
+                ) -> tuple[list[Finding], list[str]]:
+    """A gang workload's quota: checked; and when it is being created and its gang fits
+    what is free now, its GPUs reserved whole in the same atomic step."""
+    if step.gang_key is None or not isinstance(store, GangStore):
+        # A dry run, an update, or a store without gang reservations (the shared
+        # ledger): checked only, and its pods are reserved one by one as they come.
+        check_gang(check, step.tenant, gang, store.view())
+        return check.findings, []
+    charges = [(Charge(gang.tenant, gang.namespace, step.gang_owner, r.cost.product,
+                       dict(r.cost.resources), r.cost.gpus), n)
+               for r, n in zip(gang.roles, gang.members(), strict=True)
+               if n and r.cost.resources]
+
+    def fits(view: UsageView) -> bool:
+        check.findings.clear()  # only the last attempt's findings stand
+        return check_gang(check, step.tenant, gang, view, reservable=True)
+
+    await store.reserve_gang(step.gang_key, step.gang_ids, charges, fits,
+                             GANG_BOUND_SECONDS)
     return check.findings, []

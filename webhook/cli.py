@@ -192,7 +192,8 @@ def _manifests(args: argparse.Namespace) -> int:
     print(manifests.to_yaml(objects, header=(
         f"# Rendered by `gpu-webhook manifests` from {source} (policy "
         f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
-        "tolerations, nonGpuPodsToleratingGpuTaints or exemptions change.\n")), end="")
+        "tolerations, nonGpuPodsToleratingGpuTaints, exemptions or workloadKinds "
+        "change.\n")), end="")
     return 0
 
 

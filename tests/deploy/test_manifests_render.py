@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from webhook.k8s.workloads import CRD_KINDS
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_file, load_text
 from webhook.tools import manifests
@@ -86,7 +87,13 @@ def test_rules_cover_pods_on_create_and_workloads_on_create_and_update():
         **{("apps", r): ("CREATE", "UPDATE")
            for r in ("deployments", "replicasets", "statefulsets", "daemonsets")},
         **{("batch", r): ("CREATE", "UPDATE") for r in ("jobs", "cronjobs")},
+        ("", "replicationcontrollers"): ("CREATE", "UPDATE"),
+        **{(b.group, b.resource): ("CREATE", "UPDATE") for b in CRD_KINDS},
     }
+    versions = {(g, r): tuple(rule["apiVersions"]) for rule in hook["rules"]
+                for g in rule["apiGroups"] for r in rule["resources"]}
+    assert versions[("kubeflow.org", "mpijobs")] == ("v1", "v2beta1")
+    assert versions[("batch.volcano.sh", "jobs")] == ("v1alpha1",)
 
 
 @pytest.mark.parametrize("failure", ["Fail", "Ignore"])
@@ -316,3 +323,106 @@ def test_only_claims_of_gpu_device_classes_are_sent(kind, requests, expected):
             "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
         assert hook["matchPolicy"] == "Equivalent"  # v1beta1 requests arrive as v1
         assert sent(hook, claim_object(kind, *requests)) is expected
+# --- training workloads -------------------------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "workloads"
+
+
+def workload_fixtures() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for f in sorted(FIXTURES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc and doc["kind"] not in ("Service", "ClusterTrainingRuntime"):
+                out.append((f.stem, doc))
+    return out
+
+
+def sent_as(hook: dict[str, Any], obj: dict[str, Any]) -> bool:
+    group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
+    context = {"object": obj, "oldObject": None, "request": {
+        "kind": {"group": group, "version": "v1", "kind": obj["kind"]},
+        "userInfo": {"username": "dev"}}}
+    results = [cel.evaluate(mc["expression"], context) for mc in hook["matchConditions"]]
+    assert all(isinstance(r, bool) for r in results), results
+    return all(results)
+
+
+GPU_FIXTURES = {"volcano-job-mindspore-gpu", "pytorchjob-mnist-nccl", "lws-vllm-gpu",
+                "rayjob-pytorch-text-classifier", "raycluster-verl"}
+
+
+@pytest.mark.parametrize(("name", "obj"), workload_fixtures(),
+                         ids=[n for n, _ in workload_fixtures()])
+def test_training_workloads_are_sent_when_a_template_asks_for_gpus(name, obj):
+    mutating, validating = (o["webhooks"][0] for o in render())
+    assert sent_as(mutating, obj) is (name in GPU_FIXTURES)
+    assert sent_as(validating, obj) is (name in GPU_FIXTURES)
+
+
+def test_a_cpu_training_job_turns_gpu_in_any_role():
+    mutating = render()[0]["webhooks"][0]
+    limits = {"nvidia.com/gpu": 1}
+    cases = {
+        "jobset-pytorch-resnet": lambda o: o["spec"]["replicatedJobs"][0]["template"]["spec"][
+            "template"]["spec"]["containers"][0].setdefault("resources", {}).update(
+                limits=limits),
+        "mpijob-tensorflow-mnist": lambda o: o["spec"]["mpiReplicaSpecs"]["Worker"][
+            "template"]["spec"]["containers"][0]["resources"].update(limits=limits),
+        "trainjob-volcano": lambda o: o["spec"]["trainer"]["resourcesPerNode"].update(
+            limits=limits),
+        "argo-workflow-dns-config": lambda o: o["spec"]["templates"][0]["container"][
+            "resources"].update(limits=limits),
+    }
+    for name, obj in workload_fixtures():
+        if name in cases:
+            cases[name](obj)
+            assert sent_as(mutating, obj), name
+
+
+def test_a_volcano_job_is_not_mistaken_for_a_batch_job():
+    # Both are kind Job: the group tells them apart (a batch Job's spec.template).
+    mutating = render()[0]["webhooks"][0]
+    obj = dict(workload_fixtures()[[n for n, _ in workload_fixtures()].index(
+        "volcano-job-mindspore-gpu")][1])
+    obj["spec"]["template"] = {"spec": pod_spec(container(limits={"cpu": "1"}))}
+    assert sent_as(mutating, obj)
+
+
+CONFIGURED = """
+  workloadKinds:
+    - group: example.com
+      kind: TrainingRun
+      resource: trainingruns
+      versions: [v1, v1beta1]
+      roles:
+        - template: /spec/roles/*/template
+          replicas: /spec/roles/*/replicas
+        - template: /spec/launcher
+      gang: all
+"""
+
+
+def configured_policy():
+    text = (ROOT / "policies" / "multi-tenant.yaml").read_text().replace(
+        "\n  tenants:\n", CONFIGURED + "  tenants:\n", 1)
+    return load_text(text)
+
+
+def test_configured_kinds_get_rules_and_conditions():
+    hook = manifests.render(configured_policy())[0]["webhooks"][0]
+    rules = [r for r in hook["rules"] if r["apiGroups"] == ["example.com"]]
+    assert rules == [{"apiGroups": ["example.com"], "apiVersions": ["v1", "v1beta1"],
+                      "operations": ["CREATE", "UPDATE"], "resources": ["trainingruns"],
+                      "scope": "Namespaced"}]
+    gpu = {"spec": pod_spec(container(limits={"nvidia.com/gpu": "1"}))}
+    cpu = {"spec": pod_spec(container(limits={"cpu": "1"}))}
+    for roles, launcher, expected in (
+            ([{"template": cpu}, {"template": gpu}], None, True),  # a list of roles
+            ({"a": {"template": cpu}, "b": {"template": gpu}}, None, True),  # a map
+            ([{"template": cpu}], cpu, False),
+            ([], gpu, True)):
+        spec: dict[str, Any] = {"roles": roles}
+        if launcher:
+            spec["launcher"] = launcher
+        obj = {"apiVersion": "example.com/v1", "kind": "TrainingRun", "spec": spec}
+        assert sent_as(hook, obj) is expected, spec

@@ -76,6 +76,42 @@ CASES: list[tuple[str, str, str, str]] = [
      "spec.tenants[0].maxGpusPerPod", "(got -2)"),
     ("zero-weight", _spec("gpuResources:\n  weights:\n    nvidia.com/mig-1g.10gb: 0  # <-\n"),
      "spec.gpuResources.weights.nvidia.com/mig-1g.10gb", "greater than 0"),
+    ("workload-replicas-other-item", _spec("""\
+        workloadKinds:
+          - group: ml.example.com
+            kind: TrainingRun
+            resource: trainingruns
+            versions: [v1]
+            roles:
+              - template: /spec/roles/*/template
+                replicas: /spec/replicas  # <-
+        """), "spec.workloadKinds[0].roles[0].replicas", "begin it with /spec/roles/*"),
+    ("workload-built-in", _spec("""\
+        workloadKinds:
+          - group: batch.volcano.sh
+            kind: Job  # <-
+            resource: jobs
+            versions: [v1alpha1]
+            roles: [{template: /spec/tasks/*/template}]
+        """), "spec.workloadKinds[0].kind", "is built in"),
+    ("workload-bad-pointer", _spec("""\
+        workloadKinds:
+          - group: ml.example.com
+            kind: TrainingRun
+            resource: trainingruns
+            versions: [v1]
+            roles:
+              - template: spec.template  # <-
+        """), "spec.workloadKinds[0].roles[0].template", "should match pattern"),
+    ("workload-unknown-field", _spec("""\
+        workloadKinds:
+          - group: ml.example.com
+            kind: TrainingRun
+            resource: trainingruns
+            versions: [v1]
+            gangMin: /spec/x  # <-
+            roles: [{template: /spec/template}]
+        """), "spec.workloadKinds[0].gangMin", "unknown field 'gangMin'"),
     ("wrong-api-version", "apiVersion: gpu-webhook.dev/v1  # <-\n" + HEAD.split("\n", 1)[1],
      "apiVersion", "apiVersion must be 'gpu-webhook.dev/v1alpha1'"),
     ("wrong-kind", HEAD.replace("kind: GPUPolicy", "kind: GpuPolicy  # <-"), "kind",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from webhook.engine import devices, messages
 from webhook.engine.decision import Checker, Decision, Quiet
@@ -23,6 +23,9 @@ from webhook.engine.target import Target, read_target
 from webhook.k8s.objects import MalformedObject
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Rule
+
+if TYPE_CHECKING:  # gang.py builds on this module's Cost
+    from webhook.engine.gang import GangAsk
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -81,6 +84,7 @@ class Reservation:
 
     key: str
     charge: Charge
+    gangs: tuple[str, ...] = ()  # the gangs the pod may belong to (its owners, labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +93,14 @@ class QuotaStep:
 
     tenant: TenantRules
     subject: str
-    ask: Ask
+    ask: Ask | None  # a Pod, or a workload of one unnamed template; None: see ``gang``
     reservation: Reservation | None  # a real pod creation; None: check, never reserve
+    gang: GangAsk | None = None  # a workload with roles
+    # A gang workload's real creation or update (not a dry run): its uid and owner, for
+    # the gang reservation the pipeline makes when the gang fits now.
+    gang_key: str | None = None
+    gang_owner: str = ""
+    gang_ids: tuple[str, ...] = ()  # what its pods find it by (uid, controller's label)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,11 @@ otherwise reject with a terse message.
 The object in the request is edited in place while the patch is recorded (see
 ``webhook.k8s.patch``); callers that still need the original must pass a copy.
 Mutation is idempotent: running it on its own output yields an empty patch.
+
+A training workload's templates (one per role) are each completed, tolerated and pinned
+at their own pointers, as a Deployment's one template is. A role made up from resource
+fields (a TrainJob's resourcesPerNode, an Argo step) is only checked: its pods are
+completed and pinned when they are created.
 """
 
 from __future__ import annotations
@@ -13,7 +18,13 @@ from webhook.engine import claims as claims_engine
 from webhook.engine import messages
 from webhook.engine.charge import unknown_templates
 from webhook.engine.claims import is_claim
-from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision, malformed
+from webhook.engine.decision import (
+    PROVENANCE_ANNOTATION,
+    Checker,
+    Decision,
+    Finding,
+    malformed,
+)
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
@@ -37,31 +48,45 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
            labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims) -> Decision:
     if is_claim(req):
         return claims_engine.mutate(req, policy, labels)
-    target = prepare(req, policy, labels, claims)
-    if isinstance(target, Decision):
-        return target
-    check = Checker(policy, target.tenant, target.subject, OWNED)
+    targets = prepare(req, policy, labels, claims)
+    if isinstance(targets, Decision):
+        return targets
     patch = Patch()
-    changes: list[str] = []
-    try:
-        unknown_templates(check, target)
-        if target.has_gpu:
-            _gpu_pod(check, policy, target, req, patch, changes)
-        else:
-            _non_gpu_pod(check, policy, target, patch, changes)
-        if changes:
-            # Inside the try: a metadata that is not a mapping is only found here when
-            # no rule before needed the pod's labels (a non-GPU pod being stripped).
-            _annotate(target, changes, patch)
-    except MalformedObject as exc:
-        return malformed(target.subject, exc)
-    return check.decide(patch.ops, changes)
+    findings: list[Finding] = []
+    all_changes: list[str] = []
+    if targets.has_gpu and targets.tenant is None and not policy.unassigned_allowed:
+        # The namespace's rule is the object's, not each template's: said once.
+        whole = targets.subject if len(targets.roles) > 1 else targets.roles[0].target.subject
+        told = Checker(policy, None, whole, OWNED)
+        told.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+        findings.extend(told.findings)
+    for rt in targets.roles:
+        target = rt.target
+        check = Checker(policy, target.tenant, target.subject, OWNED)
+        changes: list[str] = []
+        try:
+            unknown_templates(check, target)
+            if target.has_gpu:
+                if rt.role.patchable:
+                    _gpu_pod(check, policy, target, patch, changes)
+                else:
+                    check_requests(check, target.containers, None)
+            elif rt.role.patchable:
+                _non_gpu_pod(check, policy, target, patch, changes)
+            if changes:
+                # Inside the try: a metadata that is not a mapping is only found here
+                # when no rule before needed the pod's labels (a non-GPU pod stripped).
+                _annotate(target, changes, patch)
+        except MalformedObject as exc:
+            return malformed(target.subject, exc)
+        findings.extend(check.findings)
+        all_changes.extend(c for c in changes if c not in all_changes)
+    return Decision.of(findings, tenant=targets.tenant.name if targets.tenant else None,
+                       patch=patch.ops, mutations=all_changes)
 
 
-def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest,
-             patch: Patch, changes: list[str]) -> None:
-    if target.tenant is None and not policy.unassigned_allowed:
-        check.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,
+             changes: list[str]) -> None:
     n_ops = len(patch.ops)
     check_requests(check, target.containers, patch)
     if len(patch.ops) > n_ops:

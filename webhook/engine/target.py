@@ -1,7 +1,8 @@
 """The first step both webhooks share: is this request ours, and what does it hold?
 
 It decides the cheap cases (other kinds, DELETE, exempt users and namespaces) before
-any rule runs, and otherwise finds the pod template, its GPU containers and the tenant.
+any rule runs, and otherwise finds the pod templates (one per role of a training
+workload), their GPU containers and the tenant.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from webhook.k8s.claims import (
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.resources import ContainerGPUs, gpu_containers
 from webhook.k8s.review import AdmissionRequest
-from webhook.k8s.workloads import PodTemplate, pod_template
+from webhook.k8s.workloads import PodTemplate, Role, Workload, pod_template, read_workload
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
@@ -70,9 +71,35 @@ class Target:
                 if c.requests is None and c.entry.template is not None]
 
 
+@dataclass(frozen=True, slots=True)
+class RoleTarget:
+    """One role of a workload (the only one of a Pod or Deployment) and its target."""
+
+    role: Role
+    target: Target
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """Every pod template of the request's object, in the object's order."""
+
+    workload: Workload
+    roles: list[RoleTarget]
+    tenant: TenantRules | None
+    subject: str  # the object: "volcano job team-a/llm", "deployment team-a/web, pod template"
+
+    @property
+    def has_gpu(self) -> bool:
+        return any(r.target.has_gpu for r in self.roles)
+
+    @property
+    def is_pod(self) -> bool:
+        return len(self.roles) == 1 and self.roles[0].target.template.is_pod
+
+
 def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels,
-            claims: ClaimLookup = no_claims) -> Target | Decision:
-    """The request's pod template, or the final decision when no rule applies (skipped,
+            claims: ClaimLookup = no_claims) -> Targets | Decision:
+    """The request's pod templates, or the final decision when no rule applies (skipped,
     saying why) or the object cannot be read (denied, saying where)."""
     if req.sub_resource:
         return Decision.skip("subresource")
@@ -86,14 +113,35 @@ def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabe
         return Decision.skip("operation")
     if policy.is_exempt(req.namespace, req.username, req.groups):
         return Decision.skip("exempt")
-    subject = subject_of(req.kind, req.namespace, obj, req.name)
     try:
-        target = read_target(req.group, req.kind, req.namespace, obj, subject, policy, labels,
-                             claims)
+        workload = read_workload(req.group, req.kind, obj, policy.workload_kinds)
+        if workload is None:
+            return Decision.skip("kind")
+        return read_targets(workload, req.namespace, obj, req.name, policy, labels, claims)
     except MalformedObject as exc:
         # Fail closed with a clear reason: the API server would refuse this object anyway.
-        return malformed(subject, exc)
-    return target if target is not None else Decision.skip("kind")
+        return malformed(subject_of(req.kind, req.namespace, obj, req.name), exc)
+
+
+def read_targets(workload: Workload, namespace: str, obj: dict[str, Any], name: str,
+                 policy: CompiledPolicy, labels: NamespaceLabels,
+                 claims: ClaimLookup = no_claims) -> Targets:
+    """Each role's target, named for messages. Raises MalformedObject."""
+    tenant = policy.tenant_for(namespace, labels(namespace)) if namespace else None
+    single = len(workload.roles) == 1 and workload.roles[0].name is None
+    subject = subject_of(workload.kind, namespace, obj, name)
+    if not single:
+        # "volcano job team-a/llm": the role's own subject says which template.
+        subject = subject_of(workload.noun, namespace, obj, name).removesuffix(
+            ", pod template")
+    roles = []
+    for role in workload.roles:
+        here = subject if single else (
+            f"{subject}, {workload.role_word + ' ' if workload.role_word else ''}"
+            f"{role.name}" + (", pod template" if role.patchable else ""))
+        roles.append(RoleTarget(role, template_target(role.template, here, tenant,
+                                                      policy, namespace, claims)))
+    return Targets(workload, roles, tenant, subject)
 
 
 def read_target(group: str, kind: str, namespace: str, obj: dict[str, Any], subject: str,
@@ -104,12 +152,19 @@ def read_target(group: str, kind: str, namespace: str, obj: dict[str, Any], subj
     template = pod_template(group, kind, obj)
     if template is None:
         return None
+    tenant = policy.tenant_for(namespace, labels(namespace)) if namespace else None
+    return template_target(template, subject, tenant, policy, namespace, claims)
+
+
+def template_target(template: PodTemplate, subject: str, tenant: TenantRules | None,
+                    policy: CompiledPolicy, namespace: str = "",
+                    claims: ClaimLookup = no_claims) -> Target:
+    """One pod template's GPU containers and DRA claims. Raises MalformedObject."""
     containers = gpu_containers(template.spec, template.spec_pointer, policy.is_gpu)
     by_containers = any(c.names for c in containers)
     uses = tuple(_claim_use(e, namespace, policy, claims)
                  for e in pod_claims(template.spec, template.spec_pointer))
     has_gpu = by_containers or any(u.gpu for u in uses)
-    tenant = policy.tenant_for(namespace, labels(namespace)) if namespace else None
     return Target(template, containers, has_gpu, tenant, subject, uses, by_containers)
 
 

@@ -10,17 +10,24 @@ Quota needs the usage store, which the engine does not touch: :func:`validate` r
 the decision of every other rule and, when that allows the object and its tenant has a
 quota, a :class:`QuotaStep` saying what to check (and for a real pod creation, what to
 reserve atomically). The admission pipeline (``webhook.admission``) runs it.
+
+A workload with roles (a training job) is checked template by template, and its quota
+step asks for every role at once (:class:`~webhook.engine.gang.GangAsk`). A role made
+up from resource fields (a TrainJob's resourcesPerNode, an Argo step) is not pinned yet:
+it is charged to the tenant's default product, and its pods are pinned when created.
 """
 
 from __future__ import annotations
 
 from contextlib import suppress
+from typing import Any
 
 from webhook.engine import claims as claims_engine
 from webhook.engine import messages
 from webhook.engine.charge import (
     Ask,
     Charge,
+    Cost,
     QuotaStep,
     Reservation,
     Validation,
@@ -29,13 +36,15 @@ from webhook.engine.charge import (
     unknown_templates,
 )
 from webhook.engine.claims import is_claim
-from webhook.engine.decision import Checker, Decision, malformed
+from webhook.engine.decision import Checker, Decision, Finding, malformed
 from webhook.engine.devices import ClaimLookup, no_claims
-from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
+from webhook.engine.gang import GangAsk, RoleAsk, pod_ids, workload_ids
+from webhook.engine.gpu import check_maximums, check_requests, weighted
+from webhook.engine.target import NamespaceLabels, Target, Targets, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations
 from webhook.k8s.objects import MalformedObject, child_list
 from webhook.k8s.review import AdmissionRequest
-from webhook.k8s.workloads import replicas
+from webhook.k8s.workloads import Workload, read_workload, replicas
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule, TolerationPolicy
 
@@ -47,9 +56,16 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy,
              ) -> Validation:
     if is_claim(req):
         return claims_engine.validate(req, policy, labels)
-    target = prepare(req, policy, labels, claims)
-    if isinstance(target, Decision):
-        return Validation(target)
+    targets = prepare(req, policy, labels, claims)
+    if isinstance(targets, Decision):
+        return Validation(targets)
+    if len(targets.roles) == 1 and targets.roles[0].role.name is None:
+        return _one_template(targets.roles[0].target, policy, req)
+    return _roles(targets, policy, req)
+
+
+def _one_template(target: Target, policy: CompiledPolicy, req: AdmissionRequest
+                  ) -> Validation:
     check = Checker(policy, target.tenant, target.subject, OWNED)
     try:
         quota = None
@@ -89,7 +105,8 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         meta = req.object.get("metadata") or {}
         key = str(meta.get("uid") or f"{req.namespace}/{meta.get('name') or req.name}")
         reservation = Reservation(key, Charge(tenant.name, req.namespace, owner_of(req.object),
-                                              cost.product, dict(cost.resources), cost.gpus))
+                                              cost.product, dict(cost.resources), cost.gpus),
+                                  pod_ids(req.object))
     return QuotaStep(tenant, target.subject, ask, reservation)
 
 
@@ -101,3 +118,87 @@ def _tolerates_gpu_taints(check: Checker, policy: CompiledPolicy, target: Target
     if hits:
         found = sorted({str(tolerations[i]["key"]) for i in hits})
         check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
+
+
+def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest) -> Validation:
+    """A workload with roles: each template checked, and one quota step for them all."""
+    tenant = targets.tenant
+    findings: list[Finding] = []
+    if targets.has_gpu and tenant is None and not policy.unassigned_allowed:
+        told = Checker(policy, None, targets.subject, OWNED)
+        told.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+        return Validation(told.decide())
+    asks: list[RoleAsk] = []
+    old = _old_pods(req, policy)
+    denied = False
+    for rt in targets.roles:
+        target, role = rt.target, rt.role
+        check = Checker(policy, tenant, target.subject, OWNED)
+        try:
+            unknown_templates(check, target)
+            if target.has_gpu:
+                cost = (pod_cost(check, policy, target) if role.patchable
+                        else _unpinned_cost(check, policy, target))
+            else:
+                if (policy.non_gpu_tolerations is TolerationPolicy.DENY and role.patchable
+                        and not target.claims):
+                    _tolerates_gpu_taints(check, policy, target)
+                cost = Cost(None, {}, 0.0)
+        except MalformedObject as exc:
+            return Validation(malformed(target.subject, exc))
+        denied |= check.denied
+        findings.extend(check.findings)
+        name = role.name or ""
+        added = role.pods if old is None else max(0, role.pods - old.get(name, 0))
+        asks.append(RoleAsk(name, cost, role.pods, added, role.minimum))
+    decision = Decision.of(findings, tenant=tenant.name if tenant else None)
+    if (tenant is None or denied or (tenant.quota is None and not tenant.namespace_quota)
+            or not any(a.cost.resources for a in asks)):
+        return Validation(decision)
+    w = targets.workload
+    gang = GangAsk(tenant.name, req.namespace, w.kind, w.noun, w.role_word, tuple(asks),
+                   w.gang, w.sequential)
+    key = None
+    if (w.gang is not None and req.operation == "CREATE" and not req.dry_run
+            and req.object is not None):
+        # The validating webhook sees the final object, uid included: a gang's GPUs are
+        # reserved under it, and its pods find it through their owners.
+        meta = req.object.get("metadata") or {}
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        key = str(uid) if uid else None
+    name = req.name or _name(req.object)
+    owner = f"{w.kind.lower()}/{name}"
+    ids = workload_ids(req.group, req.kind, req.namespace, name, key) if key else ()
+    return Validation(decision, QuotaStep(tenant, targets.subject, None, None, gang, key,
+                                          owner, ids))
+
+
+def _name(obj: dict[str, Any] | None) -> str:
+    meta = (obj or {}).get("metadata") or {}
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def _old_pods(req: AdmissionRequest, policy: CompiledPolicy) -> dict[str, int] | None:
+    """Pods per role before an UPDATE (None for a CREATE or an unreadable old object:
+    every pod counts as added)."""
+    if req.operation != "UPDATE" or req.old_object is None:
+        return None
+    try:
+        old: Workload | None = read_workload(req.group, req.kind, req.old_object,
+                                             policy.workload_kinds)
+    except MalformedObject:
+        return None
+    if old is None:
+        return None
+    return {r.name or "": r.pods for r in old.roles}
+
+
+def _unpinned_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
+    """A role made up from resource fields: counts and maximums checked; not pinned yet,
+    so charged to the tenant's default product, where its pods will be pinned."""
+    counts = check_requests(check, target.containers, None)
+    effective = check_maximums(check, policy, target.containers, counts)
+    tenant = target.tenant
+    product = tenant.default_product if tenant is not None and tenant.capped_products \
+        else None
+    return Cost(product, effective, weighted(policy, effective))

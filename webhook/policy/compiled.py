@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from webhook.k8s.workloads import KindPaths, RolePaths, parse_pointer
 from webhook.policy.model import (
     DeviceClass,
     GPUPolicy,
@@ -19,6 +20,7 @@ from webhook.policy.model import (
     QuotaLimits,
     Rule,
     TolerationPolicy,
+    WorkloadKind,
     pattern_regex,
 )
 
@@ -120,6 +122,8 @@ class CompiledPolicy:
     _by_selector: tuple[tuple[_Selector, TenantRules], ...]
     device_classes: Mapping[str, DeviceClass] = field(default_factory=dict)
     _is_gpu: dict[str, bool] = field(default_factory=dict)
+    # Workload kinds the policy adds to the built-in ones: (group, kind) -> paths.
+    workload_kinds: Mapping[tuple[str, str], KindPaths] = field(default_factory=dict)
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -249,4 +253,18 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         _by_namespace=by_ns,
         _by_selector=tuple(by_sel),
         device_classes=dict(spec.device_classes),
+        workload_kinds={(w.group, w.kind): kind_paths(w) for w in spec.workload_kinds},
     )
+
+
+def kind_paths(w: WorkloadKind) -> KindPaths:
+    """A configured workload kind as the pointer paths the workload reader walks."""
+    roles = tuple(
+        RolePaths(parse_pointer(r.template),
+                  parse_pointer(r.replicas) if r.replicas else None,
+                  parse_pointer(r.name) if r.name else None,
+                  r.default_replicas)
+        for r in w.roles)
+    return KindPaths(w.kind, roles,
+                     parse_pointer(w.gang_minimum) if w.gang_minimum else None,
+                     w.gang == "all")

@@ -15,6 +15,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from webhook.k8s.workloads import READERS
+
+BUILT_IN_KINDS = frozenset(READERS)
+
 API_VERSION = "gpu-webhook.dev/v1alpha1"
 KIND = "GPUPolicy"
 
@@ -329,6 +333,69 @@ class QuotaLedger(_Strict):
     watch lag of every replica, short enough that a refused pod's GPUs come back soon."""
 
 
+# --- workload kinds configured by the policy ------------------------------------------
+
+_GROUP = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$"
+_KIND = r"^[A-Z][A-Za-z0-9]{0,62}$"
+_VERSION = r"^v[0-9]+((alpha|beta)[0-9]+)?$"
+_POINTER = r"^(/([^/~]|~[01])*)+$"
+
+
+def _tokens(pointer: str) -> tuple[str, ...]:
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
+
+
+class WorkloadRole(_Strict):
+    """Where one kind of role of a configured workload keeps its pod template.
+
+    ``template`` is a JSON Pointer to a pod template (an object with ``metadata`` and
+    ``spec``); a ``*`` segment stands for every item of a list or every value of a map,
+    each item one role. ``replicas`` and ``name`` point into the same item: they begin
+    with the template's pointer up to its last ``*``."""
+
+    template: Annotated[str, Field(pattern=_POINTER, max_length=512)]
+    replicas: Annotated[str, Field(pattern=_POINTER, max_length=512)] | None = None
+    """Pods of the role at once; absent in the object: ``defaultReplicas``."""
+    default_replicas: Annotated[int, Field(ge=0, le=100_000)] = 1
+    name: Annotated[str, Field(pattern=_POINTER, max_length=512)] | None = None
+    """The role's name, for messages (default: the item's key or index)."""
+
+    @model_validator(mode="after")
+    def _same_item(self) -> WorkloadRole:
+        tokens = _tokens(self.template)
+        stars = [i for i, t in enumerate(tokens) if t == "*"]
+        if len(stars) > 1:
+            raise FieldProblem(("template",),
+                f"template {self.template!r} has {len(stars)} '*' segments: use one (each "
+                "item of one list or map is a role)")
+        prefix = tokens[: stars[-1] + 1] if stars else ()
+        for field_name, value in (("replicas", self.replicas), ("name", self.name)):
+            if value is None:
+                continue
+            own = _tokens(value)
+            if own[: len(prefix)] != prefix or "*" in own[len(prefix):]:
+                raise FieldProblem((field_name,),
+                    f"{field_name} {value!r} must point into the same item as the template "
+                    f"{self.template!r}: begin it with "
+                    f"{'/' + '/'.join(prefix) if prefix else 'any path without *'}")
+        return self
+
+
+class WorkloadKind(_Strict):
+    """A workload kind the webhook checks at apply besides the built-in ones."""
+
+    group: Annotated[str, Field(pattern=_GROUP, max_length=253)]
+    kind: Annotated[str, Field(pattern=_KIND)]
+    resource: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    """The plural resource name, as in ``kubectl api-resources`` (for the webhook rules)."""
+    versions: list[Annotated[str, Field(pattern=_VERSION)]] = Field(min_length=1, max_length=16)
+    roles: list[WorkloadRole] = Field(min_length=1, max_length=16)
+    gang: Literal["none", "all"] = "none"
+    """``all``: every pod must start together (like a JobSet); ``none``: no gang."""
+    gang_minimum: Annotated[str, Field(pattern=_POINTER, max_length=512)] | None = None
+    """Pods that must start together, when the object sets it (overrides ``gang``)."""
+
+
 class Spec(_Strict):
     mode: Mode = Mode.ENFORCE
     rules: dict[Rule, RuleSettings] = Field(default_factory=dict)
@@ -351,6 +418,8 @@ class Spec(_Strict):
     or ``allow`` (no tenant rules apply; tolerations are still added)."""
     exemptions: Exemptions = Field(default_factory=Exemptions)
     quota_ledger: QuotaLedger = Field(default_factory=QuotaLedger)
+    workload_kinds: list[WorkloadKind] = Field(default_factory=list, max_length=256)
+    """Other workload kinds to check at apply (the training kinds are built in)."""
     tenants: list[Tenant] = Field(default_factory=list, max_length=4096)
 
     @field_validator("rules", mode="before")
@@ -364,6 +433,20 @@ class Spec(_Strict):
                         f"unknown rule {key!r}; the rules are: {', '.join(sorted(known))}"
                     )
         return value
+
+    @model_validator(mode="after")
+    def _workload_kinds_unique(self) -> Spec:
+        seen: set[tuple[str, str]] = set()
+        for i, w in enumerate(self.workload_kinds):
+            key = (w.group, w.kind)
+            if key in BUILT_IN_KINDS:
+                raise FieldProblem(("workloadKinds", i, "kind"),
+                    f"{w.kind}.{w.group} is built in: remove it from workloadKinds")
+            if key in seen:
+                raise FieldProblem(("workloadKinds", i, "kind"),
+                    f"{w.kind}.{w.group} is configured twice: keep one entry")
+            seen.add(key)
+        return self
 
     @model_validator(mode="after")
     def _cross_references(self) -> Spec:

@@ -17,6 +17,7 @@ from typing import Protocol
 from webhook.engine import messages
 from webhook.engine.charge import Ask
 from webhook.engine.decision import Checker
+from webhook.engine.gang import GangAsk
 from webhook.policy.compiled import Limits, TenantRules
 from webhook.policy.model import Mode, Rule
 from webhook.quota.usage import Totals
@@ -116,3 +117,69 @@ def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageVi
                 line.scope, line.what, ask.pods_added, line.per_pod, line.free(), line.cap),
                 at_most=Mode.WARN)
 
+
+
+@dataclass(slots=True)
+class _GangLine:
+    """One cap compared with a whole workload: each role's pods x per-pod amount."""
+
+    line: Line
+    parts: list[tuple[int, float]]  # (role index in the ask, per pod)
+
+
+def _gang_lines(tenant: TenantRules, gang: GangAsk, usage: UsageView) -> list[_GangLine]:
+    out: dict[tuple[str, str], _GangLine] = {}
+    for i, r in enumerate(gang.roles):
+        if not r.cost.resources:
+            continue  # a role without GPUs (a parameter server) holds no GPU quota
+        ask = Ask(gang.tenant, gang.namespace, r.cost, r.pods, False, r.pods_added, gang.kind)
+        for line in lines(tenant, ask, usage):
+            key = (line.scope, line.what)
+            if key not in out:
+                out[key] = _GangLine(line, [])
+            out[key].parts.append((i, line.per_pod))
+    return list(out.values())
+
+
+def check_gang(check: Checker, tenant: TenantRules, gang: GangAsk, usage: UsageView,
+               reservable: bool = False) -> bool:
+    """A workload with roles against the caps: denied if its gang (every pod, when it
+    has none) can never fit, warned if not all its pods can ever run at once or if it
+    does not fit what is free now. True when the gang fits now (it may be reserved)."""
+    members = gang.members()
+    fits_now = True
+    for g in _gang_lines(tenant, gang, usage):
+        line, cap = g.line, g.line.cap
+        roles = [(gang.roles[i], per) for i, per in g.parts]
+        if gang.sequential:
+            for r, per in roles:
+                if per > cap + EPSILON:
+                    check.report(Rule.QUOTA, messages.role_pod_never_fits(
+                        line.scope, line.what, gang.role_label(r), per, cap))
+            continue
+        whole = sum(r.pods * per for r, per in roles)
+        need = sum(members[i] * per for i, per in g.parts)
+        added = sum(r.pods_added * per for r, per in roles)
+        all_of = messages.parts((gang.role_label(r), r.pods, per) for r, per in roles)
+        if line.used + need > line.cap + EPSILON:
+            fits_now = False
+        if need > cap + EPSILON:
+            gang_parts = messages.parts((gang.role_label(r), members[i], per)
+                                        for (r, per), (i, _) in zip(roles, g.parts,
+                                                                    strict=True)
+                                        if members[i])
+            check.report(Rule.QUOTA, messages.roles_never_fit(
+                line.scope, line.what, gang_parts, need, sum(members), cap,
+                gang.gang is not None))
+        elif whole > cap + EPSILON:
+            check.report(Rule.QUOTA, messages.roles_exceed_quota(
+                line.scope, line.what, all_of, whole, gang.pods, cap, sum(members), need),
+                at_most=Mode.WARN)
+        elif added and line.used + added > cap + EPSILON:
+            added_of = messages.parts((gang.role_label(r), r.pods_added, per)
+                                      for r, per in roles if r.pods_added)
+            check.report(Rule.QUOTA, messages.roles_not_free(
+                line.scope, line.what, added_of, added, line.used, cap,
+                sum(members) if gang.gang is not None else None, need, reservable),
+                at_most=Mode.WARN)
+    return fits_now

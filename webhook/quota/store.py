@@ -20,10 +20,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from webhook.engine.charge import Charge
 from webhook.quota.check import UsageView
+from webhook.quota.gang import Gang, slots_of
 from webhook.quota.usage import Totals, Usage
 
 
@@ -43,6 +44,17 @@ class UsageStore(Protocol):
         ...
 
     def ready(self) -> bool: ...
+
+
+@runtime_checkable
+class GangStore(Protocol):
+    """A store that can reserve a gang whole and let its pods draw from it."""
+
+    async def reserve_gang(self, key: str, ids: tuple[str, ...],
+                           charges: list[tuple[Charge, int]],
+                           fits: Callable[[UsageView], bool], ttl: float) -> bool: ...
+
+    def draw(self, key: str, charge: Charge, ids: tuple[str, ...]) -> bool: ...
 
 
 class Combined:
@@ -98,6 +110,7 @@ class MemoryStore:
         self.clock = clock
         self.commits = 0  # reservations made, and dropped unseen: read by /metrics
         self.expired = 0
+        self.gangs: dict[str, Gang] = {}  # workload uid -> its gang reservation
 
     def ready(self) -> bool:
         return True
@@ -127,7 +140,59 @@ class MemoryStore:
         self.commits += 1
         return True
 
+    # --- gang reservations (webhook.quota.gang) -------------------------------------
+
+    async def reserve_gang(self, key: str, ids: tuple[str, ...],
+                           charges: list[tuple[Charge, int]],
+                           fits: Callable[[UsageView], bool], ttl: float) -> bool:
+        """Atomically: if ``fits(view)``, reserve the gang's slots under ``key`` (the
+        workload's uid) for ``ttl`` seconds. A retried review finds it reserved."""
+        if key in self.gangs:
+            return True
+        if not fits(self.view()):
+            return False
+        gang = Gang(key, ids, slots_of(key, charges), self.clock() + ttl)
+        for slot, charge in gang.slots.items():
+            self.reserved.put(slot, charge)
+        self.gangs[key] = gang
+        self.commits += 1
+        return True
+
+    def draw(self, key: str, charge: Charge, ids: tuple[str, ...]) -> bool:
+        """A pod of a reserved gang takes a slot of its shape (its reservation replaces
+        the slot's, so usage does not change). False when it belongs to no gang with a
+        free slot of its shape: it is then checked and reserved as any pod."""
+        self._expire()
+        if key in self.pods or key in self._reservations:
+            return True  # a retried review of a pod already counted
+        for gang in self.gangs.values():
+            if not set(ids) & set(gang.ids):
+                continue
+            slot = gang.slot_for(charge)
+            if slot is None:
+                continue
+            gang.taken[key] = slot
+            self.reserved.put(slot, None)
+            self._reservations[key] = _Reservation(charge, self.clock() + self.ttl)
+            self.reserved.put(key, charge)
+            return True
+        return False
+
+    def release_gang(self, key: str) -> None:
+        """The workload is gone (or its bound passed): its untaken slots are freed."""
+        gang = self.gangs.pop(key, None)
+        if gang is None:
+            return
+        taken = set(gang.taken.values())
+        for slot in gang.slots:
+            if slot not in taken:
+                self.reserved.put(slot, None)
+
     def _expire(self) -> None:
+        if self.gangs:
+            now = self.clock()
+            for key in [k for k, g in self.gangs.items() if g.expires <= now]:
+                self.release_gang(key)
         if not self._reservations:
             return
         now = self.clock()

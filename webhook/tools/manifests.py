@@ -13,6 +13,12 @@ the policy so that the API server sends only what the webhook acts on:
   policy's exempt namespaces, so a webhook that is down can never block the pods that
   would bring it back.
 
+Training workloads (Volcano Jobs, JobSets, Kubeflow jobs, TrainJobs, LeaderWorkerSets,
+Ray clusters and jobs, Argo workflows) and the kinds the policy's ``workloadKinds`` adds
+are sent on CREATE and UPDATE, each with a matchCondition that walks its own templates
+(every task, replicated job, replica type, ...), so a training job without GPUs is never
+sent either. A rule for a kind whose CRD is not installed matches nothing.
+
 The ValidatingWebhookConfiguration holds a second webhook, ``scale.gpu-webhook.dev``:
 the ``scale`` subresource of Deployments, StatefulSets and ReplicaSets (``kubectl
 scale``, an HPA), so a scale-up past the GPU quota is refused or warned about at once.
@@ -32,7 +38,7 @@ failurePolicy, per webhook (both default to Fail):
   GPU requests completed, no tolerations or node affinity injected, no quota charged.
 
 The configurations must be rendered again when the policy's GPU resources, toleration
-keys, ``nonGpuPodsToleratingGpuTaints`` or exemptions change.
+keys, ``nonGpuPodsToleratingGpuTaints``, exemptions or ``workloadKinds`` change.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from typing import Any, Literal
 
 import yaml
 
-from webhook.policy.model import GPUPolicy, TolerationPolicy
+from webhook.k8s.workloads import CRD_KINDS, parse_pointer
+from webhook.policy.model import GPUPolicy, TolerationPolicy, WorkloadKind
 
 FailurePolicy = Literal["Fail", "Ignore"]
 GROUP = "gpu-webhook.dev"
@@ -61,6 +68,8 @@ RULES: list[dict[str, Any]] = [
      "scope": "Namespaced"},
     {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
      "resources": ["jobs", "cronjobs"], "scope": "Namespaced"},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["replicationcontrollers"], "scope": "Namespaced"},
 ]
 
 
@@ -71,6 +80,20 @@ CLAIM_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
      "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"},
 ]
+
+
+def workload_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any]]:
+    """Rules for the training kinds and the configured ones: one per group and versions."""
+    by: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for b in CRD_KINDS:
+        by.setdefault((b.group, b.versions), []).append(b.resource)
+    for w in configured:
+        resources = by.setdefault((w.group, tuple(w.versions)), [])
+        if w.resource not in resources:
+            resources.append(w.resource)
+    return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["CREATE", "UPDATE"],
+             "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
+
 
 # The scale subresource: only the replica count changes, and only the validating webhook
 # (quota) cares. The pods a scale-up adds are checked when they are created either way.
@@ -129,18 +152,20 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
                                   [f"system:serviceaccount:{sa.replace('/', ':')}"
                                    for sa in spec.exemptions.service_accounts])
     excluded = sorted({"kube-system", options.namespace, *spec.exemptions.namespaces})
+    rules = [*RULES, *workload_rules(spec.workload_kinds)]
 
     def webhook(kind: str, failure: FailurePolicy) -> dict[str, Any]:
         conditions = [{"name": "gpu-pods" if wanted[kind] == gpu
                        else "gpu-pods-or-gpu-tolerations",
-                       "expression": for_pod_spec(lambda s: _or_terms(wanted[kind], s))}]
+                       "expression": for_pod_spec(lambda s: _or_terms(wanted[kind], s),
+                                                  spec.workload_kinds)}]
         if exempt:
             conditions.append({"name": "not-exempt", "expression": exempt})
         hook: dict[str, Any] = {
             "name": f"{kind}.{GROUP}",
             "admissionReviewVersions": ["v1"],
             "clientConfig": _client_config(kind, options),
-            "rules": RULES,
+            "rules": rules,
             "matchPolicy": "Equivalent",
             "namespaceSelector": {"matchExpressions": [
                 {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}]},
@@ -294,12 +319,14 @@ def _or_terms(expr: str, spec: str) -> str:
     return expr.replace(_SPEC, spec)
 
 
-def for_pod_spec(test: Callable[[str], str]) -> str:
-    """Apply ``test`` to the pod spec of whichever kind the request is about.
+def for_pod_spec(test: Callable[[str], str], configured: Iterable[WorkloadKind] = ()) -> str:
+    """Apply ``test`` to the pod spec(s) of whichever kind the request is about.
 
-    The spec is picked once into a one-element list so the test is written once and
-    binds it as ``s``; a template missing on the way gives an empty list (false), never
-    an evaluation error, which failurePolicy Fail would turn into a rejection.
+    For a built-in kind the spec is picked once into a one-element list so the test is
+    written once and binds it as ``s``; a training kind's templates are gathered into a
+    list the same way (a list's items, a map's values). A template missing on the way gives
+    false, never an evaluation error, which failurePolicy Fail would turn into a
+    rejection.
     """
     template = ("has(object.spec.template) && has(object.spec.template.spec) ? "
                 "[object.spec.template.spec] : []")
@@ -309,7 +336,82 @@ def for_pod_spec(test: Callable[[str], str]) -> str:
             "[object.spec.jobTemplate.spec.template.spec] : []")
     specs = (f"(request.kind.kind == 'Pod' ? [object.spec] : "
              f"request.kind.kind == 'CronJob' ? ({cron}) : ({template}))")
+    for group, kind, listed in reversed([*((b.group, b.kind, _crd_specs(b.group, b.kind))
+                                            for b in CRD_KINDS),
+                                          *((w.group, w.kind, _configured_specs(w))
+                                            for w in configured)]):
+        specs = (f"(request.kind.group == {_quote(group)} && request.kind.kind == "
+                 f"{_quote(kind)}) ? ({listed}) : {specs}")
+    if configured or CRD_KINDS:
+        specs = f"({specs})"  # a conditional binds looser than .exists
     return f"{specs}.exists(s, {test('s')})"
+
+
+def _has(expr: str) -> str:
+    """``has()`` of every field on the way to ``expr`` (after its root variable)."""
+    head, *keys = expr.split(".")
+    out, cur = [], head
+    for k in keys:
+        cur = f"{cur}.{k}"
+        out.append(f"has({cur})")
+    return " && ".join(out)
+
+
+def _specs(*path: str, shape: str = "list") -> str:
+    """CEL for the list of pod specs at ``path`` (from ``object``), where one ``*``
+    stands for every item of a list (``shape`` list), the values of a map (map), or
+    either (any: told apart when evaluated). Empty when a level is missing."""
+    if "*" not in path:
+        at = ".".join(("object", *path))
+        return f"({_has(at + '.spec')} ? [{at}.spec] : [])"
+    i = path.index("*")
+    items = ".".join(("object", *path[:i]))
+    rest = ".".join(("v", *path[i + 1:]))
+    values = {"list": items, "map": f"{items}.map(k, {items}[k])",
+              "any": f"(type({items}) == map ? {items}.map(k, {items}[k]) : {items})"}[shape]
+    keep = _has(rest + ".spec")
+    return (f"({_has(items)} ? {values}.filter(v, {keep}).map(v, {rest}.spec) : [])")
+
+
+def _configured_specs(w: WorkloadKind) -> str:
+    return " + ".join(_specs(*parse_pointer(r.template), shape="any") for r in w.roles)
+
+
+def _crd_specs(group: str, kind: str) -> str:
+    """CEL for the pod specs of a built-in training kind (as ``webhook.k8s.workloads``
+    reads it); a TrainJob's and an Argo step's are made up of their containers."""
+    if group == "batch.volcano.sh":
+        return _specs("spec", "tasks", "*", "template")
+    if group == "jobset.x-k8s.io":
+        return _specs("spec", "replicatedJobs", "*", "template", "spec", "template")
+    if group == "kubeflow.org":
+        key = {"PyTorchJob": "pytorchReplicaSpecs", "TFJob": "tfReplicaSpecs",
+               "MPIJob": "mpiReplicaSpecs", "XGBoostJob": "xgbReplicaSpecs",
+               "PaddleJob": "paddleReplicaSpecs", "JAXJob": "jaxReplicaSpecs"}[kind]
+        return _specs("spec", key, "*", "template", shape="map")
+    if group == "leaderworkerset.x-k8s.io":
+        return " + ".join(_specs("spec", "leaderWorkerTemplate", t)
+                          for t in ("leaderTemplate", "workerTemplate"))
+    if group == "ray.io":
+        at = {"RayCluster": ("spec",), "RayJob": ("spec", "rayClusterSpec"),
+              "RayService": ("spec", "rayClusterConfig")}[kind]
+        parts = [_specs(*at, "headGroupSpec", "template"),
+                 _specs(*at, "workerGroupSpecs", "*", "template")]
+        if kind == "RayJob":
+            parts.append(_specs("spec", "submitterPodTemplate"))
+        return " + ".join(parts)
+    if group == "trainer.kubeflow.org":
+        res = "object.spec.trainer.resourcesPerNode"
+        return f"({_has(res)} ? [{{'containers': [{{'resources': {res}}}]}}] : [])"
+    if group == "argoproj.io":
+        spec = "object.spec.workflowSpec" if kind == "CronWorkflow" else "object.spec"
+        containers = ("(has(t.container) ? [t.container] : []) + "
+                      "(has(t.script) ? [t.script] : []) + "
+                      "(has(t.containerSet) && has(t.containerSet.containers) ? "
+                      "t.containerSet.containers : [])")
+        return (f"({_has(spec + '.templates')} ? {spec}.templates.map(t, "
+                f"{{'containers': {containers}}}) : [])")
+    raise ValueError(f"no match condition for {kind}.{group}")
 
 
 def exemption_expression(users: list[str], groups: list[str], accounts: list[str]) -> str:
