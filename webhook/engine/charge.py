@@ -20,6 +20,7 @@ from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.pinning import check_pinned
 from webhook.engine.target import Target, read_target
+from webhook.k8s import claims as claims_wire
 from webhook.k8s.objects import MalformedObject
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Rule
@@ -173,6 +174,56 @@ def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
         return None
     return Charge(target.tenant.name, namespace, owner_of(pod), cost.product, cost.resources,
                   cost.gpus)
+
+
+def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,
+                    labels: Mapping[str, str] | None = None) -> Charge | None:
+    """The charge of a ResourceClaim seen in the cluster, or None when it holds no GPU
+    quota: not a claim of GPU classes, no tenant, malformed, or made for a pod that was
+    charged instead (a template's claim for one pod, the scheduler's claim for a plain
+    nvidia.com/gpu request). Those two are told by annotation and by who wrote the
+    object (``metadata.managedFields``): the kube-controller-manager or the scheduler;
+    admission charges the same annotations from anyone else, and so does this."""
+    if kind != claims_wire.CLAIM or not isinstance(claim, dict):
+        return None
+    meta = claim.get("metadata") or {}
+    if not isinstance(meta, dict):
+        return None
+    namespace = str(meta.get("namespace") or "")
+    tenant = policy.tenant_for(namespace, labels) if namespace else None
+    if tenant is None or _made_for_a_pod(meta):
+        return None
+    try:
+        found = claims_wire.claim_spec(kind, claim)
+        requests = claims_wire.device_requests(*found) if found is not None else []
+    except MalformedObject:
+        return None
+    dc = devices.cost(Quiet(policy, tenant, "", frozenset()), policy, requests)
+    if not dc.resources:
+        return None
+    return Charge(tenant.name, namespace, f"resourceclaim/{meta.get('name')}", dc.product,
+                  dc.resources, dc.gpus, pods=0)
+
+
+# The field managers of the control plane: the resourceclaim controller creates a
+# template's claim for a pod, the scheduler creates an extended-resource claim and writes
+# every claim's allocation. Any other manager means a user wrote the claim.
+_CONTROL_PLANE = frozenset({"kube-controller-manager", "kube-scheduler"})
+
+
+def _made_for_a_pod(meta: Mapping[str, Any]) -> bool:
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        return False
+    managers = {str(m.get("manager")) for m in meta.get("managedFields") or ()
+                if isinstance(m, dict) and m.get("operation") in ("Update", "Apply")}
+    if not managers <= _CONTROL_PLANE:
+        return False
+    if claims_wire.EXTENDED_RESOURCE_ANNOTATION in annotations:
+        return "kube-scheduler" in managers
+    if claims_wire.POD_CLAIM_ANNOTATION in annotations:
+        return "kube-controller-manager" in managers
+    return False
 
 
 def owner_of(pod: Mapping[str, Any]) -> str:
