@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import ssl
 import tempfile
 import time
@@ -335,12 +336,38 @@ class _Config(uvicorn.Config):
         self.ssl = self._context
 
 
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None. Tried before uvicorn, which would
+    log the bare OS error and exit 3 with nothing naming the flag."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host!r} is not an address of this machine ({exc.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # As uvicorn binds: SO_REUSEADDR, so a probe just closed does not block it.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port} ({exc.strerror}): check --host and --port"
+    return None
+
+
 def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
 def run(settings: Settings) -> int:
     logs.setup(settings.log_level)
+    if settings.kubeconfig and not os.path.isfile(settings.kubeconfig):
+        # A missing file is a typo, not a cluster that is down: without this, the replica
+        # would start and stay not-ready, retrying a file that will never appear.
+        logs.event("cannot start: --kubeconfig names no file", logging.ERROR,
+                   kubeconfig=settings.kubeconfig)
+        print(f"gpu-webhook: cannot start, --kubeconfig {settings.kubeconfig}: no such file")
+        return 2
     source = PolicySource(resolve(settings.policy))
     try:
         active = source.load()
@@ -383,6 +410,11 @@ def run(settings: Settings) -> int:
                cert_not_after=reloader.serving.not_after.isoformat(),
                usage_store="cluster ledger" if configured(settings.kubeconfig)
                else "in-memory (no cluster configured)", pid=os.getpid())
+    problem = _cannot_listen(settings.host, settings.port)
+    if problem:
+        logs.event(f"cannot start: {problem}", logging.ERROR)
+        print(f"gpu-webhook: cannot start, {problem}")
+        return 2
     app: Any = AdmissionApp(runtime)
     if settings.client_ca:
         app = ClientCertGate(app, client_cns)
