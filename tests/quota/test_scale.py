@@ -404,11 +404,14 @@ class _Response:
 
 @pytest.mark.parametrize(("outcome", "expected"), [
     (kube.ApiException(status=403, reason="Forbidden"),
-     "read deployment team-a/trainer: HTTP 403 Forbidden"),
+     "read deployment team-a/trainer: the webhook's service account is not allowed to do "
+     "this (check its RBAC) (HTTP 403)"),
     (kube.ApiException(status=404, reason="Not Found"), "read deployment team-a/trainer: "
                                                          "not found"),
-    (ProtocolError("connection reset"), "read deployment team-a/trainer: ProtocolError"),
-    (_Response(b"[]"), "read deployment team-a/trainer: the answer is not an object"),
+    (ProtocolError("connection reset"), "read deployment team-a/trainer: the connection to "
+                                        "the API server broke"),
+    (_Response(b"[]"), "read deployment team-a/trainer: the API server's answer is not an "
+                       "object"),
 ])
 def test_kube_workloads_maps_failures_to_messages_that_say_what_was_tried(outcome,
                                                                           expected) -> None:

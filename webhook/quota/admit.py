@@ -73,7 +73,8 @@ async def commit(decision: Decision, req: AdmissionRequest, policy: CompiledPoli
         return trial.allowed
 
     try:
-        await store.reserve(key, charge, fits, budget)
+        await store.reserve(key, charge, fits, budget,
+                            name=f"{req.namespace}/{meta.get('name') or req.name}")
     except ReservationUnavailable as exc:
         metrics.RESERVATIONS_UNAVAILABLE.inc()
         check = Checker(policy, tenant, decision.subject, OWNED, decision)
