@@ -119,12 +119,13 @@ def _network_words(exc: BaseException, timeout: float | None) -> str:
     if isinstance(cause, (urllib3.exceptions.ReadTimeoutError, TimeoutError)):
         within = f" within {timeout:g}s" if timeout else " in time"
         return f"the API server did not answer{within}"
+    # NewConnectionError is a ConnectTimeoutError to urllib3: test it first.
+    if isinstance(cause, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError)):
+        return "cannot connect to the API server"
     if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):
         return "no connection to the API server could be made in time"
     if isinstance(cause, (urllib3.exceptions.SSLError, ssl.SSLError)):
         return "the TLS connection to the API server failed"
-    if isinstance(cause, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError)):
-        return "cannot connect to the API server"
     if isinstance(cause, (urllib3.exceptions.ProtocolError, ConnectionError)):
         return "the connection to the API server broke"
     return "the API server could not be reached"
