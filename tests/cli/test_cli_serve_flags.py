@@ -39,6 +39,7 @@ PARSE_CASES: list[tuple[list[str], str]] = [
     (["--namespace", "Team_A"], "--namespace 'Team_A' is not a namespace name"),
     (["--max-inflight", "0"], "--max-inflight must be at least 1"),
     (["--max-inflight", "many"], "--max-inflight: invalid int value"),
+    (["--max-connections", "0"], "--max-connections must be at least 1"),
     (["--request-timeout", "60"], "--request-timeout must be more than 0 and at most 30"),
     (["--self-managed-certs"], "--self-managed-certs keeps the certificate in a Secret"),
     (["--cert-secret", "TLS!"], "--cert-secret 'TLS!' is not a valid object name"),

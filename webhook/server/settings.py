@@ -41,6 +41,7 @@ class Settings:
     kubeconfig: str | None = None
     namespace: str | None = None
     max_inflight: int = 256
+    max_connections: int = 1024
     request_timeout: float = 8.0
     self_managed_certs: bool = False
     cert_secret: str = "gpu-webhook-tls"
@@ -90,6 +91,8 @@ class Settings:
         s._check_values()
         if s.tls_min_version not in ("1.2", "1.3"):
             raise SystemExit(f"--tls-min-version must be 1.2 or 1.3, not {s.tls_min_version!r}")
+        if s.max_connections < 1:
+            raise SystemExit(f"--max-connections must be at least 1, not {s.max_connections}")
         if s.max_inflight < 1:
             raise SystemExit(f"--max-inflight must be at least 1, not {s.max_inflight}")
         if not 0 < s.request_timeout <= 30:
@@ -198,6 +201,8 @@ _DOCS = {
                   "service account is used; with neither, usage is kept in memory).",
     "max_inflight": "Admission requests handled at once; beyond it a request is answered "
                     "429 (Retry-After) at once, and the webhook's failurePolicy applies.",
+    "max_connections": "Connections open at once (in TLS handshake or after); beyond it a "
+                       "new connection is closed at once. Each costs up to ~50 KB.",
     "request_timeout": "Seconds a review may take from its first byte to its answer (also "
                        "cut to 80%% of the API server's ?timeout=); a review that waited "
                        "longer gets 503 instead of an answer the API server stopped "
