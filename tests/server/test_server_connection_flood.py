@@ -18,7 +18,6 @@ import ssl
 from pathlib import Path
 
 import httpx
-import pytest
 from serverkit import Server, ServerFactory
 
 WAVES = 5

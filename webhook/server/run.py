@@ -269,6 +269,7 @@ class AdmissionProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _header_bytes = 0
     _in_headers = True  # bytes until the current request's headers are complete
+    _requests = 0  # requests whose headers arrived on this connection
     # Set by Acceptor: the connection's place in the count, given back when it ends.
     slot: tuple[Connections, int] | None = None
     began = False  # connection_made was called (the TLS handshake succeeded)
@@ -306,10 +307,13 @@ class AdmissionProtocol(HttpToolsProtocol):
             self.transport.close()  # nothing worth an answer has arrived
 
     def data_received(self, data: bytes) -> None:
-        was_in_headers = self._in_headers
+        requests, in_headers = self._requests, self._in_headers
         super().data_received(data)
-        # Counted after parsing: a chunk may end the headers and carry body bytes too.
-        if was_in_headers and self._in_headers and self.transport is not None:
+        # Counted after parsing, only for a chunk that began and ended inside one
+        # request's headers: a chunk may end the headers and carry the body (and the
+        # next request), or end a body.
+        if (in_headers and self._in_headers and requests == self._requests
+                and self.transport is not None):
             self._header_bytes += len(data)
             if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
                 self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
@@ -333,6 +337,7 @@ class AdmissionProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
+        self._requests += 1
         if self.slot is not None:
             self.slot[0].proven(self.slot[1])
         if self._header_timer is not None:
