@@ -7,9 +7,11 @@ BIN := $(VENV)/bin
 .PHONY: install run test lint unit e2e controlplane bench bench-quick audit
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
+# A failed install fails `make install`: tests/bench cannot run without it.
 install: $(VENV)/.installed
 	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk) \
-		|| echo "wrk is not installed: make bench and tests/bench need it (apt-get install wrk)"
+		|| { echo "make install: wrk could not be installed; make bench and tests/bench" \
+		          "need it: apt-get install wrk (as root)" >&2; exit 1; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

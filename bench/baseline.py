@@ -58,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     # adds the ASGI tls extension and the arrival stamp, a cost of the webhook, and
     # writes each response in one TLS record where uvicorn writes two, a saving of the
     # webhook (bench/README.md gives what the baseline would gain from the same).
-    config = serve._Config(
-        app, context, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-        lifespan="off", access_log=False, log_config=None, timeout_keep_alive=30,
-        timeout_graceful_shutdown=20,
+    # The same listener as serve.run (its TLS acceptor and connection cap), so the two
+    # differ only in the app and the HTTP protocol.
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+        lifespan="off", access_log=False, log_config=None,
+        timeout_keep_alive=serve.KEEP_ALIVE_TIMEOUT, timeout_graceful_shutdown=20,
     )
-    uvloop.run(uvicorn.Server(config).serve())
+    uvloop.run(serve._Server(config, context, settings.max_connections).serve())
     return 0
 
 

@@ -164,7 +164,7 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         return check_pod(check, step.tenant, ask, view)
 
     try:
-        await store.reserve(step.reservation.key, step.reservation.charge, fits, budget)
+        await store.reserve(res.key, res.charge, fits, budget, name=res.name)
     except ReservationUnavailable as exc:
         check.findings.clear()
         check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),

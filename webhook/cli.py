@@ -13,12 +13,21 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import yaml
 
 from webhook import __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: the command, what is wrong, where the help
+    is. (argparse prints the whole usage first; for ``serve`` that is 30 lines that push
+    the actual error out of a pod's last log lines.)"""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,6 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        # A bad setting found after parsing (a range, a combination of flags): one line
+        # on stderr, a usage error's status.
+        print(f"{parser.prog}: {exc.code}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -43,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     from webhook.server.settings import Settings
 
-    p = argparse.ArgumentParser(prog="gpu-webhook",
+    p = _Parser(prog="gpu-webhook",
                                 description="Admission webhook that governs GPU workloads.")
     p.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
     sub = p.add_subparsers(title="commands")

@@ -29,7 +29,6 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 import yaml
 from controlplane.cluster import ControlPlane
 from kit import console_script, free_port
@@ -302,9 +301,8 @@ class Deployment:
 
     def render(self, url: str | None = None) -> str:
         """``gpu-webhook manifests`` for this deployment's address and CA."""
-        if gpu_webhook("manifests", "--help", check=False).returncode != 0:
-            pytest.skip("`gpu-webhook manifests` is not implemented yet; the e2e tests "
-                        "install the webhook configurations it renders")
+        # A missing or broken command fails here (gpu_webhook checks the exit code):
+        # skipping would pass CI with no e2e test run at all.
         out = gpu_webhook("manifests", "--policy", str(self.policy), "--url", url or self.url,
                           "--ca-file", str(self.ca_file)).stdout
         return out

@@ -298,3 +298,35 @@ def test_anchor_bombs_are_refused_quickly() -> None:
         for p, c in zip("abcdefgh", "bcdefghi", strict=True))
     with pytest.raises(PolicyError, match="aliases"):
         load_text(bomb)
+
+
+def test_a_key_given_twice_names_both_lines() -> None:
+    # The case: a tenant's ``mode: warn`` dedented to the spec level, where a
+    # ``mode`` already is. YAML alone would keep the last one and warn for every tenant.
+    text = _spec("mode: enforce\ntenants:\n  - name: research\n    namespaces: [a]\n"
+                 "mode: warn  # <-\n")
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    assert str(caught.value) == (
+        f"team.yaml:{_expected_line(text)}: spec.mode: duplicate key 'mode' (first at line 6): "
+        "YAML keeps only the last one; remove one, or indent it under the mapping it "
+        "belongs to")
+
+
+def test_duplicate_keys_inside_lists_are_found_too() -> None:
+    text = _tenant("namespaces: [a]\nquota:\n  gpus: 4\n  gpus: 40  # <-\n")
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    [problem] = caught.value.problems
+    assert (problem.path, problem.line) == ("spec.tenants[0].quota.gpus", _expected_line(text))
+    assert f"first at line {_expected_line(text) - 1}" in problem.message
+
+
+def test_a_key_differing_only_in_case_gets_the_right_spelling() -> None:
+    text = _spec("quotaLedger:\n  reservationTtlSeconds: 30  # <-\n")
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    [problem] = caught.value.problems
+    assert problem.line == _expected_line(text)
+    assert problem.message == ("unknown field 'reservationTtlSeconds': "
+                               "did you mean 'reservationTTLSeconds'?")

@@ -86,6 +86,9 @@ class Reservation:
     key: str
     charge: Charge
     gangs: tuple[str, ...] = ()  # the gangs the pod may belong to (its owners, labels)
+    # "namespace/name": a retry of the same create is one charge, and a create that
+    # fails because the name is taken holds nothing (see quota.ledger).
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

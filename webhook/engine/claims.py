@@ -137,9 +137,12 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLab
     ask = Ask(tenant.name, req.namespace, per, 1, True, 1, target.kind, counts_pods=False)
     reservation = None
     if not req.dry_run:
-        key = str(meta.get("uid") or f"{req.namespace}/resourceclaim/{meta.get('name')}")
+        # A name no pod can have (":"), so a claim never stands for a pod of its name.
+        name = f"{req.namespace}/resourceclaim:{meta.get('name') or req.name}"
+        key = str(meta.get("uid") or name)
         reservation = Reservation(key, Charge(tenant.name, req.namespace, owner, cost.product,
-                                              dict(cost.resources), cost.gpus, pods=0))
+                                              dict(cost.resources), cost.gpus, pods=0),
+                                  name=name)
     return Validation(check.decide(), QuotaStep(tenant, target.subject, ask, reservation))
 
 

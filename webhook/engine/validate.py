@@ -103,10 +103,11 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     reservation = None
     if target.template.is_pod and not req.dry_run:  # a dry run must leave no trace
         meta = req.object.get("metadata") or {}
-        key = str(meta.get("uid") or f"{req.namespace}/{meta.get('name') or req.name}")
+        name = f"{req.namespace}/{meta.get('name') or req.name}"
+        key = str(meta.get("uid") or name)
         reservation = Reservation(key, Charge(tenant.name, req.namespace, owner_of(req.object),
                                               cost.product, dict(cost.resources), cost.gpus),
-                                  pod_ids(req.object))
+                                  pod_ids(req.object), name)
     return QuotaStep(tenant, target.subject, ask, reservation)
 
 

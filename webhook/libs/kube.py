@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import base64
 import logging
+import ssl
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,17 @@ Event = tuple[str, dict[str, Any]]  # ("ADDED"|"MODIFIED"|"DELETED"|"SYNCED"|"RE
 
 
 class KubeError(Exception):
-    pass
+    """An API call that failed, in the product's words.
+
+    ``str()`` is ``"<what was tried>: <reason>"`` for messages a person reads (a developer's
+    denial, ``/readyz``); ``reason`` alone says what happened ("the API server did not
+    answer within 2.0s"); ``detail`` keeps the client library's own text (exception type,
+    the API server's address, urllib3's retry chain) for the log, and only for the log.
+    """
+
+    def __init__(self, what: str, reason: str = "", detail: str = "") -> None:
+        super().__init__(f"{what}: {reason}" if reason else what)
+        self.what, self.reason, self.detail = what, reason or what, detail
 
 
 class Conflict(KubeError):
@@ -57,33 +68,67 @@ def connect(kubeconfig: str | None) -> client.ApiClient:
                 client_configuration=cfg)
     except (config.ConfigException, OSError) as exc:
         where = kubeconfig or "the in-cluster service account"
-        raise Unreachable(f"cannot load cluster credentials from {where}: {exc}") from None
+        raise Unreachable(f"load cluster credentials from {where}", str(exc),
+                          f"{type(exc).__name__}: {exc}") from None
     cfg.retries = 0  # retries are ours: a webhook has a deadline
     return client.ApiClient(cfg)
 
 
-def _map(exc: Exception, what: str) -> KubeError:
-    if isinstance(exc, ApiException):
-        if exc.status == 409:
-            return Conflict(f"{what}: conflict")
-        if exc.status == 404:
-            return NotFound(f"{what}: not found")
-        return Unreachable(f"{what}: HTTP {exc.status} {exc.reason}")
-    return Unreachable(f"{what}: {type(exc).__name__}: {exc}")
+# What an HTTP status from the API server means for the webhook, in words.
+_STATUS_WORDS = {
+    400: "the API server refused the request as malformed",
+    401: "the API server did not accept the webhook's credentials",
+    403: "the webhook's service account is not allowed to do this (check its RBAC)",
+    404: "not found",
+    409: "it changed since it was read",
+    422: "the API server refused the change as invalid",
+    429: "the API server is throttling the webhook's requests",
+}
 
 
-def _compare_and_swap(what: str, resource_version: str | None, create: Callable[[], Any],
-                      replace: Callable[[], Any]) -> Any:
-    """Create (no resourceVersion) or replace conditionally; a 409 (AlreadyExists on
-    create, a stale resourceVersion on replace) is a Conflict: read again and retry."""
+@contextmanager
+def translated(what: str, timeout: float | None = None,
+               statuses: Mapping[int, type[KubeError]] | None = None) -> Iterator[None]:
+    """Run an API call; turn the client library's exceptions into this module's.
+
+    404 is :class:`NotFound`, 409 :class:`Conflict` (a create that finds the name taken,
+    a replace with a stale resourceVersion), ``statuses`` adds others (a JSON Patch whose
+    ``test`` failed, 422, is a Conflict); any other status and every network, TLS or
+    timeout failure is :class:`Unreachable`. The words name what was tried and what
+    happened; the library's text, with the API server's address, is only in ``detail``.
+    """
     try:
-        return create() if resource_version is None else replace()
+        yield
     except ApiException as exc:
-        if exc.status == 409:
-            raise Conflict(what) from None
-        raise _map(exc, what) from None
+        status = int(exc.status or 0)
+        kind = (statuses or {}).get(status) or {404: NotFound, 409: Conflict}.get(
+            status, Unreachable)
+        words = _STATUS_WORDS.get(status) or (
+            "the API server failed" if status >= 500 else "the API server refused it")
+        raise kind(what, f"{words} (HTTP {status})",
+                   f"HTTP {status} {exc.reason}: {str(exc.body or '')[:500]}") from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise _map(exc, what) from None
+        raise Unreachable(what, _network_words(exc, timeout),
+                          f"{type(exc).__name__}: {exc}") from None
+
+
+def _network_words(exc: BaseException, timeout: float | None) -> str:
+    cause: BaseException = exc
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        cause = exc.reason  # the failure itself, under urllib3's retry wrapper
+    if isinstance(cause, (urllib3.exceptions.ReadTimeoutError, TimeoutError)):
+        within = f" within {timeout:g}s" if timeout else " in time"
+        return f"the API server did not answer{within}"
+    # NewConnectionError is a ConnectTimeoutError to urllib3: test it first.
+    if isinstance(cause, (urllib3.exceptions.NewConnectionError, ConnectionRefusedError)):
+        return "cannot connect to the API server"
+    if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):
+        return "no connection to the API server could be made in time"
+    if isinstance(cause, (urllib3.exceptions.SSLError, ssl.SSLError)):
+        return "the TLS connection to the API server failed"
+    if isinstance(cause, (urllib3.exceptions.ProtocolError, ConnectionError)):
+        return "the connection to the API server broke"
+    return "the API server could not be reached"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +149,11 @@ class ConfigMaps:
 
     def read(self, name: str) -> StoredMap:
         try:
-            cm = self.core.read_namespaced_config_map(name, self.namespace,
-                                                      _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return StoredMap({}, None)
-            raise _map(exc, f"read configmap {self.namespace}/{name}") from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _map(exc, f"read configmap {self.namespace}/{name}") from None
+            with translated(f"read configmap {self.namespace}/{name}", self.timeout):
+                cm = self.core.read_namespaced_config_map(name, self.namespace,
+                                                          _request_timeout=self.timeout)
+        except NotFound:
+            return StoredMap({}, None)
         return StoredMap(dict(cm.data or {}), cm.metadata.resource_version if cm.metadata
                          else None)
 
@@ -124,22 +166,32 @@ class ConfigMaps:
                                          resource_version=resource_version),
             data=data,
         )
-        _compare_and_swap(
-            f"write configmap {self.namespace}/{name}", resource_version,
-            lambda: self.core.create_namespaced_config_map(
-                self.namespace, body, _request_timeout=self.timeout),
-            lambda: self.core.replace_namespaced_config_map(
-                name, self.namespace, body, _request_timeout=self.timeout))
+        with translated(f"write configmap {self.namespace}/{name}", self.timeout):
+            if resource_version is None:  # AlreadyExists (409) is a Conflict too
+                self.core.create_namespaced_config_map(
+                    self.namespace, body, _request_timeout=self.timeout)
+            else:
+                self.core.replace_namespaced_config_map(
+                    name, self.namespace, body, _request_timeout=self.timeout)
 
 
 class Watcher:
     """List then watch a collection in a background thread, handing each event to
     ``deliver`` (called from that thread). After the initial list it sends
     ("SYNCED", {}); after a relist (watch expired, 410 Gone) it first sends
-    ("RESET", {}) so the consumer can drop state and rebuild."""
+    ("RESET", {}) so the consumer can drop state and rebuild.
+
+    It also sends ("PROGRESS", {}) whenever the stream shows it is alive without a
+    change (a bookmark, the end of a watch window), so the consumer can tell a quiet
+    watch from a dead one. Each watch request asks the server to end it after
+    ``window()`` seconds (``deliver.window`` when the consumer offers one), so a healthy
+    watch shows progress at least that often; a connection silent for three windows is
+    given up (the read times out) and the collection is listed again on a new one.
+    """
 
     def __init__(self, api: client.ApiClient, kind: str,
-                 deliver: Callable[[str, dict[str, Any]], None]) -> None:
+                 deliver: Callable[[str, dict[str, Any]], None],
+                 window: Callable[[], float] | None = None) -> None:
         core = client.CoreV1Api(api)
         self.api = api
         self.kind = kind
@@ -156,6 +208,8 @@ class Watcher:
 
         self.list_fn: Callable[..., Any] = raw_list
         self.deliver = deliver
+        self.window: Callable[[], float] = (window or getattr(deliver, "window", None)
+                                            or (lambda: DEFAULT_WATCH_WINDOW))
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._relist = threading.Event()
@@ -168,7 +222,7 @@ class Watcher:
         self._stop.set()
 
     def resync(self) -> None:
-        """Relist (and RESET the consumer) when the current watch window ends (<= 60 s)."""
+        """Relist (and RESET the consumer) when the current watch window ends."""
         self._relist.set()
 
     def _run(self) -> None:
@@ -181,14 +235,17 @@ class Watcher:
                 backoff = 0.5
                 self._watch(rv)
             except Exception as exc:  # any failure: log, back off, relist
+                error = (exc.detail or str(exc)) if isinstance(exc, KubeError) else \
+                    f"{type(exc).__name__}: {exc}"
                 logs.event(f"{self.kind} watch failed; relisting", logging.WARNING,
-                           error=f"{type(exc).__name__}: {exc}", retry_in=backoff)
+                           error=error, retry_in=backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
     def _list(self, first: bool) -> str:
-        resp = self.list_fn(_preload_content=False, _request_timeout=30)
-        body = orjson.loads(resp.data)
+        with translated(f"list {self.kind}", 30):
+            resp = self.list_fn(_preload_content=False, _request_timeout=30)
+            body = _json_object(f"list {self.kind}", resp.data)
         if not first:
             self.deliver("RESET", {})
         for item in body.get("items") or ():
@@ -203,22 +260,40 @@ class Watcher:
             if self._relist.is_set():
                 self._relist.clear()
                 return
-            for ev in w.stream(  # type: ignore[no-untyped-call]
-                    self.list_fn, resource_version=rv, allow_watch_bookmarks=True,
-                    timeout_seconds=60, _request_timeout=90):
-                typ = ev.get("type")
-                raw = ev.get("raw_object") or {}
-                if typ == "ERROR":
-                    code = raw.get("code")
-                    raise KubeError(f"watch error {code}: {raw.get('message')}")
-                meta = raw.get("metadata") or {}
-                rv = meta.get("resourceVersion", rv)
-                if typ == "BOOKMARK":
-                    continue
-                self.deliver(str(typ), raw)
-                if self._stop.is_set():
-                    return
-            time.sleep(0)  # the server closed the watch at timeout_seconds: resume
+            window = self.window()
+            # The server ends the request after ``window`` (whole seconds); a read that
+            # waits three windows for a byte is a stalled connection, not a quiet one.
+            with translated(f"watch {self.kind}", 3 * window):
+                for ev in w.stream(  # type: ignore[no-untyped-call]
+                        self.list_fn, resource_version=rv, allow_watch_bookmarks=True,
+                        timeout_seconds=max(1, int(window)), _request_timeout=3 * window):
+                    typ = ev.get("type")
+                    raw = ev.get("raw_object") or {}
+                    if typ == "ERROR":
+                        code = raw.get("code")
+                        raise KubeError(f"watch {self.kind}", f"error {code}",
+                                        str(raw.get("message")))
+                    meta = raw.get("metadata") or {}
+                    rv = meta.get("resourceVersion", rv)
+                    self.deliver("PROGRESS" if typ == "BOOKMARK" else str(typ),
+                                 {} if typ == "BOOKMARK" else raw)
+                    if self._stop.is_set():
+                        return
+            # The server closed the watch at its timeout: the stream was alive to the end.
+            self.deliver("PROGRESS", {})
+
+
+DEFAULT_WATCH_WINDOW = 15.0
+
+
+def _json_object(what: str, data: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise Unreachable(what, "the API server's answer is not JSON") from None
+    if not isinstance(obj, dict):
+        raise Unreachable(what, "the API server's answer is not an object")
+    return obj
 
 
 class Workloads:
@@ -238,19 +313,10 @@ class Workloads:
         what = f"read {resource.removesuffix('s')} {namespace}/{name}"
         fn = self._read.get(resource)
         if fn is None:
-            raise KubeError(f"{what}: not an apps/v1 workload this webhook reads")
-        try:
+            raise KubeError(what, "not an apps/v1 workload this webhook reads")
+        with translated(what, timeout):
             resp: Any = fn(name, namespace, _preload_content=False, _request_timeout=timeout)
-            obj = orjson.loads(resp.data)
-        except ApiException as exc:
-            raise _map(exc, what) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _map(exc, what) from None
-        except orjson.JSONDecodeError:
-            raise Unreachable(f"{what}: the answer is not JSON") from None
-        if not isinstance(obj, dict):
-            raise Unreachable(f"{what}: the answer is not an object")
-        return obj
+        return _json_object(what, resp.data)
 
 
 # --- the self-managed serving certificate ----------------------------------------------
@@ -277,19 +343,16 @@ class Secrets:
     def read(self, name: str) -> StoredSecret:
         what = f"read secret {self.namespace}/{name}"
         try:
-            secret = self.core.read_namespaced_secret(name, self.namespace,
-                                                      _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return StoredSecret({}, {}, None)
-            raise _map(exc, what) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _map(exc, what) from None
+            with translated(what, self.timeout):
+                secret = self.core.read_namespaced_secret(name, self.namespace,
+                                                          _request_timeout=self.timeout)
+        except NotFound:
+            return StoredSecret({}, {}, None)
         meta = secret.metadata
         try:
             data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
         except ValueError:
-            raise KubeError(f"{what}: data is not base64") from None
+            raise KubeError(what, "its data is not base64") from None
         return StoredSecret(data, dict(meta.annotations or {}) if meta else {},
                             meta.resource_version if meta else None)
 
@@ -307,12 +370,12 @@ class Secrets:
         )
         what = f"{'create' if resource_version is None else 'update'} secret " \
                f"{self.namespace}/{name}"
-        out = _compare_and_swap(
-            what, resource_version,
-            lambda: self.core.create_namespaced_secret(
-                self.namespace, body, _request_timeout=self.timeout),
-            lambda: self.core.replace_namespaced_secret(
-                name, self.namespace, body, _request_timeout=self.timeout))
+        with translated(what, self.timeout):
+            out = (self.core.create_namespaced_secret(
+                       self.namespace, body, _request_timeout=self.timeout)
+                   if resource_version is None else
+                   self.core.replace_namespaced_secret(
+                       name, self.namespace, body, _request_timeout=self.timeout))
         return str(out.metadata.resource_version) if out.metadata else ""
 
 
@@ -331,14 +394,9 @@ class WebhookConfigurations:
         fn = (self.admission.read_mutating_webhook_configuration if kind == "mutating"
               else self.admission.read_validating_webhook_configuration)
         what = f"read {kind}webhookconfiguration {name}"
-        try:
+        with translated(what, self.timeout):
             resp: Any = fn(name, _preload_content=False, _request_timeout=self.timeout)
-        except ApiException as exc:
-            raise _map(exc, what) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _map(exc, what) from None
-        obj: dict[str, Any] = orjson.loads(resp.data)
-        return obj
+        return _json_object(what, resp.data)
 
     def ca_bundles(self, kind: str, name: str) -> dict[str, bytes]:
         """Each webhook's caBundle (decoded; empty when unset), by webhook name."""
@@ -371,13 +429,8 @@ class WebhookConfigurations:
         fn = (self.admission.patch_mutating_webhook_configuration if kind == "mutating"
               else self.admission.patch_validating_webhook_configuration)
         what = f"patch caBundle of {kind}webhookconfiguration {name}"
-        try:
+        # 422, a failed ``test``: the webhooks changed since they were read.
+        with translated(what, self.timeout, statuses={422: Conflict}):
             fn(name, ops, _content_type="application/json-patch+json",
                _preload_content=False, _request_timeout=self.timeout)
-        except ApiException as exc:
-            if exc.status == 422:  # a failed ``test``: the webhooks changed since read
-                raise Conflict(what) from None
-            raise _map(exc, what) from None
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise _map(exc, what) from None
         return patched

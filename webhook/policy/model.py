@@ -328,7 +328,10 @@ class QuotaLedger(_Strict):
     on_unavailable: Literal["deny", "allow"] = "deny"
     """A GPU pod whose reservation cannot be committed (API server unreachable, budget
     spent on conflicts): ``deny`` (fail closed) or ``allow`` (admit uncounted, warn)."""
-    reservation_ttl_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    # Spelled as Kubernetes spells acronyms in field names (``podIP``, ``clusterIP``: all
+    # letters of an acronym share one case), not as to_camel would (``reservationTtl...``).
+    reservation_ttl_seconds: Annotated[int, Field(ge=5, le=3600,
+                                                  alias="reservationTTLSeconds")] = 60
     """How long a reservation counts while its pod has not been seen; longer than the
     watch lag of every replica, short enough that a refused pod's GPUs come back soon."""
 

@@ -38,9 +38,11 @@ class UsageStore(Protocol):
         ...
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      budget: float) -> bool:
+                      budget: float, name: str | None = None) -> bool:
         """Atomically: if ``fits(view)`` then record the reservation. Returns whether it
-        was recorded; raises ReservationUnavailable when the state cannot be reached."""
+        was recorded (or need not be: a retry of a pod already reserved under ``name``,
+        its "namespace/name"); raises ReservationUnavailable when the state cannot be
+        reached."""
         ...
 
     def ready(self) -> bool: ...
@@ -80,6 +82,13 @@ class Combined:
         return sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
 
+def covers(a: Charge, b: Charge) -> bool:
+    """Whether ``a`` counts at least as much as ``b`` in every scope a cap can name."""
+    return (a.tenant == b.tenant and a.namespace == b.namespace and a.product == b.product
+            and a.gpus >= b.gpus
+            and all(a.resources.get(r, 0.0) >= n for r, n in b.resources.items()))
+
+
 def _sum(x: Totals, y: Totals) -> Totals:
     if not y.pods and not y.gpus and not y.resources:  # nothing reserved in this scope
         return x
@@ -97,6 +106,7 @@ def _sum(x: Totals, y: Totals) -> Totals:
 class _Reservation:
     charge: Charge
     expires: float
+    name: str | None = None
 
 
 class MemoryStore:
@@ -130,12 +140,16 @@ class MemoryStore:
             self.pods.put(key, charge)
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      budget: float = 1.0) -> bool:
+                      budget: float = 1.0, name: str | None = None) -> bool:
         if key in self.pods:
             return True  # already counted as a running pod
-        if not fits(self.view()):
+        view = self.view()
+        if name is not None and any(r.name == name and covers(r.charge, charge)
+                                    for r in self._reservations.values()):
+            return True  # the same pod created again (a retry): one charge per name
+        if not fits(view):
             return False
-        self._reservations[key] = _Reservation(charge, self.clock() + self.ttl)
+        self._reservations[key] = _Reservation(charge, self.clock() + self.ttl, name)
         self.reserved.put(key, charge)
         self.commits += 1
         return True

@@ -4,6 +4,12 @@ A ConfigMap mount updates by swapping a symlink, so the file is watched by the i
 of what the path resolves to (device, inode, size, mtime) rather than by inotify on one
 inode. A policy that fails to load is logged and counted, and the last good policy keeps
 serving: a bad edit never takes the webhook down or opens it up.
+
+The latest version of the file always wins: reloads run one at a time (a lock, since
+they run on a worker thread), a file that changed while it was read is read again on
+the next tick, and a success clears the last error *before* the new policy is
+published, so a reader that sees the new generation never sees the old error with it
+(``/readyz`` reads the policy, then the error).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +45,7 @@ class PolicySource:
         self.active: Active | None = None
         self.last_error: str | None = None
         self.on_change: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
 
     def load(self) -> Active:
         """First load; raises PolicyError (the server refuses to start on a bad policy)."""
@@ -71,21 +79,26 @@ class PolicySource:
         """Reload when the file changed; returns True if a new policy is serving."""
         if self.path is None:
             return False
-        stamp = self._stat()
-        if stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        if stamp is None:
-            self._fail(f"policy file {self.path} is missing; keeping the last good policy")
-            return False
-        try:
-            compiled = compile_policy(load_file(self.path))
-        except PolicyError as exc:
-            self._fail(f"policy reload rejected, keeping generation "
-                       f"{self.active.generation if self.active else 0}:\n{exc}")
-            return False
-        self._install(compiled, self.path)
-        self.last_error = None
+        with self._lock:
+            stamp = self._stat()
+            if stamp == self._stamp:
+                return False
+            if stamp is None:
+                self._stamp = stamp
+                self._fail(f"policy file {self.path} is missing; keeping the last good policy")
+                return False
+            try:
+                compiled = compile_policy(load_file(self.path))
+            except PolicyError as exc:
+                self._stamp = stamp if self._stat() == stamp else None
+                self._fail(f"policy reload rejected, keeping generation "
+                           f"{self.active.generation if self.active else 0}:\n{exc}")
+                return False
+            # Changed while it was read: what was read may be either version, so the
+            # next tick reads it again (None never equals a file's stamp).
+            self._stamp = stamp if self._stat() == stamp else None
+            self.last_error = None  # before the new generation is visible: see above
+            self._install(compiled, self.path)
         for callback in self.on_change:
             callback()
         return True

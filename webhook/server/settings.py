@@ -3,13 +3,25 @@
 Flags win over environment variables (``GPU_WEBHOOK_<NAME>``), which win over the
 defaults. With no flags at all the server runs on a laptop: dev certificates under
 ``certs/``, the embedded example policy, no cluster.
+
+Every value is checked here, before anything starts, and a bad one ends ``serve`` with
+one line naming the flag, the value and what it may be (``SystemExit`` with that text):
+never a traceback from deep inside uvicorn or logging. There is no ``--workers``: one
+process per replica is the design (quota reservations of one process queue on one
+lock; scale by replicas, each with its own watch cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 from dataclasses import dataclass, fields
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -26,10 +38,10 @@ class Settings:
     policy: str | None = None
     policy_poll_seconds: float = 2.0
     log_level: str = "info"
-    workers: int = 1
     kubeconfig: str | None = None
     namespace: str | None = None
     max_inflight: int = 256
+    max_connections: int = 1024
     request_timeout: float = 8.0
     self_managed_certs: bool = False
     cert_secret: str = "gpu-webhook-tls"
@@ -51,6 +63,7 @@ class Settings:
                 continue
             kind = {int: int, float: float}.get(type(f.default), str)
             parser.add_argument(flag, dest=f.name, type=kind, default=None,
+                                choices=LOG_LEVELS if f.name == "log_level" else None,
                                 help=f"{_doc(f.name)} [env {env}; default {f.default}]")
 
     @staticmethod
@@ -75,8 +88,11 @@ class Settings:
             if v is not None:
                 values[f.name] = v
         s = Settings(**values)  # type: ignore[arg-type]
+        s._check_values()
         if s.tls_min_version not in ("1.2", "1.3"):
             raise SystemExit(f"--tls-min-version must be 1.2 or 1.3, not {s.tls_min_version!r}")
+        if s.max_connections < 1:
+            raise SystemExit(f"--max-connections must be at least 1, not {s.max_connections}")
         if s.max_inflight < 1:
             raise SystemExit(f"--max-inflight must be at least 1, not {s.max_inflight}")
         if not 0 < s.request_timeout <= 30:
@@ -107,6 +123,36 @@ class Settings:
                 raise SystemExit(f"--cert-check-seconds must be more than 0, not "
                                  f"{s.cert_check_seconds}")
         return s
+
+    def _check_values(self) -> None:
+        """Range and shape of each value on its own (flag or environment variable alike)."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SystemExit(f"--{_flag(f.name)} must be a finite number, not {v}")
+        if self.log_level not in LOG_LEVELS:
+            raise SystemExit(f"--log-level must be one of {', '.join(LOG_LEVELS)}, "
+                             f"not {self.log_level!r}")
+        if not 0 <= self.port <= 65535:
+            raise SystemExit(f"--port must be 0-65535, not {self.port}")
+        for name in ("cert_poll_seconds", "policy_poll_seconds"):
+            if getattr(self, name) <= 0:
+                raise SystemExit(f"--{_flag(name)} must be more than 0 seconds, not "
+                                 f"{getattr(self, name)}")
+        if not self.host.strip():
+            raise SystemExit("--host is empty: give an address, e.g. 0.0.0.0 or 127.0.0.1")
+        if self.namespace is not None and not _DNS_LABEL.fullmatch(self.namespace):
+            raise SystemExit(f"--namespace {self.namespace!r} is not a namespace name "
+                             "(lowercase letters, digits and '-', at most 63)")
+        for name in ("service", "cert_secret"):
+            value = getattr(self, name)
+            pattern = _DNS_LABEL if name == "service" else _DNS_SUBDOMAIN
+            if not pattern.fullmatch(value):
+                raise SystemExit(f"--{_flag(name)} {value!r} is not a valid object name "
+                                 "(lowercase letters, digits and '-')")
+        for name in ("cert_dir", "tls_cert", "tls_key", "client_ca", "policy", "kubeconfig"):
+            if getattr(self, name) == "":
+                raise SystemExit(f"--{_flag(name)} is empty: give a path, or leave it out")
 
     def certificate_targets(self) -> dict[str, str]:
         """--webhook-configurations as {"mutating": NAME, "validating": NAME}."""
@@ -151,11 +197,12 @@ _DOCS = {
     "policy": "Policy file (the embedded example policy when unset).",
     "policy_poll_seconds": "How often the policy file is checked for changes.",
     "log_level": "debug, info, warning or error.",
-    "workers": "uvicorn worker processes.",
     "kubeconfig": "kubeconfig of the cluster whose pods count against quota (in a pod, the "
                   "service account is used; with neither, usage is kept in memory).",
     "max_inflight": "Admission requests handled at once; beyond it a request is answered "
                     "429 (Retry-After) at once, and the webhook's failurePolicy applies.",
+    "max_connections": "Connections open at once (in TLS handshake or after); beyond it a "
+                       "new connection is closed at once. Each costs up to ~50 KB.",
     "request_timeout": "Seconds a review may take from its first byte to its answer (also "
                        "cut to 80%% of the API server's ?timeout=); a review that waited "
                        "longer gets 503 instead of an answer the API server stopped "
@@ -185,6 +232,10 @@ _DOCS = {
 
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True,
           "0": False, "false": False, "no": False, "off": False, "": False}
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def _doc(name: str) -> str:
