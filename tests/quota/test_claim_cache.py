@@ -84,3 +84,74 @@ def test_a_relist_drops_the_kinds_objects_and_their_charges() -> None:
     assert c.event(CLAIM, "RESET", {}) == [("u1", None)]
     assert c.lookup(CLAIM, "research", "a") is None
     assert c.lookup(TEMPLATE, "research", "t") is not None
+
+
+# --- in the cluster's usage (ClusterState), beside the pods --------------------------
+
+from webhook.quota.cache import ClusterState  # noqa: E402
+
+
+def gpu_pod(name: str, uid: str, template: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "research", "uid": uid},
+            "spec": {"containers": [{"name": "main", "image": "x",
+                                     "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                     "affinity": {"nodeAffinity": {
+                         "requiredDuringSchedulingIgnoredDuringExecution": {
+                             "nodeSelectorTerms": [{"matchExpressions": [{
+                                 "key": "topology.example.com/gpu-rack", "operator": "In",
+                                 "values": ["rack-a"]}]}]}}}}}
+
+
+def state() -> ClusterState:
+    s = ClusterState(lambda: POLICY)
+    s.watch_claims()
+    return s
+
+
+def test_claims_and_template_pods_count_in_the_clusters_usage() -> None:
+    s = state()
+    s.claim_event(TEMPLATE)("ADDED", claim("two", "t1", kind=TEMPLATE))
+    s.claim_event(CLAIM)("ADDED", claim("shared", "c1", count=3))
+    s.pod_event("ADDED", gpu_pod("p", "p1", "two"))
+    assert s.pods.tenant("research").gpus == 5  # 3 (the claim) + 2 (the pod's template)
+    assert s.pods.tenant("research").pods == 1  # the claim is not a pod
+    assert s.seen("c1")  # a reservation for the claim resolves once it is seen
+    s.claim_event(CLAIM)("DELETED", claim("shared", "c1", count=3))
+    assert s.pods.tenant("research").gpus == 2
+
+
+def test_a_pods_relist_keeps_the_claims_charges() -> None:
+    s = state()
+    s.claim_event(CLAIM)("ADDED", claim("shared", "c1", count=3))
+    s.pod_event("SYNCED", {})
+    s.pod_event("RESET", {})
+    s.pod_event("SYNCED", {})
+    assert s.pods.tenant("research").gpus == 3
+
+
+def test_a_kind_the_api_server_does_not_serve_leaves_the_replica_ready() -> None:
+    now = [0.0]
+    s = ClusterState(lambda: POLICY, clock=lambda: now[0])
+    s.watch_claims()
+    for handler in (s.pod_event, s.namespace_event):
+        handler("SYNCED", {})
+    s.claim_event(CLAIM)("ABSENT", {})
+    s.claim_event(TEMPLATE)("ABSENT", {})
+    assert s.synced()
+    now[0] += 1000  # long after: the pods' watch has shown nothing, the absent ones never will
+    for handler in (s.pod_event, s.namespace_event):
+        handler("PROGRESS", {})
+    assert s.synced()
+
+
+def test_pods_listed_before_their_templates_are_counted_again() -> None:
+    s = state()
+    resyncs: list[int] = []
+    s.on_templates_synced = lambda: resyncs.append(1)
+    s.pod_event("ADDED", gpu_pod("p", "p1", "two"))
+    s.pod_event("SYNCED", {})
+    s.claim_event(TEMPLATE)("ADDED", claim("two", "t1", kind=TEMPLATE))
+    s.claim_event(TEMPLATE)("SYNCED", {})
+    assert resyncs == [1]

@@ -181,6 +181,9 @@ class Watcher:
     ("SYNCED", {}); after a relist (watch expired, 410 Gone) it first sends
     ("RESET", {}) so the consumer can drop state and rebuild.
 
+    A collection the API server does not serve (HTTP 404 on the list) is reported as
+    ("ABSENT", {}) and listed again a minute later.
+
     It also sends ("PROGRESS", {}) whenever the stream shows it is alive without a
     change (a bookmark, the end of a watch window), so the consumer can tell a quiet
     watch from a dead one. Each watch request asks the server to end it after
@@ -198,6 +201,10 @@ class Watcher:
         list_fn: Callable[..., Any]
         if kind == "pods":
             list_fn = core.list_pod_for_all_namespaces
+        elif kind == "resourceclaims":
+            list_fn = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces
+        elif kind == "resourceclaimtemplates":
+            list_fn = client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces
         else:
             list_fn = core.list_namespace
 
@@ -234,6 +241,13 @@ class Watcher:
                 first = False
                 backoff = 0.5
                 self._watch(rv)
+            except NotFound:
+                # The API server does not serve this collection (resource.k8s.io/v1 on a
+                # cluster older than 1.34): nothing of it exists to watch. Say so, and
+                # look again now and then (the API may be turned on).
+                self.deliver("ABSENT", {})
+                self.synced.set()
+                self._stop.wait(ABSENT_RECHECK_SECONDS)
             except Exception as exc:  # any failure: log, back off, relist
                 error = (exc.detail or str(exc)) if isinstance(exc, KubeError) else \
                     f"{type(exc).__name__}: {exc}"
@@ -284,6 +298,7 @@ class Watcher:
 
 
 DEFAULT_WATCH_WINDOW = 15.0
+ABSENT_RECHECK_SECONDS = 60.0
 
 
 def _json_object(what: str, data: bytes) -> dict[str, Any]:

@@ -27,7 +27,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from webhook.engine.charge import Charge, charge_of_pod
+from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.claims import ClaimCache
 from webhook.quota.usage import Usage
 
 # Watch windows: short enough to show progress well within the reservation TTL, long
@@ -76,6 +78,20 @@ class ClusterState:
         self.namespaces_synced = False
         self.on_relabel: Callable[[], None] | None = None
         self._progress: dict[str, float] = {}  # watch -> last sign of life (clock)
+        self._watches: tuple[str, ...] = (PODS, NAMESPACES)
+        self._absent: set[str] = set()  # watched kinds the API server does not serve
+        # DRA claims and templates, once the cluster is known to serve them.
+        self.claims: ClaimCache | None = None
+        self.on_templates_synced: Callable[[], None] | None = None
+
+    def watch_claims(self) -> ClaimCache:
+        """Keep DRA claims and templates too (their watches then count for liveness)."""
+        self.claims = ClaimCache(self.policy, self.namespace_labels)
+        self._watches = (PODS, NAMESPACES, CLAIM, TEMPLATE)
+        return self.claims
+
+    def claim_lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.claims.lookup(kind, namespace, name) if self.claims else None
 
     @property
     def pods(self) -> Usage:
@@ -93,11 +109,12 @@ class ClusterState:
         """Every watch has shown progress within twice its window."""
         deadline = self._clock() - 2 * self.watch_window()
         return all(self._progress.get(w, -float("inf")) >= deadline
-                   for w in (PODS, NAMESPACES))
+                   for w in self._watches if w not in self._absent)
 
     def synced(self) -> bool:
         """Listed once, and live now: what readiness and the ledger depend on."""
-        return self.pods_synced and self.namespaces_synced and self.live()
+        return (self.pods_synced and self.namespaces_synced
+                and (self.claims is None or self.claims.ready()) and self.live())
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         return self.labels.get(namespace)
@@ -121,6 +138,10 @@ class ClusterState:
             return
         if typ == "SYNCED":
             if self._relisting is not None:
+                # The claims' charges live beside the pods' (one usage for the ledger):
+                # carried into the relisted set.
+                for claim, held in (self.claims.charges.items() if self.claims else ()):
+                    self._relisting.put(claim, None, held)
                 self._pods, self._relisting = self._relisting, None
             self.pods_synced = True
             return
@@ -134,10 +155,42 @@ class ClusterState:
             self._end(uid)
             return
         ns = str(meta.get("namespace") or "")
-        charge = charge_of_pod(pod, self.policy(), self.labels.get(ns))
+        charge = charge_of_pod(pod, self.policy(), self.labels.get(ns), self.claim_lookup)
         if charge is None and uid in into.usage:
             self._end(uid)  # reached a terminal phase
         into.put(uid, f"{ns}/{meta.get('name') or ''}", charge)
+
+    def claim_event(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
+        """The event handler for one DRA kind's watch (CLAIM or TEMPLATE)."""
+
+        def handle(typ: str, obj: dict[str, Any]) -> None:
+            self._progress[kind] = self._clock()
+            if self.claims is None:
+                return
+            if typ == "ABSENT":
+                # Not served by this API server: nothing can be asked through it, and a
+                # watch that cannot exist must not make the replica not ready.
+                self._absent.add(kind)
+                typ = "SYNCED"
+            else:
+                self._absent.discard(kind)
+            first_sync = typ == "SYNCED" and not self.claims.synced[kind]
+            for uid, charge in self.claims.event(kind, typ, obj):
+                for into in (self._pods, self._relisting):
+                    if into is not None:
+                        into.put(uid, None, charge)
+                if charge is None and typ == "DELETED":
+                    self._end(uid)  # a reservation for it must not count again
+            if first_sync and kind == TEMPLATE and self.pods_synced and self.on_templates_synced:
+                self.on_templates_synced()
+
+        return handle
+
+    def recharge_claims(self) -> None:
+        """Charge every claim again (after a policy change)."""
+        if self.claims is not None:
+            for uid, charge in self.claims.recharge():
+                self._pods.put(uid, None, charge)
 
     def namespace_event(self, typ: str, ns: dict[str, Any]) -> None:
         self._progress[NAMESPACES] = self._clock()

@@ -35,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.admission import Cluster, Phase, WorkloadReader, admit, reply
 from webhook.engine.decision import Decision
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
@@ -61,6 +62,7 @@ class Runtime:
     namespace_labels: NamespaceLabels = no_labels
     store: UsageStore | None = None
     read_workload: WorkloadReader | None = None  # for scale requests; None: no cluster
+    claims: ClaimLookup = no_claims  # DRA claims and templates the watches hold
     ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
@@ -75,7 +77,8 @@ class AdmissionApp:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload)
+        self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload,
+                               runtime.claims)
         # This app's quota gauges and store counters, read when Prometheus scrapes (a
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(

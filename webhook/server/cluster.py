@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.admission import WorkloadReader, WorkloadUnreadable
+from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
@@ -69,13 +70,24 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     store = LedgerStore(state, kube.ConfigMaps(api, ns), ttl=active.policy.reservation_ttl)
     pods = kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event))
     namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
+    # DRA: the claims and templates pods name, found without an API call on admission.
+    state.watch_claims()
+    claims = kube.Watcher(api, "resourceclaims",
+                          state.deliverer(loop, state.claim_event(CLAIM)))
+    templates = kube.Watcher(api, "resourceclaimtemplates",
+                             state.deliverer(loop, state.claim_event(TEMPLATE)))
     state.on_relabel = pods.resync
-    source.on_change.append(pods.resync)  # a new policy may charge pods differently
-    namespaces.start()
-    pods.start()
+    # Pods listed before the templates they name were charged without them: once the
+    # templates are in, count the pods again.
+    state.on_templates_synced = pods.resync
+    # A new policy may charge pods and claims differently.
+    source.on_change.extend([pods.resync, claims.resync])
+    watchers = [namespaces, templates, claims, pods]
+    for w in watchers:
+        w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
-    return Cluster(state, store, workload_reader(kube.Workloads(api)), [pods, namespaces])
+    return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers)
 
 
 def workload_reader(workloads: kube.Workloads) -> WorkloadReader:

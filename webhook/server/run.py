@@ -49,6 +49,7 @@ import uvicorn
 import uvloop
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from webhook.engine.devices import no_claims
 from webhook.engine.target import no_labels
 from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable
@@ -730,6 +731,7 @@ def run(settings: Settings) -> int:
             namespace_labels=cluster.state.namespace_labels if cluster else no_labels,
             store=cluster.store if cluster else MemoryStore(ttl=active.policy.reservation_ttl),
             read_workload=cluster.read_workload if cluster else None,
+            claims=cluster.state.claim_lookup if cluster else no_claims,
             ready_checks=ready,
             max_inflight=settings.max_inflight,
             request_timeout=settings.request_timeout)
