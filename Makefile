@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint unit e2e controlplane bench bench-quick audit
+.PHONY: install run test lint unit e2e controlplane bench bench-quick audit demo demo-down
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
 # A failed install fails `make install`: tests/bench cannot run without it.
@@ -22,13 +22,23 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/gpu-webhook serve
 
+# The whole product on a simulated GPU cluster (real scheduler and controllers, kwok's
+# GPU nodes): scripted workloads, a table of where each pod ran or why it was refused;
+# the cluster stays up (kubeconfig printed) until `make demo-down`.
+demo: install controlplane
+	$(BIN)/python tools/demo.py
+
+demo-down:
+	$(BIN)/python tools/demo.py down
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The real kube-apiserver, etcd and kubectl for tests/e2e, built from the Go module
-# proxy and cached outside the tree (first build 10-25 min, then seconds).
+# The real kube-apiserver, etcd, kubectl, kube-scheduler, kube-controller-manager and
+# kwok for tests/e2e, built from the Go module proxy and cached outside the tree (first
+# build 10-25 min, then seconds).
 controlplane:
 	bash tests/e2e/controlplane/build.sh
 

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Build the binaries of a minimal Kubernetes control plane for end-to-end
-# tests -- kube-apiserver, kubectl and etcd -- from the Go module proxy.
+# Build the binaries of a Kubernetes control plane for end-to-end tests from
+# the Go module proxy: kube-apiserver, kubectl and etcd (every e2e test), and
+# kube-scheduler, kube-controller-manager and kwok (the simulated GPU cluster
+# of tests/e2e/cluster: real scheduler and controllers, kwok's fake nodes).
 #
 # Versions come from versions.env next to this script (overridable from the
 # environment). Binaries are cached outside the work tree in
 #   ${GPU_WEBHOOK_CACHE:-$HOME/.cache/gpu-webhook}/controlplane/<k8s>-<etcd>/bin
-# and a run that finds all three there returns at once.
+# and a run that finds them all there returns at once. A cache that lacks some
+# (e.g. one made before the scheduler was added) gets only the missing ones
+# built, in the same module directory and Go build cache.
 #
 # Progress goes to stderr; the last line on stdout is the bin directory, so
 # callers can do:  BIN_DIR=$(tests/e2e/controlplane/build.sh | tail -n1)
@@ -27,6 +31,7 @@ done < "$script_dir/versions.env"
 
 : "${K8S_VERSION:?K8S_VERSION not set (versions.env)}"
 : "${ETCD_VERSION:?ETCD_VERSION not set (versions.env)}"
+: "${KWOK_VERSION:?KWOK_VERSION not set (versions.env)}"
 [[ "$K8S_VERSION" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] \
     || die "K8S_VERSION must look like v1.Y.Z, got '$K8S_VERSION'"
 k8s_minor=${BASH_REMATCH[1]}
@@ -38,11 +43,23 @@ version_dir="$cache_root/${K8S_VERSION}-${ETCD_VERSION}"
 bin_dir="$version_dir/bin"
 src_dir="$version_dir/src"
 
+# The binaries built from k8s.io/kubernetes, all from the one release.
+KUBE_CMDS=(kube-apiserver kubectl kube-scheduler kube-controller-manager)
+
+# kwok's release is not part of the cache directory's name (so adding kwok or
+# moving its version keeps the Kubernetes binaries): a stamp beside the binary
+# says which release it is, and a different KWOK_VERSION rebuilds it.
+kwok_stamp="$bin_dir/.kwok-version"
+have_kwok() {
+    [[ -x "$bin_dir/kwok" && -f "$kwok_stamp" && "$(cat "$kwok_stamp")" == "$KWOK_VERSION" ]]
+}
+
 have_all() {
     local b
-    for b in kube-apiserver kubectl etcd; do
+    for b in "${KUBE_CMDS[@]}" etcd; do
         [[ -x "$bin_dir/$b" ]] || return 1
     done
+    have_kwok
 }
 
 if have_all; then
@@ -60,7 +77,7 @@ export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod -buildvcs=false"
 # GOPATH / GOMODCACHE stay at the Go defaults so downloads are shared/reused.
 go_line=$(go env GOVERSION)
 log "using $go_line ($(command -v go)); GOMODCACHE=$(go env GOMODCACHE)"
-log "building Kubernetes $K8S_VERSION (staging $staging_version), etcd $ETCD_VERSION"
+log "building Kubernetes $K8S_VERSION (staging $staging_version), etcd $ETCD_VERSION, kwok $KWOK_VERSION"
 log "bin dir: $bin_dir"
 
 mkdir -p "$bin_dir" "$src_dir"
@@ -83,13 +100,9 @@ go_version_ok() {  # $1 = required "go" line of a go.mod, e.g. 1.26.0
     [[ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1)" == "$need" ]]
 }
 
-# --- kube-apiserver + kubectl -------------------------------------------------
-build_kubernetes() {
-    local mod_dir="$src_dir/kubernetes" gomod need replaces build_date ldflags
-    if [[ -x "$bin_dir/kube-apiserver" && -x "$bin_dir/kubectl" ]]; then
-        log "kube-apiserver and kubectl already built"
-        return
-    fi
+# --- kube-apiserver, kubectl, kube-scheduler, kube-controller-manager ----------
+write_kubernetes_module() {  # $1 = module dir; sets $need (the go line)
+    local mod_dir=$1 gomod replaces
     log "downloading k8s.io/kubernetes@$K8S_VERSION"
     gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
         | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
@@ -124,11 +137,28 @@ build_kubernetes() {
         done <<<"$replaces"
         echo ")"
     } > "$mod_dir/go.mod"
+}
 
-    log "resolving the kubernetes module graph"
-    (cd "$mod_dir" && go get \
-        "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-        "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION") >&2
+build_kubernetes() {
+    local mod_dir="$src_dir/kubernetes" build_date ldflags cmd missing=() gets=()
+    for cmd in "${KUBE_CMDS[@]}"; do
+        [[ -x "$bin_dir/$cmd" ]] || missing+=("$cmd")
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        log "${KUBE_CMDS[*]} already built"
+        return
+    fi
+    # The module dir a previous run resolved is reused as it is (same release,
+    # same replaces): `go get` only adds what the missing commands import.
+    if ! grep -qs "^require k8s.io/kubernetes $K8S_VERSION\$" "$mod_dir/go.mod"; then
+        write_kubernetes_module "$mod_dir"
+    fi
+
+    for cmd in "${missing[@]}"; do
+        gets+=("k8s.io/kubernetes/cmd/$cmd@$K8S_VERSION")
+    done
+    log "resolving the kubernetes module graph for ${missing[*]}"
+    (cd "$mod_dir" && go get "${gets[@]}") >&2
 
     build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     ldflags="-s -w"
@@ -141,14 +171,49 @@ build_kubernetes() {
         ldflags+=" -X $pkg.buildDate=$build_date"
     done
 
-    local cmd
-    for cmd in kube-apiserver kubectl; do
+    local t0
+    for cmd in "${missing[@]}"; do
+        t0=$SECONDS
         log "go build $cmd (this is the slow part)"
         (cd "$mod_dir" && go build -trimpath -ldflags "$ldflags" \
             -o "$bin_dir/.$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd") >&2
         mv -f "$bin_dir/.$cmd.tmp" "$bin_dir/$cmd"
-        log "built $bin_dir/$cmd ($(du -h "$bin_dir/$cmd" | cut -f1))"
+        log "built $bin_dir/$cmd ($(du -h "$bin_dir/$cmd" | cut -f1)) in $((SECONDS - t0))s"
     done
+}
+
+# --- kwok -------------------------------------------------------------------------
+# sigs.k8s.io/kwok simulates nodes and pod lifecycles (Stages) for the real
+# scheduler and controllers. Built in a module of its own, at the versions of
+# its own go.mod (its k8s.io libraries need not match the control plane's).
+build_kwok() {
+    local mod_dir="$src_dir/kwok" gomod need t0=$SECONDS
+    if have_kwok; then
+        log "kwok already built"
+        return
+    fi
+    log "downloading sigs.k8s.io/kwok@$KWOK_VERSION"
+    gomod=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" \
+        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+    [[ -f "$gomod" ]] || die "could not download sigs.k8s.io/kwok@$KWOK_VERSION"
+    need=$(awk '$1 == "go" { print $2; exit }' "$gomod")
+    go_version_ok "$need" \
+        || die "kwok $KWOK_VERSION needs go $need, have $go_line; pick an older KWOK_VERSION"
+
+    rm -rf "$mod_dir"
+    mkdir -p "$mod_dir"
+    printf 'module gpu-webhook.local/controlplane/kwok\n\ngo %s\n\nrequire sigs.k8s.io/kwok %s\n' \
+        "$need" "$KWOK_VERSION" > "$mod_dir/go.mod"
+    log "resolving the kwok module graph"
+    (cd "$mod_dir" && go get "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION") >&2
+    log "go build kwok"
+    # The version variable kwok's own release script sets.
+    (cd "$mod_dir" && go build -trimpath \
+        -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+        -o "$bin_dir/.kwok.tmp" sigs.k8s.io/kwok/cmd/kwok) >&2
+    mv -f "$bin_dir/.kwok.tmp" "$bin_dir/kwok"
+    echo "$KWOK_VERSION" > "$kwok_stamp"
+    log "built $bin_dir/kwok ($(du -h "$bin_dir/kwok" | cut -f1)) in $((SECONDS - t0))s"
 }
 
 # --- etcd -----------------------------------------------------------------------
@@ -201,11 +266,15 @@ build_etcd() {
 start=$SECONDS
 build_etcd
 build_kubernetes
+build_kwok
 have_all || die "binaries missing after build in $bin_dir"
 
 log "versions:"
 "$bin_dir/etcd" --version 2>&1 | sed 's/^/    /' >&2 || true
 "$bin_dir/kube-apiserver" --version 2>&1 | sed 's/^/    /' >&2 || true
 "$bin_dir/kubectl" version --client 2>&1 | sed 's/^/    /' >&2 || true
+"$bin_dir/kube-scheduler" --version 2>&1 | sed 's/^/    /' >&2 || true
+"$bin_dir/kube-controller-manager" --version 2>&1 | sed 's/^/    /' >&2 || true
+"$bin_dir/kwok" --version 2>&1 | sed 's/^/    /' >&2 || true
 log "done in $((SECONDS - start))s"
 echo "$bin_dir"

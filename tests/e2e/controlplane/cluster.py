@@ -1,4 +1,5 @@
-"""A real, minimal Kubernetes control plane (etcd + kube-apiserver) for e2e tests.
+"""A real Kubernetes control plane (etcd + kube-apiserver, and optionally kube-scheduler,
+kube-controller-manager and kwok) for e2e tests.
 
 The binaries come from ``build.sh`` next to this file (built from the Go module
 proxy and cached outside the work tree). Everything here uses the standard
@@ -15,10 +16,27 @@ Typical use::
         # ... register a webhook with clientConfig.url=https://127.0.0.1:<port>/...
         #     and caBundle=cp.ca_bundle_b64
 
-There are no nodes, no scheduler and no controller-manager: objects are stored
-and admitted (including by admission webhooks), nothing is run. The
+By default there are no nodes, no scheduler and no controller-manager: objects
+are stored and admitted (including by admission webhooks), nothing is run. The
 ServiceAccount admission plugin is disabled since no controller creates the
-default service accounts.
+default service accounts (and stays disabled with the controllers, so that a pod
+created right after its namespace never races the "default" account's creation).
+
+``ControlPlane(..., components=SIMULATED)`` adds what makes it a cluster:
+
+- kube-scheduler (identity ``system:kube-scheduler``, as kubeadm sets it up) binds
+  pods to nodes, DRA claims included;
+- kube-controller-manager (``system:kube-controller-manager`` with
+  ``--use-service-account-credentials``: each controller acts as its own service
+  account, as in a kubeadm cluster) runs the default controllers: ReplicaSets,
+  Deployments, Jobs, namespace deletion, garbage collection, node lifecycle, the
+  resourceclaim controller;
+- kwok plays the kubelet of every Node annotated ``kwok.x-k8s.io/node=fake`` (and only
+  those), with the Stages in ``kwok-stages.yaml``: nodes become Ready and renew their
+  leases, pods bound to them run, a Job's pods complete, deleted pods go away.
+
+    with ControlPlane(build_binaries(), work_dir, components=SIMULATED) as cp:
+        cp.kubectl("apply", "-f", "nodes.yaml")   # kwok fake nodes
 
 Smoke test::
 
@@ -46,7 +64,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
+KWOK_STAGES = HERE / "kwok-stages.yaml"
 LOOPBACK = "127.0.0.1"
+
+SCHEDULER = "kube-scheduler"
+CONTROLLER_MANAGER = "kube-controller-manager"
+KWOK = "kwok"
+# Everything a simulated cluster needs besides etcd and the API server.
+SIMULATED = (SCHEDULER, CONTROLLER_MANAGER, KWOK)
+# kwok manages the nodes carrying this annotation, and only them.
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 
 class ControlPlaneError(RuntimeError):
@@ -204,11 +231,24 @@ class ControlPlane:
         *,
         extra_apiserver_args: list[str] | None = None,
         start_timeout: float = 120.0,
+        components: tuple[str, ...] | list[str] = (),
+        component_args: dict[str, list[str]] | None = None,
+        kwok_config: str | os.PathLike[str] = KWOK_STAGES,
     ) -> None:
         self.bin_dir = Path(bin_dir).resolve()
-        for b in ("etcd", "kube-apiserver", "kubectl"):
+        unknown = sorted(set(components) - set(SIMULATED))
+        if unknown:
+            raise ControlPlaneError(f"unknown components {unknown}: choose from {SIMULATED}")
+        # Started in this order (the controllers before kwok, so that the node
+        # lifecycle controller is watching when kwok's nodes first report Ready).
+        self.components = [c for c in SIMULATED if c in components]
+        # A component that is asked for and missing fails here: a test never quietly
+        # runs on less of a cluster than it asked for.
+        for b in ("etcd", "kube-apiserver", "kubectl", *self.components):
             if not os.access(self.bin_dir / b, os.X_OK):
                 raise ControlPlaneError(f"{self.bin_dir / b} missing: run {BUILD_SCRIPT}")
+        self.component_args = {k: list(v) for k, v in (component_args or {}).items()}
+        self.kwok_config = Path(kwok_config).resolve()
         self._own_work_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="gpu-webhook-cp-")).resolve()
         self.extra_apiserver_args = list(extra_apiserver_args or [])
@@ -224,6 +264,9 @@ class ControlPlane:
         self.apiserver_args: list[str] = []
         self._etcd: subprocess.Popen[bytes] | None = None
         self._apiserver: subprocess.Popen[bytes] | None = None
+        # The optional components, by name, in start order.
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.component_ports: dict[str, int] = {}
         self._ssl: ssl.SSLContext | None = None
         self._pki: _Openssl | None = None
 
@@ -264,8 +307,10 @@ class ControlPlane:
     def ca_bundle_b64(self) -> str:
         return base64.b64encode(self.ca_cert.read_bytes()).decode()
 
-    def _write_kubeconfig(self) -> None:
-        self.kubeconfig.write_text(
+    def _write_kubeconfig(self, path: Path | None = None, user: str = "admin",
+                          cert: Path | None = None, key: Path | None = None) -> Path:
+        path = path or self.kubeconfig
+        path.write_text(
             f"""apiVersion: v1
 kind: Config
 clusters:
@@ -274,19 +319,20 @@ clusters:
     server: {self.server}
     certificate-authority: {self.ca_cert}
 users:
-- name: admin
+- name: {user}
   user:
-    client-certificate: {self.admin_cert}
-    client-key: {self.admin_key}
+    client-certificate: {cert or self.admin_cert}
+    client-key: {key or self.admin_key}
 contexts:
 - name: e2e
   context:
     cluster: e2e
-    user: admin
+    user: {user}
 current-context: e2e
 """
         )
-        self.kubeconfig.chmod(0o600)
+        path.chmod(0o600)
+        return path
 
     # ------------------------------------------------------------------ start
     def start(self) -> ControlPlane:
@@ -296,6 +342,8 @@ current-context: e2e
             self._make_pki()
             self._start_etcd()
             self._start_apiserver()
+            if self.components:
+                self._start_components()
         except BaseException:
             self.stop()
             raise
@@ -402,6 +450,120 @@ current-context: e2e
         self.version = json.loads(body)["gitVersion"]
         self._write_kubeconfig()
 
+    # ------------------------------------------------------------ components
+    def log_path(self, component: str) -> Path:
+        return self.work_dir / f"{component}.log"
+
+    def _component_kubeconfig(self, component: str, user: str,
+                              group: str | None = None) -> Path:
+        cert, key = self.issue_client_cert(component, user, group)
+        return self._write_kubeconfig(self.work_dir / f"{component}.kubeconfig", user,
+                                      cert, key)
+
+    def _start_components(self) -> None:
+        for name in self.components:
+            port = self.component_ports[name] = free_port()
+            if name == SCHEDULER:
+                kc = self._component_kubeconfig(name, "system:kube-scheduler")
+                args = [
+                    f"--kubeconfig={kc}",
+                    f"--authentication-kubeconfig={kc}",
+                    f"--authorization-kubeconfig={kc}",
+                    f"--bind-address={LOOPBACK}",
+                    f"--secure-port={port}",
+                    f"--cert-dir={self.work_dir / 'scheduler-certs'}",
+                    "--leader-elect=false",
+                ]
+            elif name == CONTROLLER_MANAGER:
+                kc = self._component_kubeconfig(name, "system:kube-controller-manager")
+                args = [
+                    f"--kubeconfig={kc}",
+                    f"--authentication-kubeconfig={kc}",
+                    f"--authorization-kubeconfig={kc}",
+                    f"--bind-address={LOOPBACK}",
+                    f"--secure-port={port}",
+                    f"--cert-dir={self.work_dir / 'controller-manager-certs'}",
+                    f"--service-account-private-key-file={self.sa_key}",
+                    f"--root-ca-file={self.ca_cert}",
+                    f"--cluster-signing-cert-file={self.ca_cert}",
+                    f"--cluster-signing-key-file={self.ca_key}",
+                    "--use-service-account-credentials=true",
+                    "--cluster-name=gpu-sim",
+                    "--leader-elect=false",
+                    # The default set: ReplicaSet, Deployment, Job, namespace, garbage
+                    # collector, node lifecycle, resourceclaim (DRA), ...
+                    "--controllers=*",
+                ]
+            else:  # kwok
+                args = [
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--config={self.kwok_config}",
+                    "--manage-all-nodes=false",
+                    "--manage-nodes-with-annotation-selector="
+                    f"{KWOK_NODE_ANNOTATION[0]}={KWOK_NODE_ANNOTATION[1]}",
+                    # Leases, renewed by kwok, are how the node lifecycle controller
+                    # knows a node is alive (as kwokctl runs it).
+                    "--node-lease-duration-seconds=40",
+                    # Pod IPs from a range nothing on this machine routes.
+                    "--cidr=10.244.0.0/16",
+                    f"--node-ip={LOOPBACK}",
+                    f"--server-address={LOOPBACK}:{port}",
+                ]
+            argv = [str(self.bin_dir / name), *args, *self.component_args.get(name, [])]
+            self._procs[name] = self._spawn(argv, self.log_path(name))
+        for name in self.components:
+            self._wait_healthy(name)
+
+    def _wait_healthy(self, name: str) -> None:
+        """Poll the component's /healthz (kwok serves plain HTTP, the others HTTPS with a
+        self-signed certificate, so the address, not the certificate, is what is trusted)."""
+        port = self.component_ports[name]
+        scheme = "http" if name == KWOK else "https"
+        url = f"{scheme}://{LOOPBACK}:{port}/healthz"
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        proc = self._procs[name]
+        deadline = time.monotonic() + self.start_timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                self._fail(f"{name} exited with code {proc.returncode}", self.log_path(name))
+            try:
+                ctx = insecure if scheme == "https" else None
+                with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
+                    if r.status == 200:
+                        return
+                    last = f"{r.status}"
+            except urllib.error.HTTPError as e:
+                last = f"{e.code}: {e.read().decode(errors='replace')[-300:]}"
+            except OSError as e:
+                last = str(e)
+            time.sleep(0.3)
+        self._fail(f"{name} not healthy after {self.start_timeout:.0f}s ({last})",
+                   self.log_path(name))
+
+    def check_components(self) -> None:
+        """Raise if a started component has exited (a test then fails with its log)."""
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                self._fail(f"{name} exited with code {proc.returncode}", self.log_path(name))
+
+    def pids(self) -> dict[str, int]:
+        """Every running process of this control plane, by name."""
+        procs = {"etcd": self._etcd, "kube-apiserver": self._apiserver, **self._procs}
+        return {n: p.pid for n, p in procs.items() if p is not None and p.poll() is None}
+
+    def detach(self) -> dict[str, int]:
+        """Leave the processes running after this Python process exits (``make demo``):
+        nothing stops them at exit any more. Returns their pids (stop them with
+        SIGTERM, e.g. ``make demo-down``)."""
+        atexit.unregister(self.stop)
+        pids = self.pids()
+        self._procs = {}
+        self._apiserver = self._etcd = None
+        return pids
+
     def _fail(self, message: str, log: Path) -> None:
         raise ControlPlaneError(f"{message}\n--- last lines of {log} ---\n{_tail(log)}")
 
@@ -456,7 +618,11 @@ current-context: e2e
             pass
 
     def stop(self) -> None:
-        """Stop kube-apiserver, then etcd (SIGTERM, SIGKILL after a grace period)."""
+        """Stop kwok, the scheduler and the controller-manager, then kube-apiserver,
+        then etcd (SIGTERM, SIGKILL after a grace period)."""
+        for name in reversed(list(self._procs)):
+            self._terminate(self._procs[name])
+        self._procs = {}
         self._terminate(self._apiserver)
         self._terminate(self._etcd)
         self._apiserver = self._etcd = None

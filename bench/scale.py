@@ -1,0 +1,665 @@
+"""Scale run on the simulated GPU cluster (a benchmark, not a test): GPU pods created by
+the real Job controller as fast as the API server takes them, with and without the
+webhook, on hundreds of kwok GPU nodes, with two webhook replicas sharing the quota ledger.
+
+    .venv/bin/python -m bench.scale                      # 500 GPU nodes, 20 tenants, 200 Jobs
+    .venv/bin/python -m bench.scale --gpu-nodes 100 --jobs 100 --pods-per-job 20  # smaller
+
+The cluster is ``tests/e2e/gpucluster/sim.py up`` (the e2e suite's simulated cluster, its
+GPU node groups scaled to ``--gpu-nodes``), started in a child process that also runs the
+round-robin TCP proxy in front of the two replicas (a Service's part). Rate limits are
+lifted as kwokctl's ``--disable-qps-limits`` lifts them (kube-apiserver inflight limits and
+priority-and-fairness off, controller-manager and scheduler client QPS 5000), and the Job
+controller syncs 50 Jobs at once, so that the API server, not a client's limiter, is what
+saturates (and finished pods are kept: the pod garbage collector's default threshold,
+12,500, would make it delete pods during the second phase only). The policy is
+generated: ``--tenants`` tenants, each with a GPU quota 20 % above what its Jobs can hold
+at once (so quota is checked and committed for every pod but is not what paces the run),
+and a tight cap on one race namespace per tenant.
+
+Three phases on the one cluster, in this order:
+
+1. ``without``: the webhook configurations are not installed. ``--jobs`` Jobs (spread over
+   the tenants' namespaces) of ``--pods-per-job`` pods, ``--parallelism`` at a time, one
+   GPU each, each pod completing ``--run-for`` after it runs (kwok). The pods carry the
+   toleration and node affinity the webhook would have added, so the scheduler and kwok
+   do the same work in both phases.
+2. ``with``: the configurations installed, the same Jobs written as a developer writes
+   them (a GPU limit, nothing else), in fresh namespaces: every pod goes through mutate,
+   validate and a ledger commit.
+3. ``race``: per tenant, two Jobs in its race namespace that together want twice its cap,
+   for ``--race-seconds``: admissions denied and retried by the Job controller, ledger
+   compare-and-swap conflicts between the replicas.
+
+Measured: pods created per second (first Job POST to last pod seen), from a watch on pods
+(events timestamped as they arrive); admission latency p50/p99 from the API server's
+``apiserver_admission_webhook_admission_duration_seconds`` (and the webhook's own
+``gpu_webhook_admission_duration_seconds``); over-admits per tenant and race namespace,
+found by replaying the watch in resourceVersion order (a pod counts from its ADDED event
+until it is Succeeded, Failed or deleted; an over-admit is any moment when the sum
+exceeds the cap); ledger conflicts per second and CPU seconds and RSS of each replica and
+of every other process (/proc). Results: a table on stdout and
+``bench/results/scale-<nodes>.json``. Numbers and what limits them: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM = ROOT / "tests" / "e2e" / "gpucluster" / "sim.py"
+RESULTS = ROOT / "bench" / "results"
+TENANT_LABEL = "gpu.example.com/tenant"
+MUTATED = "gpu-webhook.dev/mutated"
+GPU = "nvidia.com/gpu"
+A100 = "NVIDIA-A100-SXM4-80GB"
+TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The rate limits kwokctl lifts with --disable-qps-limits.
+UNLIMITED = ["--kube-api-qps=5000", "--kube-api-burst=10000"]
+APISERVER_ARGS = ["--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+                  "--enable-priority-and-fairness=false"]
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def policy(tenants: int, tenant_gpus: int, race_gpus: int) -> dict[str, Any]:
+    """``tenants`` tenants t00.., each with a GPU quota and a tighter cap on t<NN>-race."""
+    return {
+        "apiVersion": "gpu-webhook.dev/v1alpha1",
+        "kind": "GPUPolicy",
+        "metadata": {"name": "scale-bench"},
+        "spec": {
+            "mode": "enforce",
+            "gpuResources": {"names": [GPU]},
+            "products": {"nodeLabel": "nvidia.com/gpu.product",
+                         "aliases": {"a100": A100, "h100": "NVIDIA-H100-80GB-HBM3"}},
+            "tolerations": [TOLERATION],
+            "unassignedNamespaces": "deny",
+            "exemptions": {"namespaces": ["kube-system", "gpu-webhook"]},
+            "tenants": [{
+                "name": t,
+                "namespaceSelector": {"matchLabels": {TENANT_LABEL: t}},
+                "allowedProducts": ["a100"],
+                "maxGpusPerPod": 8,
+                "quota": {"gpus": tenant_gpus,
+                          "namespaces": {f"{t}-race": {"gpus": race_gpus}}},
+            } for t in tenant_names(tenants)],
+        },
+    }
+
+
+def tenant_names(n: int) -> list[str]:
+    return [f"t{i:02d}" for i in range(n)]
+
+
+def job(name: str, completions: int, parallelism: int, run_for: str,
+        premutated: bool) -> dict[str, Any]:
+    """A Job of 1-GPU pods. ``premutated``: with the toleration and product affinity the
+    webhook would add (for the phase without it)."""
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{"name": "train", "image": "registry.local/train:1",
+                        "resources": {"limits": {GPU: "1"}}}],
+    }
+    if premutated:
+        spec["tolerations"] = [TOLERATION]
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "nvidia.com/gpu.product", "operator": "In", "values": [A100]}]}]}}}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"completions": completions, "parallelism": parallelism,
+                 "backoffLimit": 10 * completions,
+                 "template": {"metadata": {"annotations": {
+                     "sim.gpu-webhook.dev/run-for": run_for}}, "spec": spec}},
+    }
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+class Kube:
+    """The API server as admin, over httpx with the kubeconfig's client certificate."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        conf = yaml.safe_load(kubeconfig.read_text())
+        cluster = conf["clusters"][0]["cluster"]
+        user = conf["users"][0]["user"]
+        ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        ctx.load_cert_chain(user["client-certificate"], user["client-key"])
+        self.server = str(cluster["server"])
+        self.ssl = ctx
+        self.http = httpx.Client(base_url=self.server, verify=ctx, timeout=60)
+
+    def get(self, path: str) -> Any:
+        r = self.http.get(path)
+        r.raise_for_status()
+        return orjson.loads(r.content)
+
+    def post(self, path: str, obj: dict[str, Any], params: dict[str, str] | None = None
+             ) -> httpx.Response:
+        return self.http.post(path, content=orjson.dumps(obj), params=params,
+                              headers={"Content-Type": "application/json"})
+
+    def delete(self, path: str) -> None:
+        self.http.delete(path)
+
+    def text(self, path: str) -> str:
+        r = self.http.get(path)
+        r.raise_for_status()
+        return r.text
+
+
+@dataclass
+class Sim:
+    process: subprocess.Popen[bytes]
+    info: dict[str, Any]
+    work: Path
+
+
+def start_sim(work: Path, gpu_nodes: int, replicas: int, policy_file: Path,
+              timeout: float) -> Sim:
+    args = [sys.executable, str(SIM), "up", "--work-dir", str(work), "--gpu-nodes",
+            str(gpu_nodes), "--replicas", str(replicas), "--no-install",
+            "--policy", str(policy_file)]
+    args += [f"--apiserver-arg={a}" for a in APISERVER_ARGS]
+    for component in ("kube-controller-manager", "kube-scheduler"):
+        args += [f"--component-arg={component}={a}" for a in UNLIMITED]
+    args += ["--component-arg=kube-controller-manager=--concurrent-job-syncs=50",
+             # The pod garbage collector deletes finished pods past 12,500 by default:
+             # it would start in the second phase only, and load it alone.
+             "--component-arg=kube-controller-manager=--terminated-pod-gc-threshold=1000000"]
+    log = open(work / "sim.log", "wb")  # noqa: SIM115 (kept open for the child's life)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if line.startswith("ready "):
+            info: dict[str, Any] = json.loads((work / "sim.json").read_text())
+            return Sim(proc, info, work)
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise SystemExit(f"the simulated cluster did not start; see {work / 'sim.log'}:\n"
+                     + (work / "sim.log").read_text()[-3000:])
+
+
+def stop_sim(sim: Sim) -> None:
+    if sim.process.poll() is None:
+        sim.process.send_signal(signal.SIGTERM)
+        try:
+            sim.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            sim.process.kill()
+
+
+# --------------------------------------------------------------------------- watching
+
+
+@dataclass
+class PodEvent:
+    at: float      # time.monotonic() when it arrived
+    type: str      # ADDED, MODIFIED, DELETED
+    namespace: str
+    name: str
+    phase: str
+    gpus: int
+
+
+class PodWatch:
+    """Every pod event of the cluster in resourceVersion order, on a thread."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.events: list[PodEvent] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.rv = str(kube.get("/api/v1/pods?limit=1")["metadata"]["resourceVersion"])
+        self.thread = threading.Thread(target=self._run, daemon=True, name="pod-watch")
+        self.thread.start()
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.kube.server, verify=self.kube.ssl,
+                          timeout=httpx.Timeout(60, read=None)) as http:
+            while not self.stopping.is_set():
+                params = {"watch": "1", "resourceVersion": self.rv, "timeoutSeconds": "3600",
+                          "allowWatchBookmarks": "true"}
+                with http.stream("GET", "/api/v1/pods", params=params) as r:
+                    for line in r.iter_lines():
+                        if self.stopping.is_set():
+                            return
+                        if line:
+                            self._event(orjson.loads(line))
+
+    def _event(self, ev: dict[str, Any]) -> None:
+        obj = ev["object"]
+        meta = obj.get("metadata") or {}
+        if "resourceVersion" in meta:
+            self.rv = meta["resourceVersion"]
+        if ev["type"] not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        gpus = 0
+        for c in obj["spec"].get("containers") or []:
+            gpus += int(((c.get("resources") or {}).get("requests") or {}).get(GPU, 0))
+        e = PodEvent(time.monotonic(), ev["type"], meta["namespace"], meta["name"],
+                     (obj.get("status") or {}).get("phase", ""), gpus)
+        with self.lock:
+            self.events.append(e)
+
+    def snapshot(self) -> list[PodEvent]:
+        with self.lock:
+            return list(self.events)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+def holding(events: list[PodEvent], key: Any) -> dict[str, int]:
+    """Replay the events in order: the most GPUs held at once per ``key(namespace)``
+    (a pod holds from ADDED until it is Succeeded, Failed or DELETED)."""
+    held: dict[str, int] = defaultdict(int)
+    peak: dict[str, int] = defaultdict(int)
+    live: dict[tuple[str, str], int] = {}
+    for e in events:
+        k = key(e.namespace)
+        pod = (e.namespace, e.name)
+        ended = e.type == "DELETED" or e.phase in ("Succeeded", "Failed")
+        if pod not in live and not ended and e.type != "DELETED":
+            live[pod] = e.gpus
+            held[k] += e.gpus
+            peak[k] = max(peak[k], held[k])
+        elif pod in live and ended:
+            held[k] -= live.pop(pod)
+    return dict(peak)
+
+
+# --------------------------------------------------------------------------- metrics
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+Samples = list[tuple[str, dict[str, str], float]]
+
+
+def parse_metrics(text: str, prefix: str) -> Samples:
+    out: Samples = []
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        m = _SAMPLE.match(line)
+        if m:
+            out.append((m[1], dict(_LABEL.findall(m[2] or "")), float(m[3])))
+    return out
+
+
+def total(samples: Samples, name: str, **match: str) -> float:
+    return sum(v for n, labels, v in samples
+               if n == name and all(labels.get(k) == x for k, x in match.items()))
+
+
+def buckets(samples: Samples, name: str, **match: str) -> dict[float, float]:
+    out: dict[float, float] = defaultdict(float)
+    for n, labels, v in samples:
+        if n == f"{name}_bucket" and all(labels.get(k) == x for k, x in match.items()):
+            out[float(labels["le"])] += v
+    return dict(out)
+
+
+def delta(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    return {le: after[le] - before.get(le, 0.0) for le in after}
+
+
+def quantile(q: float, hist: dict[float, float]) -> float | None:
+    """histogram_quantile over cumulative buckets (linear within a bucket)."""
+    if not hist or hist.get(float("inf"), 0.0) <= 0:
+        return None
+    count = hist[float("inf")]
+    rank = q * count
+    lower, below = 0.0, 0.0
+    for le in sorted(hist):
+        if hist[le] >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (rank - below) / max(hist[le] - below, 1e-12)
+        lower, below = le, hist[le]
+    return lower
+
+
+@dataclass
+class Proc:
+    cpu: float      # user + system seconds
+    rss_mib: float
+    hwm_mib: float  # peak RSS
+
+
+def proc_stats(pid: int) -> Proc | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    kib = {k: float(v.split()[0]) for k, v in
+           (line.split(":", 1) for line in status.splitlines() if ":" in line)
+           if k in ("VmRSS", "VmHWM")}
+    return Proc((int(stat[11]) + int(stat[12])) / CLK_TCK, kib.get("VmRSS", 0) / 1024,
+                kib.get("VmHWM", 0) / 1024)
+
+
+@dataclass
+class Snapshot:
+    at: float
+    apiserver: Samples
+    webhooks: list[Samples]
+    procs: dict[str, Proc]
+
+
+class Meter:
+    def __init__(self, kube: Kube, sim: Sim) -> None:
+        self.kube, self.sim = kube, sim
+        ctx = ssl.create_default_context(cafile=sim.info["ca_file"])
+        self.http = httpx.Client(verify=ctx, timeout=30)
+        self.pids: dict[str, int] = dict(sim.info["pids"])
+        self.pids["sim (proxy)"] = sim.process.pid
+
+    def snapshot(self) -> Snapshot:
+        api = parse_metrics(self.kube.text("/metrics"), "apiserver_")
+        hooks = [parse_metrics(self.http.get(f"https://localhost:{p}/metrics").text,
+                               "gpu_webhook_") for p in self.sim.info["webhook_ports"]]
+        procs = {n: s for n, pid in self.pids.items() if (s := proc_stats(pid)) is not None}
+        return Snapshot(time.monotonic(), api, hooks, procs)
+
+
+# --------------------------------------------------------------------------- phases
+
+
+@dataclass
+class Phase:
+    name: str
+    namespaces: list[str]
+    pods: int
+    seconds: float = 0.0
+    created: int = 0
+    created_per_s: float = 0.0
+    to_complete_s: float | None = None
+    refused_creates: float = 0.0
+    latency_ms: dict[str, dict[str, float | str | None]] = field(default_factory=dict)
+    webhook_latency_ms: dict[str, float | str | None] = field(default_factory=dict)
+    peaks: dict[str, int] = field(default_factory=dict)
+    caps: dict[str, int] = field(default_factory=dict)
+    over_admits: dict[str, int] = field(default_factory=dict)
+    conflicts: float = 0.0
+    commits: float = 0.0
+    procs: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def make_namespaces(kube: Kube, names: dict[str, str]) -> None:
+    for ns, tenant in names.items():
+        r = kube.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                             "metadata": {"name": ns,
+                                                          "labels": {TENANT_LABEL: tenant}}})
+        if r.status_code not in (201, 409):
+            raise SystemExit(f"namespace {ns}: {r.status_code} {r.text}")
+
+
+def post_jobs(kube: Kube, jobs: list[tuple[str, dict[str, Any]]]) -> None:
+    for ns, obj in jobs:
+        r = kube.post(f"/apis/batch/v1/namespaces/{ns}/jobs", obj)
+        if r.status_code != 201:
+            raise SystemExit(f"job {ns}/{obj['metadata']['name']}: {r.status_code} {r.text}")
+
+
+def measure(phase: Phase, before: Snapshot, after: Snapshot, events: list[PodEvent],
+            t0: float, caps: dict[str, int], key: Any) -> None:
+    ours = [e for e in events if e.namespace in set(phase.namespaces) and e.at >= t0]
+    added = [e.at for e in ours if e.type == "ADDED"]
+    phase.created = len(added)
+    phase.seconds = after.at - before.at
+    if added:
+        phase.created_per_s = len(added) / max(max(added) - t0, 1e-9)
+    phase.refused_creates = (total(after.apiserver, "apiserver_request_total", verb="POST",
+                                   resource="pods", code="403")
+                             - total(before.apiserver, "apiserver_request_total", verb="POST",
+                                     resource="pods", code="403"))
+    name = "apiserver_admission_webhook_admission_duration_seconds"
+    for kind in ("admit", "validating"):
+        h = delta(buckets(after.apiserver, name, type=kind, operation="CREATE"),
+                  buckets(before.apiserver, name, type=kind, operation="CREATE"))
+        if h.get(float("inf"), 0) > 0:
+            phase.latency_ms[kind] = {
+                "p50": _ms(quantile(0.5, h), h), "p99": _ms(quantile(0.99, h), h),
+                "count": h[float("inf")]}
+    own: dict[float, float] = defaultdict(float)
+    for b, a in zip(before.webhooks, after.webhooks, strict=True):
+        for le, v in delta(buckets(a, "gpu_webhook_admission_duration_seconds"),
+                           buckets(b, "gpu_webhook_admission_duration_seconds")).items():
+            own[le] += v
+        phase.conflicts += (total(a, "gpu_webhook_quota_reservation_conflicts_total")
+                            - total(b, "gpu_webhook_quota_reservation_conflicts_total"))
+        phase.commits += (total(a, "gpu_webhook_quota_reservations_total")
+                          - total(b, "gpu_webhook_quota_reservations_total"))
+    if own.get(float("inf"), 0) > 0:
+        phase.webhook_latency_ms = {"p50": _ms(quantile(0.5, own), own),
+                                    "p99": _ms(quantile(0.99, own), own)}
+    phase.peaks = holding(ours, key)
+    phase.caps = caps
+    phase.over_admits = {k: v - caps[k] for k, v in phase.peaks.items()
+                         if k in caps and v > caps[k]}
+    for n, p in after.procs.items():
+        was = before.procs.get(n)
+        if was is not None:
+            phase.procs[n] = {"cpu_s": round(p.cpu - was.cpu, 1),
+                              "cpu_pct": round(100 * (p.cpu - was.cpu) / phase.seconds, 1),
+                              "rss_mib": round(p.rss_mib, 1), "peak_rss_mib": round(p.hwm_mib, 1)}
+
+
+def _ms(seconds: float | None, hist: dict[float, float] | None = None) -> float | str | None:
+    """Milliseconds; ``">X"`` when the quantile is past the histogram's last finite bound."""
+    if seconds is None:
+        return None
+    top = max((le for le in hist or {} if le != float("inf")), default=None)
+    if top is not None and seconds >= top:
+        return f">{top * 1000:g}"
+    return round(seconds * 1000, 2)
+
+
+def run_phase(kube: Kube, meter: Meter, watch: PodWatch, phase: Phase,
+              jobs: list[tuple[str, dict[str, Any]]], caps: dict[str, int], key: Any,
+              timeout: float, window: float | None = None) -> Phase:
+    """Post the Jobs and wait for every pod to be created and to end (or, with
+    ``window``, for that many seconds), then measure."""
+    before = meter.snapshot()
+    t0 = time.monotonic()
+    post_jobs(kube, jobs)
+    namespaces = set(phase.namespaces)
+    deadline = t0 + (window if window is not None else timeout)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        if window is not None:
+            continue
+        evs = [e for e in watch.snapshot() if e.namespace in namespaces and e.at >= t0]
+        done = {e.name for e in evs if e.phase == "Succeeded"}
+        if len({e.name for e in evs if e.type == "ADDED"}) >= phase.pods \
+                and len(done) >= phase.pods:
+            phase.to_complete_s = round(time.monotonic() - t0, 1)
+            break
+    else:
+        if window is None:
+            print(f"  ! {phase.name}: not complete after {timeout:.0f}s", file=sys.stderr)
+    after = meter.snapshot()
+    measure(phase, before, after, watch.snapshot(), t0, caps, key)
+    return phase
+
+
+def install(kube: Kube, sim: Sim, probe_ns: str) -> None:
+    """Apply the webhook configurations and wait until the API server calls them (a
+    dry-run GPU pod comes back mutated)."""
+    subprocess.run([str(bin_dir(sim) / "kubectl"), f"--kubeconfig={sim.info['kubeconfig']}",
+                    "apply", "-f", sim.info["webhooks"]], check=True, capture_output=True)
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+             "spec": {"containers": [{"name": "c", "image": "x",
+                                      "resources": {"limits": {GPU: "1"}}}]}}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = kube.post(f"/api/v1/namespaces/{probe_ns}/pods", probe, params={"dryRun": "All"})
+        if r.status_code == 201 and MUTATED in (r.json()["metadata"].get("annotations") or {}):
+            return
+        time.sleep(0.2)
+    raise SystemExit("the API server never called the webhook")
+
+
+def bin_dir(sim: Sim) -> Path:
+    apiserver = sim.info["pids"]["kube-apiserver"]
+    return Path(os.readlink(f"/proc/{apiserver}/exe")).parent
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [f"scale run: {results['nodes']} nodes ({results['gpu_nodes']} GPU nodes), "
+             f"{results['tenants']} tenants, {results['replicas']} webhook replicas"]
+    lines.append(f"{'phase':<8} {'pods':>6} {'pods/s':>7} {'to done':>8} {'refused':>8} "
+                 f"{'mut p50/p99 ms':>15} {'val p50/p99 ms':>15} {'own p50/p99':>12} "
+                 f"{'conflicts/s':>11} {'over-admits':>11}")
+    for p in results["phases"]:
+        lat = p["latency_ms"]
+
+        def pair(d: dict[str, Any] | None) -> str:
+            return "-" if not d else f"{d.get('p50')}/{d.get('p99')}"
+
+        lines.append(
+            f"{p['name']:<8} {p['created']:>6} {p['created_per_s']:>7.1f} "
+            f"{p['to_complete_s'] or '-'!s:>8} {p['refused_creates']:>8.0f} "
+            f"{pair(lat.get('admit')):>15} {pair(lat.get('validating')):>15} "
+            f"{pair(p['webhook_latency_ms']):>12} {p['conflicts'] / p['seconds']:>11.2f} "
+            f"{sum(p['over_admits'].values()):>11}")
+    ratio = results.get("ratio_with_over_without")
+    if ratio is not None:
+        lines.append(f"pods/s with / without the webhook: {ratio:.3f}")
+    lines.append("CPU ms per pod created (all processes of the cluster; webhook replicas):")
+    for p in results["phases"]:
+        if p["created"]:
+            cpu = sum(s["cpu_s"] for s in p["procs"].values())
+            hooks = sum(s["cpu_s"] for n, s in p["procs"].items() if n.startswith("gpu-webhook"))
+            lines.append(f"  {p['name']}: {1000 * cpu / p['created']:.1f} "
+                         f"({1000 * hooks / p['created']:.1f})")
+    lines.append("CPU % of one core (and RSS MiB) per process, by phase:")
+    for p in results["phases"]:
+        lines.append(f"  {p['name']}: " + ", ".join(
+            f"{n} {s['cpu_pct']:.0f}% ({s['rss_mib']:.0f})" for n, s in p["procs"].items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu-nodes", type=int, default=500)
+    ap.add_argument("--tenants", type=int, default=20)
+    ap.add_argument("--jobs", type=int, default=200, help="Jobs per phase (without, with)")
+    ap.add_argument("--pods-per-job", type=int, default=50)
+    ap.add_argument("--parallelism", type=int, default=3)
+    ap.add_argument("--run-for", default="1s", help="how long each pod runs (kwok)")
+    ap.add_argument("--race-gpus", type=int, default=8, help="each race namespace's cap")
+    ap.add_argument("--race-seconds", type=float, default=60.0)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=1800.0, help="per phase")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--skip", action="append", default=[], choices=["without", "with", "race"])
+    args = ap.parse_args(argv)
+
+    tenants = tenant_names(args.tenants)
+    jobs_per_tenant = -(-args.jobs // args.tenants)
+    # 20 % above the most its Jobs can hold at once: checked and committed, never binding.
+    tenant_gpus = int(jobs_per_tenant * args.parallelism * 1.2) + 1
+    work = Path(tempfile.mkdtemp(prefix="gpu-webhook-scale-"))
+    policy_file = work / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(policy(args.tenants, tenant_gpus, args.race_gpus),
+                                          sort_keys=False))
+    t_start = time.monotonic()
+    print(f"starting the simulated cluster ({args.gpu_nodes} GPU nodes) in {work} ...",
+          flush=True)
+    sim = start_sim(work, args.gpu_nodes, args.replicas, policy_file, timeout=900)
+    results: dict[str, Any] = {"gpu_nodes": args.gpu_nodes, "nodes": sim.info["nodes"],
+                               "tenants": args.tenants, "replicas": args.replicas,
+                               "args": {k: str(v) for k, v in vars(args).items()},
+                               "startup": sim.info["timings"], "phases": []}
+    try:
+        kube = Kube(Path(sim.info["kubeconfig"]))
+        namespaces: dict[str, str] = {}
+        for t in tenants:
+            namespaces.update({f"{t}-a": t, f"{t}-b": t, f"{t}-race": t})
+        make_namespaces(kube, namespaces)
+        meter, watch = Meter(kube, sim), PodWatch(kube)
+
+        def spread(suffix: str, premutated: bool) -> list[tuple[str, dict[str, Any]]]:
+            return [(f"{tenants[i % args.tenants]}-{suffix}",
+                     job(f"train-{i:03d}", args.pods_per_job, args.parallelism, args.run_for,
+                         premutated)) for i in range(args.jobs)]
+
+        def tenant_of(ns: str) -> str:
+            return ns.split("-", 1)[0]
+
+        pods = args.jobs * args.pods_per_job
+        caps = dict.fromkeys(tenants, tenant_gpus)
+        phases: list[Phase] = []
+        if "without" not in args.skip:
+            print(f"phase without: {args.jobs} Jobs, {pods} pods, no webhook ...", flush=True)
+            phases.append(run_phase(kube, meter, watch,
+                                    Phase("without", [f"{t}-a" for t in tenants], pods),
+                                    spread("a", True), {}, tenant_of, args.timeout))
+        install(kube, sim, f"{tenants[0]}-b")
+        if "with" not in args.skip:
+            print(f"phase with: {args.jobs} Jobs, {pods} pods, webhook ...", flush=True)
+            phases.append(run_phase(kube, meter, watch,
+                                    Phase("with", [f"{t}-b" for t in tenants], pods),
+                                    spread("b", False), caps, tenant_of, args.timeout))
+        if "race" not in args.skip:
+            print(f"phase race: {args.race_seconds:.0f}s, 2 Jobs per race namespace wanting "
+                  f"2 x {args.race_gpus} GPUs against a cap of {args.race_gpus} ...", flush=True)
+            race_jobs = [(f"{t}-race", job(f"race-{j}", 10_000, args.race_gpus, args.run_for,
+                                           False)) for t in tenants for j in range(2)]
+            race = run_phase(kube, meter, watch, Phase("race", [f"{t}-race" for t in tenants],
+                                                       0),
+                             race_jobs, {f"{t}-race": args.race_gpus for t in tenants},
+                             lambda ns: ns, args.timeout, window=args.race_seconds)
+            phases.append(race)
+        watch.stop()
+        results["phases"] = [vars(p) for p in phases]
+        by = {p.name: p for p in phases}
+        if "with" in by and "without" in by and by["without"].created_per_s:
+            results["ratio_with_over_without"] = (by["with"].created_per_s
+                                                  / by["without"].created_per_s)
+        results["total_s"] = round(time.monotonic() - t_start, 1)
+    finally:
+        stop_sim(sim)
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"scale-{args.gpu_nodes}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(report(results))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,182 @@
+"""Fixtures and helpers of the tests that run on the simulated GPU cluster.
+
+``sim`` (session): one :class:`~gpucluster.sim.SimCluster` (scheduler, controllers, kwok
+nodes, the webhook with ``policy.yaml``), separate from the suite's controller-free
+control plane, and started only when a test asks for it. ``sim_namespace(tenant)``: a
+fresh namespace joined to ``tenant``, deleted when the test ends, and waited for (its pods
+gone, so their GPUs are free for the next test): with a namespace controller and kwok,
+deletion finishes here.
+
+The helpers read what the cluster did through the Kubernetes client (pods, nodes,
+events), polling on conditions with a deadline, never sleeping for an ordering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from e2ekit import short_id, wait_until
+from gpucluster.sim import SimCluster
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+# The simulated cluster starts its pods in a second or two, but the machine is shared
+# (2 cores, other suites running): deadlines are generous, and only ever waited out on
+# failure.
+SCHEDULE_TIMEOUT = 90.0
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+    """The simulated GPU cluster with the webhook installed, for the whole session."""
+    cluster = SimCluster(tmp_path_factory.mktemp("gpu-sim"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def core(sim: SimCluster) -> k8s.CoreV1Api:
+    """The Kubernetes client's core API, as admin on the simulated cluster."""
+    api = k8s_config.new_client_from_config(config_file=str(sim.cp.kubeconfig))
+    return k8s.CoreV1Api(api)
+
+
+SimNamespaceFactory = Callable[[str | None], str]
+
+
+@pytest.fixture
+def sim_namespace(sim: SimCluster, core: k8s.CoreV1Api) -> Iterator[SimNamespaceFactory]:
+    made: list[str] = []
+
+    def make(tenant: str | None) -> str:
+        name = f"sim-{tenant or 'none'}-{short_id()}"
+        sim.namespace(name, tenant)
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        sim.cp.kubectl("delete", "namespace", name, "--wait=false")
+    for name in made:
+        wait_until(f"namespace {name} to be deleted",
+                   lambda n=name: not _exists(core, n), timeout=SCHEDULE_TIMEOUT, every=0.5)
+
+
+def _exists(core: k8s.CoreV1Api, namespace: str) -> bool:
+    try:
+        core.read_namespace(namespace)
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def pods(core: k8s.CoreV1Api, namespace: str, selector: str = "") -> list[Any]:
+    items: list[Any] = core.list_namespaced_pod(namespace, label_selector=selector).items
+    return items
+
+
+def running(core: k8s.CoreV1Api, namespace: str, count: int, selector: str = "",
+            timeout: float = SCHEDULE_TIMEOUT) -> list[Any]:
+    """Wait until ``count`` pods (matching ``selector``) are Running and return them."""
+    found: list[Any] = []
+
+    def ok() -> bool:
+        nonlocal found
+        found = [p for p in pods(core, namespace, selector) if p.status.phase == "Running"]
+        return len(found) >= count
+
+    wait_until(f"{count} running pods in {namespace} ({selector or 'all'})", ok,
+               timeout=timeout, every=0.3)
+    return found
+
+
+def node_labels(core: k8s.CoreV1Api, name: str) -> dict[str, str]:
+    labels: dict[str, str] = core.read_node(name).metadata.labels or {}
+    return labels
+
+
+def events(core: k8s.CoreV1Api, namespace: str, kind: str, name: str) -> list[Any]:
+    """Events about one object (``kubectl describe`` shows the same)."""
+    selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+    items: list[Any] = core.list_namespaced_event(namespace, field_selector=selector).items
+    return items
+
+
+def wait_event(core: k8s.CoreV1Api, namespace: str, kind: str, name: str, reason: str,
+               timeout: float = SCHEDULE_TIMEOUT) -> Any:
+    """Wait for an event with ``reason`` about the object and return it."""
+    found: list[Any] = []
+
+    def ok() -> bool:
+        found[:] = [e for e in events(core, namespace, kind, name) if e.reason == reason]
+        return bool(found)
+
+    wait_until(f"a {reason} event on {kind} {namespace}/{name}", ok, timeout=timeout,
+               every=0.3)
+    return found[0]
+
+
+def requested_on(core: k8s.CoreV1Api, node: str, resource: str) -> int:
+    """Devices of ``resource`` that the pods bound to ``node`` (and not ended) hold."""
+    held = 0
+    for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items:
+        if p.status.phase in ("Succeeded", "Failed"):
+            continue
+        for c in p.spec.containers:
+            held += int(((c.resources.requests or {}) if c.resources else {}).get(resource, 0))
+    return held
+
+
+# --------------------------------------------------------------------------- objects
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def pod_spec(count: int | str = 1, resource: str = "nvidia.com/gpu",
+             tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """A developer's pod spec: one container asking for ``count`` of ``resource`` by limit
+    (the webhook completes the request), no toleration and no affinity of its own."""
+    spec: dict[str, Any] = {"containers": [{
+        "name": "train", "image": "registry.local/train:1",
+        "resources": {"limits": {resource: str(count)}}}]}
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return spec
+
+
+def pod(name: str, count: int | str = 1, resource: str = "nvidia.com/gpu",
+        labels: dict[str, str] | None = None,
+        tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": pod_spec(count, resource, tolerations)}
+
+
+def deployment(name: str, replicas: int, count: int,
+               resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": pod_spec(count, resource)}}}
+
+
+def job(name: str, parallelism: int, count: int, run_for: str) -> dict[str, Any]:
+    """A Job of ``parallelism`` pods of ``count`` GPUs that each run for ``run_for``
+    (kwok's pod-complete stage reads the annotation, tests/e2e/controlplane/kwok-stages.yaml)."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"parallelism": parallelism, "completions": parallelism,
+                     "template": {
+                         "metadata": {"annotations": {"sim.gpu-webhook.dev/run-for": run_for}},
+                         "spec": {**pod_spec(count), "restartPolicy": "Never"}}}}
