@@ -11,6 +11,7 @@ webhook itself costs: the envelope checks, the engine, metrics and the decision 
 from __future__ import annotations
 
 import argparse
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -47,6 +48,20 @@ async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[M
     await send({"type": "http.response.body", "body": body})
 
 
+class _Config(uvicorn.Config):
+    """uvicorn's Config with the webhook's SSLContext in place of the one it would build:
+    stock uvicorn TLS (the loop's create_server), where the webhook's own server accepts
+    and starts TLS itself to cap connections (serve.Acceptor)."""
+
+    def __init__(self, app: Any, context: ssl.SSLContext, **kw: Any) -> None:
+        super().__init__(app, **kw)
+        self._context = context
+
+    def load(self) -> None:
+        super().load()
+        self.ssl = self._context
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.baseline", description=__doc__)
     Settings.add_arguments(parser)
@@ -58,14 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     # adds the ASGI tls extension and the arrival stamp, a cost of the webhook, and
     # writes each response in one TLS record where uvicorn writes two, a saving of the
     # webhook (bench/README.md gives what the baseline would gain from the same).
-    # The same listener as serve.run (its TLS acceptor and connection cap), so the two
-    # differ only in the app and the HTTP protocol.
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-        lifespan="off", access_log=False, log_config=None,
-        timeout_keep_alive=serve.KEEP_ALIVE_TIMEOUT, timeout_graceful_shutdown=20,
+    config = _Config(
+        app, context, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+        lifespan="off", access_log=False, log_config=None, timeout_keep_alive=30,
+        timeout_graceful_shutdown=20,
     )
-    uvloop.run(serve._Server(config, context, settings.max_connections).serve())
+    uvloop.run(uvicorn.Server(config).serve())
     return 0
 
 
