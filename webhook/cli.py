@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     chk = psub.add_parser("check", help="validate policy files")
     chk.add_argument("files", nargs="+", metavar="FILE")
     chk.set_defaults(func=_policy_check)
+    _add_policy_schema_commands(psub)
 
     r = sub.add_parser(
         "review", help="show what the webhook would do with a manifest",
@@ -194,6 +195,41 @@ def _manifests(args: argparse.Namespace) -> int:
         f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
         "tolerations, nonGpuPodsToleratingGpuTaints, exemptions or workloadKinds "
         "change.\n")), end="")
+    return 0
+
+
+def _add_policy_schema_commands(psub: Any) -> None:
+    sch = psub.add_parser(
+        "schema", help="print the JSON Schema of a policy file",
+        description="Print the JSON Schema (draft 2020-12) of a policy file, generated from "
+                    "the policy model; editors use it through a `# yaml-language-server: "
+                    "$schema=...` line. Published as policies/schema/gpupolicy.schema.json.")
+    sch.set_defaults(func=_policy_schema)
+    crd = psub.add_parser(
+        "crd", help="print the GPUPolicy CustomResourceDefinition (YAML)",
+        description="Print the GPUPolicy CustomResourceDefinition (gpu-webhook.dev/v1alpha1, "
+                    "cluster-scoped) whose OpenAPI schema is generated from the policy model. "
+                    "Shipped as deploy/base/crd-gpupolicy.yaml.")
+    crd.set_defaults(func=_policy_crd)
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from webhook.policy.schema import json_schema
+
+    # json, not orjson: its indent=2 output with a final newline is the committed file.
+    print(json.dumps(json_schema(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _policy_crd(args: argparse.Namespace) -> int:
+    from webhook.policy.schema import crd
+    from webhook.tools.manifests import to_yaml
+
+    print(to_yaml([crd()], header=(
+        "# Rendered by `gpu-webhook policy crd` from the policy model "
+        "(webhook/policy/model.py).\n")), end="")
     return 0
 
 

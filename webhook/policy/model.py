@@ -88,6 +88,9 @@ class _Strict(BaseModel):
         populate_by_name=True,
         frozen=True,
         str_strip_whitespace=False,
+        # The docstring under a field is its description in the published JSON Schema
+        # and the GPUPolicy CRD (webhook.policy.schema): one text for code and editors.
+        use_attribute_docstrings=True,
     )
 
 
