@@ -107,7 +107,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...]
             out[key] = _convert(value, defs, seen)
         elif key == "additionalProperties":
             continue  # false: pruning and strict field validation refuse unknown fields
-        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
             # JSON Schema 2020-12 gives the bound; OpenAPI 3.0 a flag on minimum/maximum.
             out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
             out[key] = True
@@ -141,6 +141,8 @@ def _status_schema() -> dict[str, Any]:
         "type": "object",
         "description": "What the webhook made of this policy.",
         "properties": {
+            "tenants": {"type": "integer", "minimum": 0,
+                        "description": "Tenants the accepted policy defines."},
             "conditions": {
                 "type": "array", "items": condition,
                 "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
@@ -162,8 +164,10 @@ def crd() -> dict[str, Any]:
     props["status"] = _status_schema()
     schema.pop("required", None)  # apiVersion/kind/metadata: always there on an object
     columns = [
-        {"name": "Tenants", "type": "string", "jsonPath": ".spec.tenants[*].name",
-         "description": "The tenants' names."},
+        # A JSONPath column shows the first of several values, so the count is status:
+        # written by the replica that accepts the policy.
+        {"name": "Tenants", "type": "integer", "jsonPath": ".status.tenants",
+         "description": "Tenants the accepted policy defines."},
         {"name": "Mode", "type": "string", "jsonPath": ".spec.mode",
          "description": "The default mode (empty: enforce)."},
         {"name": "Active", "type": "string",
