@@ -1,5 +1,5 @@
-# Two commands from a fresh clone:  `make run` (install + serve on the embedded defaults)
-# and `make test` (install + lint + types + the whole test suite, end-to-end included).
+# Two commands from a fresh clone:  `make run` (install what `serve` needs, then serve on the
+# embedded defaults) and `make test` (install + lint + types + the whole test suite, end-to-end included).
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
@@ -13,13 +13,19 @@ install: $(VENV)/.installed
 		|| { echo "make install: wrk could not be installed; make bench and tests/bench" \
 		          "need it: apt-get install wrk (as root)" >&2; exit 1; }
 
-$(VENV)/.installed: pyproject.toml
+# What `serve` needs and nothing else (no test, lint, benchmark or plotting packages):
+# `make run` stops here; everything else adds the dev and bench extras on top.
+$(VENV)/.installed-serve: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-serve pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
-run: install
+run: $(VENV)/.installed-serve
 	$(BIN)/gpu-webhook serve
 
 # The whole product on a simulated GPU cluster (real scheduler and controllers, kwok's

@@ -1,9 +1,9 @@
 """The ``gpu-webhook`` command line. Thin: parse flags, call the modules that do the work.
 
-Commands: ``serve``, ``certs``, ``manifests``, ``policy check``, ``review`` (also
-``review --replay``), ``test``.
+Commands: ``serve``, ``certs``, ``manifests``, ``policy check|schema|crd``, ``review``
+(also ``review --replay``), ``test``, ``completion``.
 Exit codes: 0 success/allowed, 1 denied, invalid policy or a failed policy test, 2 usage
-or input error.
+or input error; each command's ``--help`` lists its own (``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -111,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     chk = psub.add_parser("check", help="validate policy files")
     chk.add_argument("files", nargs="+", metavar="FILE")
     chk.set_defaults(func=_policy_check)
+    _add_policy_schema_commands(psub)
+    # `gpu-webhook policy` alone lists its subcommands rather than the top-level help.
+    pol.set_defaults(func=lambda _args: _usage(pol))
 
     r = sub.add_parser(
         "review", help="show what the webhook would do with a manifest",
@@ -132,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="labels of the namespace, k=v,k2=v2 (for namespaceSelector tenants)")
     r.add_argument("--user", default="developer", help="requesting user [developer]")
     r.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
-    r.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    r.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
     r.set_defaults(func=_review)
 
     t = sub.add_parser(
@@ -143,9 +146,75 @@ def _parser() -> argparse.ArgumentParser:
                     "quota for the cases after them. Exit 1 when a case fails, 2 when a "
                     "suite cannot run. Format: policies/tests/README.md.")
     t.add_argument("path", metavar="DIR", help="directory of suites, or one suite file")
-    t.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    t.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
     t.set_defaults(func=_test)
+    _add_completion_command(sub, p)
+    _add_exit_codes(p)
     return p
+
+
+# What each command's exit status means, shown at the end of its --help. Keyed by the
+# command's path; a command not listed gets the general meaning.
+EXIT_CODES: dict[str, str] = {
+    "gpu-webhook": "0 success; 1 denied, invalid policy or failed policy test; 2 usage or "
+                   "input error",
+    "serve": "0 stopped by a signal; 2 unusable settings, certificates or policy",
+    "certs": "0 written; 2 bad flags, unreadable CA or files already there (--force)",
+    "manifests": "0 printed; 2 invalid policy, unreadable CA file or bad flags",
+    "policy": "2 no subcommand given (this list is printed)",
+    "policy check": "0 every file is a valid policy; 1 a file is not; 2 usage error",
+    "policy schema": "0 printed",
+    "policy crd": "0 printed",
+    "review": "0 every object allowed (with --replay: the replay ran); 1 an object denied; "
+              "2 unreadable manifest or policy, bad flags",
+    "test": "0 every case passed; 1 a case failed; 2 a suite cannot run or none found",
+    "completion": "0 printed; 2 unknown shell",
+}
+
+
+def _add_exit_codes(root: argparse.ArgumentParser) -> None:
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        codes = EXIT_CODES.get(path or "gpu-webhook")
+        if codes and not parser.epilog:
+            parser.epilog = f"exit status: {codes}."
+        for action in parser._actions:  # argparse keeps subcommands on this private list
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, f"{path} {name}".strip())
+
+    walk(root, "")
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _add_completion_command(sub: Any, root: argparse.ArgumentParser) -> None:
+    shells = ["bash", "zsh", "tcsh"]
+    comp = sub.add_parser(
+        "completion", help="print a shell completion script",
+        description="Print the completion script for SHELL, generated from this command's "
+                    "own flags (shtab). bash: `source <(gpu-webhook completion bash)`, or "
+                    "save it under ~/.local/share/bash-completion/completions/gpu-webhook; "
+                    "zsh: save it as _gpu-webhook in a directory of $fpath.")
+    comp.add_argument("shell", choices=shells, metavar="SHELL",
+                      help=f"one of {', '.join(shells)}")
+    comp.set_defaults(func=lambda args: _completion(root, args.shell))
+
+
+def _completion(root: argparse.ArgumentParser, shell: str) -> int:
+    import shtab
+
+    print(shtab.complete(root, shell=shell), end="")
+    return 0
+
+
+def _dump(data: Any, output: str) -> str:
+    """``data`` as ``-o json`` or ``-o yaml`` prints it."""
+    if output == "yaml":
+        return yaml.safe_dump(data, sort_keys=False, width=100).rstrip("\n")
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -213,6 +282,41 @@ def _manifests(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_policy_schema_commands(psub: Any) -> None:
+    sch = psub.add_parser(
+        "schema", help="print the JSON Schema of a policy file",
+        description="Print the JSON Schema (draft 2020-12) of a policy file, generated from "
+                    "the policy model; editors use it through a `# yaml-language-server: "
+                    "$schema=...` line. Published as policies/schema/gpupolicy.schema.json.")
+    sch.set_defaults(func=_policy_schema)
+    crd = psub.add_parser(
+        "crd", help="print the GPUPolicy CustomResourceDefinition (YAML)",
+        description="Print the GPUPolicy CustomResourceDefinition (gpu-webhook.dev/v1alpha1, "
+                    "cluster-scoped) whose OpenAPI schema is generated from the policy model. "
+                    "Shipped as deploy/base/crd-gpupolicy.yaml.")
+    crd.set_defaults(func=_policy_crd)
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from webhook.policy.schema import json_schema
+
+    # json, not orjson: its indent=2 output with a final newline is the committed file.
+    print(json.dumps(json_schema(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _policy_crd(args: argparse.Namespace) -> int:
+    from webhook.policy.schema import crd
+    from webhook.tools.manifests import to_yaml
+
+    print(to_yaml([crd()], header=(
+        "# Rendered by `gpu-webhook policy crd` from the policy model "
+        "(webhook/policy/model.py).\n")), end="")
+    return 0
+
+
 def _policy_check(args: argparse.Namespace) -> int:
     from webhook.policy.load import PolicyError, load_file
 
@@ -243,8 +347,8 @@ def _test(args: argparse.Namespace) -> int:
               f"{target}", file=sys.stderr)
         return 2
     results = [policytest.run_path(p) for p in paths]
-    if args.output == "json":
-        print(orjson.dumps(policytest.as_json(results), option=orjson.OPT_INDENT_2).decode())
+    if args.output != "text":
+        print(_dump(policytest.as_json(results), args.output))
     else:
         print(policytest.render_text(results))
     if any(s.error is not None for s in results):
@@ -282,8 +386,8 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"gpu-webhook review: {args.replay} holds no AdmissionReview (one JSON "
               "object per line)", file=sys.stderr)
         return 2
-    if args.output == "json":
-        print(orjson.dumps(replay.as_json(report), option=orjson.OPT_INDENT_2).decode())
+    if args.output != "text":
+        print(_dump(replay.as_json(report), args.output))
     else:
         base = args.baseline_policy or "the embedded policy"
         print(replay.render_text(report, f"{base} ({baseline.name})",
@@ -359,8 +463,8 @@ def _review(args: argparse.Namespace) -> int:
             )
         denied |= not out.allowed
         results.append(result)
-    if args.output == "json":
-        print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
+    if args.output != "text":
+        print(_dump(results, args.output))
     else:
         for r in results:
             _print_result(r)

@@ -228,6 +228,8 @@ def check_common(objects: list[dict[str, Any]]) -> None:
             ref = hook["clientConfig"]["service"]
             assert (ref["name"], ref["namespace"], ref["port"]) == (
                 service["metadata"]["name"], ns, 443)
+            if all(r["scope"] == "Cluster" for r in hook["rules"]):
+                continue  # GPUPolicy objects: a namespaceSelector never skips those
             excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
             assert ns in excluded and "kube-system" in excluded
 

@@ -429,3 +429,19 @@ def test_configured_kinds_get_rules_and_conditions():
             spec["launcher"] = launcher
         obj = {"apiVersion": "example.com/v1", "kind": "TrainingRun", "spec": spec}
         assert sent_as(hook, obj) is expected, spec
+
+
+@pytest.mark.parametrize("failure", ["Fail", "Ignore"])
+def test_gpupolicy_objects_go_to_the_policy_loader(failure):
+    _, validating = render(validating_failure_policy=failure)
+    hook = validating["webhooks"][-1]
+    assert hook["name"] == "policies.gpu-webhook.dev"
+    assert hook["rules"] == [{
+        "apiGroups": ["gpu-webhook.dev"], "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE", "UPDATE"], "resources": ["gpupolicies"], "scope": "Cluster"}]
+    assert hook["clientConfig"]["service"]["path"] == "/validate-policy"
+    assert hook["failurePolicy"] == failure
+    assert hook["sideEffects"] == "None"
+    # The caBundle reaches it with the others: same configuration, same CA.
+    assert render(url="https://127.0.0.1:9443")[1]["webhooks"][-1]["clientConfig"] == {
+        "url": "https://127.0.0.1:9443/validate-policy"}

@@ -88,6 +88,9 @@ class _Strict(BaseModel):
         populate_by_name=True,
         frozen=True,
         str_strip_whitespace=False,
+        # The docstring under a field is its description in the published JSON Schema
+        # and the GPUPolicy CRD (webhook.policy.schema): one text for code and editors.
+        use_attribute_docstrings=True,
     )
 
 
@@ -102,6 +105,7 @@ class GPUResources(_Strict):
     names: list[Annotated[str, Field(pattern=_QUALIFIED, max_length=253)]] = Field(
         default_factory=lambda: ["nvidia.com/gpu"], max_length=256
     )
+    """Extended resource names that are GPUs."""
     patterns: list[Annotated[str, Field(pattern=_RESOURCE_PATTERN, max_length=253)]] = Field(
         default_factory=list, max_length=256
     )
@@ -270,10 +274,14 @@ class Tenant(_Strict):
     """A team: the namespaces it owns and what its GPU pods may use."""
 
     name: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    """Shown in messages (``[rule ..., tenant NAME]``) and metrics; unique."""
     namespaces: list[Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]] = Field(
         default_factory=list, max_length=4096
     )
+    """Namespaces the tenant owns, by name."""
     namespace_selector: LabelSelector | None = None
+    """Namespaces the tenant owns, by label; a namespace named in some tenant's
+    ``namespaces`` wins over selectors, and the first matching selector among them."""
     allowed_resources: list[str] | None = Field(default=None, max_length=256)
     """GPU resource names this tenant may request (default: every GPU resource)."""
     allowed_products: list[str] | None = Field(default=None, max_length=256)
@@ -282,10 +290,15 @@ class Tenant(_Strict):
     """GPU DeviceClasses (of ``spec.deviceClasses``) this tenant's claims may ask (default:
     every one)."""
     default_product: str | None = None
+    """The product of pods that do not ask for one; must be in ``allowedProducts``."""
     max_gpus_per_container: Equivalents | None = None
+    """GPU-equivalents one container may ask (rule max-gpus-per-container)."""
     max_gpus_per_pod: Equivalents | None = None
+    """GPU-equivalents one pod may ask, on its effective request (rule max-gpus-per-pod)."""
     topology: Topology | None = None
+    """Rack / NVLink domain pinning (rule topology)."""
     quota: Quota | None = None
+    """What the tenant may hold at once (rule quota)."""
     mode: Mode | None = None
     """Enforcement mode for this tenant's rules when a rule has no mode of its own."""
 
@@ -308,6 +321,7 @@ class Tenant(_Strict):
 
 class RuleSettings(_Strict):
     mode: Mode
+    """What the rule does when it finds a violation."""
 
 
 class Exemptions(_Strict):
@@ -401,29 +415,39 @@ class WorkloadKind(_Strict):
 
 class Spec(_Strict):
     mode: Mode = Mode.ENFORCE
+    """Mode of every rule that has no mode of its own or from its tenant."""
     rules: dict[Rule, RuleSettings] = Field(default_factory=dict)
+    """Per-rule mode, by rule name; wins over tenant and policy modes."""
     gpu_resources: GPUResources = Field(default_factory=GPUResources)
+    """Which extended resources are GPUs and what each is worth."""
     device_classes: dict[
         Annotated[str, Field(pattern=_QUALIFIED, max_length=253)], DeviceClass
     ] = Field(default_factory=_default_device_classes, max_length=256)
     """DeviceClasses whose devices are GPUs (DRA), by name; default: NVIDIA's
     ``gpu.nvidia.com`` and ``mig.nvidia.com``."""
     products: Products = Field(default_factory=Products)
+    """GPU products and how a pod asks for one."""
     tolerations: list[Toleration] = Field(
         default_factory=lambda: [
             Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
         ],
         max_length=64,
     )
+    """Added to every GPU pod that does not already tolerate them."""
     non_gpu_pods_tolerating_gpu_taints: TolerationPolicy = TolerationPolicy.ALLOW
+    """A pod that requests no GPU but tolerates a GPU taint: ``strip`` the tolerations,
+    ``deny`` the pod, or ``allow`` it."""
     unassigned_namespaces: Literal["deny", "allow"] = "deny"
     """GPU pods in a namespace that belongs to no tenant: ``deny`` (rule tenant-required)
     or ``allow`` (no tenant rules apply; tolerations are still added)."""
     exemptions: Exemptions = Field(default_factory=Exemptions)
+    """Requests the webhook passes untouched."""
     quota_ledger: QuotaLedger = Field(default_factory=QuotaLedger)
+    """How quota reservations are committed across replicas."""
     workload_kinds: list[WorkloadKind] = Field(default_factory=list, max_length=256)
     """Other workload kinds to check at apply (the training kinds are built in)."""
     tenants: list[Tenant] = Field(default_factory=list, max_length=4096)
+    """The teams, their namespaces and limits."""
 
     @field_validator("rules", mode="before")
     @classmethod

@@ -41,7 +41,7 @@ from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
 from webhook.libs import logs
 from webhook.quota.store import UsageStore
-from webhook.server import metrics
+from webhook.server import metrics, policyhook
 from webhook.server.reload import PolicySource
 
 Scope = MutableMapping[str, Any]
@@ -93,6 +93,12 @@ class AdmissionApp:
             phase = _PATHS.get(scope["path"])
             if phase is not None:
                 await self._admit(phase, scope, receive, send)
+                return
+            if scope["path"] == policyhook.PATH:
+                body = await _read_body(scope, receive, self.runtime.max_body)
+                status, payload = (policyhook.answer(body) if body is not None else
+                                   (413, {"error": "request body is too large"}))
+                await _send(send, status, payload)
                 return
         await self.other(scope, receive, send)
 

@@ -29,6 +29,14 @@ workloads without GPUs too, which a webhook that is down must not block, and quo
 holds without it (each pod is still checked when it is created). The mutating webhook
 is never sent scale requests: there is nothing to mutate.
 
+The ValidatingWebhookConfiguration also holds ``policies.gpu-webhook.dev``: GPUPolicy
+objects (the CRD ``gpu-webhook policy crd`` renders) are sent to ``/validate-policy`` on
+CREATE and UPDATE, where the policy loader checks them (``webhook.policy.review``), so an
+edit the webhook could not load is refused at ``kubectl apply`` with the message
+``gpu-webhook policy check`` gives. It is in the same configuration as the GPU webhooks
+so that the caBundle reaches it by the same path (self-managed or cert-manager), and it
+follows the validating failurePolicy. Without the CRD installed its rule matches nothing.
+
 failurePolicy, per webhook (both default to Fail):
 
 - ``Fail``: while no replica answers, every GPU pod or GPU workload create/update that
@@ -93,6 +101,13 @@ def workload_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, An
             resources.append(w.resource)
     return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["CREATE", "UPDATE"],
              "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
+
+
+# GPUPolicy objects (cluster-scoped): what the loader refuses is refused at apply.
+POLICY_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [GROUP], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["gpupolicies"], "scope": "Cluster"},
+]
 
 
 # The scale subresource: only the replica count changes, and only the validating webhook
@@ -217,6 +232,18 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
             "failurePolicy": "Ignore",
         }
 
+    def policies(failure: FailurePolicy) -> dict[str, Any]:
+        return {
+            "name": f"policies.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config("validate-policy", options),
+            "rules": POLICY_RULES,
+            "matchPolicy": "Equivalent",
+            "sideEffects": "None",  # it only runs the loader
+            "timeoutSeconds": options.timeout_seconds,
+            "failurePolicy": failure,
+        }
+
     labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
     return [
         {"apiVersion": "admissionregistration.k8s.io/v1",
@@ -230,7 +257,8 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
          "metadata": {"name": options.name, "labels": labels},
          "webhooks": [webhook("validate", options.validating_failure_policy), scale(),
                       *([claim("validate", options.validating_failure_policy)]
-                        if spec.device_classes else [])]},
+                        if spec.device_classes else []),
+                      policies(options.validating_failure_policy)]},
     ]
 
 
