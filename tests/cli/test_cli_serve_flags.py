@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Run
 
 from webhook import cli
 from webhook.server.settings import Settings
+
+Run = Callable[..., subprocess.CompletedProcess[str]]  # the gpu_webhook fixture
 
 # (flags, what the line must contain); every flag of `serve` with a value has a case.
 PARSE_CASES: list[tuple[list[str], str]] = [
