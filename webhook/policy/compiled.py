@@ -165,6 +165,10 @@ class CompiledPolicy:
                 return tenant
         return None
 
+    def named_namespaces(self) -> frozenset[str]:
+        """The namespaces the policy gives a tenant by name (not by label selector)."""
+        return frozenset(self._by_namespace)
+
     def mode_for(self, rule: Rule, tenant: TenantRules | None) -> Mode:
         """A rule's own mode wins; then the tenant's; then the policy's."""
         m = self.rule_modes.get(rule)
