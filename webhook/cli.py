@@ -1,7 +1,7 @@
 """The ``gpu-webhook`` command line. Thin: parse flags, call the modules that do the work.
 
 Commands: ``serve``, ``certs``, ``manifests``, ``policy check``, ``review`` (also
-``review --replay``), ``test``.
+``review --replay``), ``test``, ``status``.
 Exit codes: 0 success/allowed, 1 denied, invalid policy or a failed policy test, 2 usage
 or input error.
 """
@@ -119,6 +119,25 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", choices=["text", "json"], default="text")
     r.set_defaults(func=_review)
 
+    st = sub.add_parser(
+        "status", help="GPU quota per tenant, namespace and product, read from the cluster",
+        description="Each tenant's GPU quota as the webhook counts it: per cap (GPUs, a "
+                    "resource, a product, pods) the GPUs used by running pods, reserved "
+                    "for pods being created, the limit and what is free, and the biggest "
+                    "consumers. Reads pods and the webhook's ledger ConfigMaps through the "
+                    "kubeconfig; what the account may not read is noted.")
+    st.add_argument("-n", "--namespace", help="only the tenant owning this namespace "
+                                              "(and this namespace's own caps)")
+    st.add_argument("--tenant", help="only this tenant")
+    st.add_argument("--policy", help="policy file (default: the webhook's ConfigMap "
+                                     "gpu-webhook-policy in --webhook-namespace)")
+    st.add_argument("--webhook-namespace", default="gpu-webhook",
+                    help="where the webhook keeps its ledger and policy [gpu-webhook]")
+    st.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                                         "or in-cluster)")
+    st.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    st.set_defaults(func=_status)
+
     t = sub.add_parser(
         "test", help="run policy test suites (kind GPUPolicyTest)",
         description="Run every policy test suite (YAML, kind GPUPolicyTest) under DIR, or "
@@ -130,6 +149,38 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("-o", "--output", choices=["text", "json"], default="text")
     t.set_defaults(func=_test)
     return p
+
+
+def _status(args: argparse.Namespace) -> int:
+    from webhook.libs import kube
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError, load_file, load_text
+    from webhook.tools import status
+
+    try:
+        home = Path.home() / ".kube" / "config"
+        api = kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
+                           or (str(home) if home.exists() else None))
+        model = (load_file(args.policy) if args.policy else load_text(
+            status.policy_from_cluster(api, args.webhook_namespace, "gpu-webhook-policy"),
+            f"configmap {args.webhook_namespace}/gpu-webhook-policy"))
+        cluster = status.read_cluster(api, args.webhook_namespace, args.namespace)
+        rep = status.report(compile_policy(model), cluster, namespace=args.namespace,
+                            tenant=args.tenant)
+    except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
+        print(f"gpu-webhook status: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(orjson.dumps({
+            "caps": [{"tenant": r.tenant, "scope": r.scope, "cap": r.cap, "used": r.used,
+                      "reserved": r.reserved, "limit": r.limit, "free": r.free}
+                     for r in rep.rows],
+            "pods": rep.pods, "top": {t: [{"owner": o, "gpus": g} for o, g in top]
+                                      for t, top in rep.top.items()},
+            "notes": rep.unread}, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(status.table(rep), end="")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

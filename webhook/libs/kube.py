@@ -381,3 +381,28 @@ class WebhookConfigurations:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise _map(exc, what) from None
         return patched
+
+
+def list_objects(api: client.ApiClient, kind: str, namespace: str | None = None,
+                 label_selector: str = "", timeout: float = 15.0) -> list[dict[str, Any]]:
+    """One list of pods, namespaces or configmaps (in ``namespace``, or every namespace),
+    as plain dicts: for the one-shot tools (``gpu-webhook status``), not the watches."""
+    core = client.CoreV1Api(api)
+    calls: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
+        "pods": (core.list_pod_for_all_namespaces, core.list_namespaced_pod),
+        "configmaps": (core.list_config_map_for_all_namespaces,
+                       core.list_namespaced_config_map),
+        "namespaces": (core.list_namespace, None),
+    }
+    every, one = calls[kind]
+    where = f"{kind} in {namespace}" if namespace else f"{kind} in all namespaces"
+    try:
+        kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": timeout}
+        if label_selector:
+            kw["label_selector"] = label_selector
+        resp = one(namespace, **kw) if namespace and one else every(**kw)
+        return list(orjson.loads(resp.data).get("items") or ())
+    except ApiException as exc:
+        raise _map(exc, f"list {where}") from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _map(exc, f"list {where}") from None
