@@ -81,6 +81,11 @@ def info(namespace: str, tenant: str, product: str, instance: str) -> str:
             f'product="{product}",job="gpu-webhook",instance="{instance}"}}')
 
 
+def activity(namespace: str, pod: str, value: float) -> dict[str, Any]:
+    return {"labels": f'namespace_pod:gpu_activity:max{{namespace="{namespace}",pod="{pod}"}}',
+            "value": value}
+
+
 def test_a_gpu_pod_idle_for_30_minutes_is_flagged_with_its_tenant(promtool: str,
                                                                  tmp_path: Path) -> None:
     series = [
@@ -123,12 +128,12 @@ def test_a_gpu_pod_idle_for_30_minutes_is_flagged_with_its_tenant(promtool: str,
             "expr": "namespace_pod:gpu_activity:max",
             "eval_time": "10m",
             "exp_samples": [
-                {"labels": '{namespace="research",pod="busy-0"}', "value": 0.9},
-                {"labels": '{namespace="research",pod="idle-0"}', "value": 0.01},
-                {"labels": '{namespace="research",pod="woke-up"}', "value": 0},
-                {"labels": '{namespace="sandbox",pod="stray"}', "value": 0},
-                {"labels": '{namespace="serving",pod="l4-busy"}', "value": 0.7},
-                {"labels": '{namespace="serving",pod="l4-idle"}', "value": 0.02},
+                activity("research", "busy-0", 0.9),
+                activity("research", "idle-0", 0.01),
+                activity("research", "woke-up", 0),
+                activity("sandbox", "stray", 0),
+                activity("serving", "l4-busy", 0.7),
+                activity("serving", "l4-idle", 0.02),
             ],
         }],
     }])
