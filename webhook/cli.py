@@ -1,7 +1,7 @@
 """The ``gpu-webhook`` command line. Thin: parse flags, call the modules that do the work.
 
 Commands: ``serve``, ``certs``, ``manifests``, ``policy check``, ``review`` (also
-``review --replay``), ``test``, ``status``.
+``review --replay``), ``test``, ``status``, ``audit``.
 Exit codes: 0 success/allowed, 1 denied, invalid policy or a failed policy test, 2 usage
 or input error.
 """
@@ -119,6 +119,23 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", choices=["text", "json"], default="text")
     r.set_defaults(func=_review)
 
+    au = sub.add_parser(
+        "audit", help="what the policy would refuse or change among running GPU pods and "
+                      "workloads",
+        description="Read the cluster's pods, Deployments, StatefulSets and Jobs once "
+                    "through the kubeconfig and decide each as the webhook would decide "
+                    "its creation now (pods oldest first, so the newest are those over a "
+                    "lowered cap). Exit 1 when something would be refused, 0 otherwise, 2 "
+                    "when the cluster or the policy cannot be read.")
+    au.add_argument("--policy", help="the policy to audit against, e.g. a candidate "
+                                     "(default: the webhook's ConfigMap gpu-webhook-policy)")
+    au.add_argument("-n", "--namespace", help="only this namespace (default: all)")
+    au.add_argument("--webhook-namespace", default="gpu-webhook",
+                    help="where the webhook's policy ConfigMap is [gpu-webhook]")
+    au.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                                         "or in-cluster)")
+    au.set_defaults(func=_audit)
+
     st = sub.add_parser(
         "status", help="GPU quota per tenant, namespace and product, read from the cluster",
         description="Each tenant's GPU quota as the webhook counts it: per cap (GPUs, a "
@@ -151,19 +168,51 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _cluster_policy(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The API client and the policy (--policy, else the webhook's ConfigMap)."""
+    from webhook.libs import kube
+    from webhook.policy.load import load_file, load_text
+    from webhook.tools import status
+
+    home = Path.home() / ".kube" / "config"
+    api = kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
+                       or (str(home) if home.exists() else None))
+    model = (load_file(args.policy) if args.policy else load_text(
+        status.policy_from_cluster(api, args.webhook_namespace, "gpu-webhook-policy"),
+        f"configmap {args.webhook_namespace}/gpu-webhook-policy"))
+    return api, model
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from webhook.libs import kube
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError
+    from webhook.tools import audit
+
+    try:
+        api, model = _cluster_policy(args)
+        pods, workloads, labels = audit.read(api, args.namespace)
+    except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
+        print(f"gpu-webhook audit: {exc}", file=sys.stderr)
+        return 2
+    found = audit.audit(compile_policy(model), pods, workloads, labels.get)
+    for f in found:
+        print(f"{f.verdict.upper()} {f.subject}: {f.detail}")
+    refused = sum(f.verdict == "refused" for f in found)
+    print(f"{len(pods)} pods, {len(workloads)} workloads: {refused} would be refused, "
+          f"{len(found) - refused} admitted with changes or warnings "
+          f"(policy {model.metadata.name})", file=sys.stderr)
+    return 1 if refused else 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from webhook.libs import kube
     from webhook.policy.compiled import compile_policy
-    from webhook.policy.load import PolicyError, load_file, load_text
+    from webhook.policy.load import PolicyError
     from webhook.tools import status
 
     try:
-        home = Path.home() / ".kube" / "config"
-        api = kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
-                           or (str(home) if home.exists() else None))
-        model = (load_file(args.policy) if args.policy else load_text(
-            status.policy_from_cluster(api, args.webhook_namespace, "gpu-webhook-policy"),
-            f"configmap {args.webhook_namespace}/gpu-webhook-policy"))
+        api, model = _cluster_policy(args)
         cluster = status.read_cluster(api, args.webhook_namespace, args.namespace)
         rep = status.report(compile_policy(model), cluster, namespace=args.namespace,
                             tenant=args.tenant)

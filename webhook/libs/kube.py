@@ -385,11 +385,16 @@ class WebhookConfigurations:
 
 def list_objects(api: client.ApiClient, kind: str, namespace: str | None = None,
                  label_selector: str = "", timeout: float = 15.0) -> list[dict[str, Any]]:
-    """One list of pods, namespaces or configmaps (in ``namespace``, or every namespace),
-    as plain dicts: for the one-shot tools (``gpu-webhook status``), not the watches."""
-    core = client.CoreV1Api(api)
+    """One list of pods, namespaces, configmaps, deployments, statefulsets or jobs (in
+    ``namespace``, or every namespace), as plain dicts: for the one-shot tools
+    (``gpu-webhook status``, ``audit``), not the watches."""
+    core, apps, batch = client.CoreV1Api(api), client.AppsV1Api(api), client.BatchV1Api(api)
     calls: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
         "pods": (core.list_pod_for_all_namespaces, core.list_namespaced_pod),
+        "deployments": (apps.list_deployment_for_all_namespaces, apps.list_namespaced_deployment),
+        "statefulsets": (apps.list_stateful_set_for_all_namespaces,
+                         apps.list_namespaced_stateful_set),
+        "jobs": (batch.list_job_for_all_namespaces, batch.list_namespaced_job),
         "configmaps": (core.list_config_map_for_all_namespaces,
                        core.list_namespaced_config_map),
         "namespaces": (core.list_namespace, None),
