@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint unit e2e controlplane bench bench-quick audit demo demo-down
+.PHONY: install run test lint unit e2e controlplane promtool bench bench-quick audit demo demo-down
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
 # A failed install fails `make install`: tests/bench cannot run without it.
@@ -48,6 +48,11 @@ lint: install
 controlplane:
 	bash tests/e2e/controlplane/build.sh
 
+# promtool, for `promtool test rules` on deploy/monitoring (tests/metrics), built from
+# the Go module proxy and cached outside the tree (first build a few minutes).
+promtool:
+	bash tools/promtool.sh
+
 # The fast suite: no API server, no install or benchmark runs (marked slow).
 unit: install
 	$(BIN)/pytest -m "not e2e and not slow"
@@ -60,7 +65,7 @@ e2e: install controlplane
 audit: install
 	$(BIN)/python tools/audit.py
 
-test: lint audit controlplane
+test: lint audit controlplane promtool
 	$(BIN)/pytest
 
 # Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs

@@ -87,8 +87,9 @@ def test_per_pod_maximum_uses_the_effective_request(init_containers: list[dict[s
         pytest.param("serving", [container(limits=gpus(8, SHARED))], [],
                      None, id="8 shared slices weigh 2 GPUs: within 2 per container"),
         pytest.param("serving", [container(limits=gpus(12, SHARED))],
-                     [Rule.MAX_PER_CONTAINER], "asks for 3 GPUs; tenant inference allows at "
-                     "most 2 per container", id="12 shared slices weigh 3 GPUs"),
+                     [Rule.MAX_PER_CONTAINER], "asks for 12 nvidia.com/gpu.shared (12 x 0.25 = "
+                     "3 GPUs); tenant inference allows at most 2 per container",
+                     id="12 shared slices weigh 3 GPUs, named as asked"),
     ],
 )
 def test_maximums(namespace: str, containers: list[dict[str, Any]], rules: list[Rule],

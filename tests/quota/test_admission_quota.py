@@ -35,14 +35,16 @@ def test_pods_are_admitted_until_the_cap_and_the_message_has_the_numbers() -> No
     d = admit(store, policy(), pod("big", gpus=3, product="H100"))
     assert not d.allowed
     assert d.message == (
-        "pod team-a/big: tenant team-a would use 10 of its 8 GPUs: 7 in use "
+        # "exceeded quota": what controllers (Argo Workflows) retry a refused pod on.
+        "pod team-a/big: exceeded quota: tenant team-a would use 10 of its 8 GPUs: 7 in use "
         "(job/llm-pretrain 4, pod/new 2, pod/notebook-x 1), this pod asks 3. 1 is free now. "
         "Ask for 1 or fewer, wait for running pods to finish, or ask the platform team for "
         "more quota. [rule quota, tenant team-a]\n"
         # The product cap is exceeded too; its holders are only that product's.
-        "pod team-a/big: tenant team-a would use 5 of its 4 h100 GPUs: 2 in use (pod/new 2), "
-        "this pod asks 3. 2 are free now. Ask for 2 or fewer, wait for running pods to "
-        "finish, or ask the platform team for more quota. [rule quota, tenant team-a]"
+        "pod team-a/big: exceeded quota: tenant team-a would use 5 of its 4 h100 GPUs: 2 in "
+        "use (pod/new 2), this pod asks 3. 2 are free now. Ask for 2 or fewer, wait for "
+        "running pods to finish, or ask the platform team for more quota. "
+        "[rule quota, tenant team-a]"
     )
 
 

@@ -102,7 +102,8 @@ def test_an_update_is_warned_only_for_the_pods_it_adds() -> None:
     assert [w.split(": ", 1)[1].split(" [")[0] for w in d.warnings] == [
         "asks for task worker 3 x 1 = 3 GPU pods, but only 2 of tenant team-a's 5 GPU pods "
         "are free now (3 in use): its gang of 5 pods needs 5 GPU pods and cannot start until quota "
-        "frees up."]
+        "frees up. A refused pod is not shown at kubectl apply: it shows up as an event on "
+        "the Job (kubectl get events)."]
 
 
 def test_a_namespace_cap_is_summed_too() -> None:

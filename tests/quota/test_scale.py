@@ -195,14 +195,18 @@ SUBJECT = "deployment team-a/trainer, scaled from {} to {} replicas"
     (1, 5, 0, 1, "denied",
      "asks for 5 pods x 1 = 5 h100 GPUs at once, but tenant team-a's quota is 4 h100 GPUs: "
      "it can never run in full. Run at most 4 pods of this size, or fewer h100 GPUs per pod."),
+    # 100 of 8 GPUs (4 pods), of 4 h100 (2 pods), of 5 GPU pods: the binding one only.
     (1, 50, 0, 2, "denied",
-     "asks for 50 pods x 2 = 100 GPUs at once, but tenant team-a's quota is 8 GPUs: it can "
-     "never run in full. Run at most 4 pods of this size, or fewer GPUs per pod."),
+     "asks for 50 pods x 2 = 100 h100 GPUs at once, but tenant team-a's quota is 4 h100 GPUs: "
+     "it can never run in full. Run at most 2 pods of this size (the tightest of the 3 caps "
+     "it exceeds), or fewer h100 GPUs per pod."),
     # 3 of 4 h100 in use (the deployment's own pod among them): only the added pods count.
     (1, 2, 3, 1, "allowed", None),
     (1, 3, 3, 1, "warned",
      "asks for 2 pods x 1 h100 GPUs, but only 1 of tenant team-a's 4 h100 GPUs are free now: "
-     "1 of its pods can start now and the rest will be refused until quota frees up."),
+     "1 of its pods can start now and the rest will be refused until quota frees up. A "
+     "refused pod is not shown at kubectl apply: it shows up as an event on its ReplicaSet "
+     "(kubectl get events)."),
 ])
 def test_the_pods_a_scale_up_adds_are_checked_against_quota(old, new, busy, gpus, outcome,
                                                             text) -> None:
@@ -256,7 +260,11 @@ def test_only_quota_is_checked_not_the_templates_other_rules() -> None:
     assert d.outcome == "allowed" and not d.findings
     d = decide(scale_review(1, 9), unpinned)
     assert {f.rule.value for f in d.findings} == {"quota"}
-    assert "asks for 9 pods x 1 = 9 GPUs at once" in d.message  # and 9 of 5 GPU pods
+    # 9 of 8 GPUs and 9 of 5 GPU pods: one answer, from the pod cap, the tighter.
+    assert d.message.count("[rule quota") == 1
+    assert ("asks for 9 pods x 1 = 9 GPU pods at once, but tenant team-a's quota is 5 GPU "
+            "pods: it can never run in full. Run at most 5 pods (the tightest of the 2 caps "
+            "it exceeds).") in d.message
 
 
 def test_a_dry_run_scale_is_checked_too() -> None:

@@ -87,11 +87,20 @@ def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[Cont
             if asked > tenant.max_per_container:
                 check.report(Rule.MAX_PER_CONTAINER,
                              messages.per_container_max(asked, tenant.name,
-                                                        tenant.max_per_container), c.describe())
+                                                        tenant.max_per_container,
+                                                        _named(policy, amounts, asked)),
+                             c.describe())
     effective = effective_request(counts)
     if tenant is not None and tenant.max_per_pod is not None:
         asked = weighted(policy, effective) + claimed
         if asked > tenant.max_per_pod:
+            # DRA devices are already GPU-equivalents: the named devices are the pod's
+            # own extended resources, and the claims are added as GPUs.
+            named = None if claimed else _named(policy, effective, asked)
             check.report(Rule.MAX_PER_POD,
-                         messages.per_pod_max(asked, tenant.name, tenant.max_per_pod))
+                         messages.per_pod_max(asked, tenant.name, tenant.max_per_pod, named))
     return effective
+
+
+def _named(policy: CompiledPolicy, counts: dict[str, float], gpus: float) -> str:
+    return messages.devices([(r, n, policy.weight(r)) for r, n in counts.items()], gpus)

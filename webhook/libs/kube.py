@@ -449,3 +449,30 @@ class WebhookConfigurations:
             fn(name, ops, _content_type="application/json-patch+json",
                _preload_content=False, _request_timeout=self.timeout)
         return patched
+
+
+def list_objects(api: client.ApiClient, kind: str, namespace: str | None = None,
+                 label_selector: str = "", timeout: float = 15.0) -> list[dict[str, Any]]:
+    """One list of pods, namespaces, configmaps, deployments, statefulsets or jobs (in
+    ``namespace``, or every namespace), as plain dicts: for the one-shot tools
+    (``gpu-webhook status``, ``audit``), not the watches."""
+    core, apps, batch = client.CoreV1Api(api), client.AppsV1Api(api), client.BatchV1Api(api)
+    calls: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
+        "pods": (core.list_pod_for_all_namespaces, core.list_namespaced_pod),
+        "deployments": (apps.list_deployment_for_all_namespaces, apps.list_namespaced_deployment),
+        "statefulsets": (apps.list_stateful_set_for_all_namespaces,
+                         apps.list_namespaced_stateful_set),
+        "jobs": (batch.list_job_for_all_namespaces, batch.list_namespaced_job),
+        "configmaps": (core.list_config_map_for_all_namespaces,
+                       core.list_namespaced_config_map),
+        "namespaces": (core.list_namespace, None),
+    }
+    every, one = calls[kind]
+    where = f"{kind} in {namespace}" if namespace else f"{kind} in all namespaces"
+    kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": timeout}
+    if label_selector:
+        kw["label_selector"] = label_selector
+    with translated(f"list {where}", timeout):
+        resp = one(namespace, **kw) if namespace and one else every(**kw)
+        body = _json_object(f"list {where}", resp.data)
+    return list(body.get("items") or ())

@@ -165,6 +165,25 @@ class CompiledPolicy:
                 return tenant
         return None
 
+    def labels_selecting(self, tenant: str) -> dict[str, str] | None:
+        """Namespace labels that the tenant's selector matches (its matchLabels, and the
+        first value of each ``In``), or None when it has none or they are not enough:
+        for a tool told the tenant of a namespace whose labels it cannot read."""
+        for selector, t in self._by_selector:
+            if t.name != tenant:
+                continue
+            labels = dict(selector.labels)
+            for key, op, values in selector.expressions:
+                if op == "In" and values:
+                    labels[key] = sorted(values)[0]
+            if selector.matches(labels) and self.tenant_for("", labels) is t:
+                return labels
+        return None
+
+    def named_namespaces(self) -> frozenset[str]:
+        """The namespaces the policy gives a tenant by name (not by label selector)."""
+        return frozenset(self._by_namespace)
+
     def mode_for(self, rule: Rule, tenant: TenantRules | None) -> Mode:
         """A rule's own mode wins; then the tenant's; then the policy's."""
         m = self.rule_modes.get(rule)

@@ -18,7 +18,7 @@ from webhook.engine import messages
 from webhook.engine.charge import Ask
 from webhook.engine.decision import Checker
 from webhook.engine.gang import GangAsk
-from webhook.policy.compiled import Limits, TenantRules
+from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
 from webhook.policy.model import Mode, Rule
 from webhook.quota.usage import Totals
 
@@ -72,23 +72,37 @@ def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
                             totals.products.get(ask.product, 0.0), ask.gpus,
                             product_holders, ask.product))
         if limits.pods is not None and ask.counts_pods:
-            out.append(Line(scope, "GPU pods", limits.pods, totals.pods, 1.0, holders))
+            out.append(Line(scope, messages.PODS, limits.pods, totals.pods, 1.0, holders))
     return out
 
 
-def _alternatives(tenant: TenantRules, line: Line, usage: UsageView, ask: Ask) -> list[str]:
+def _alternatives(policy: CompiledPolicy, tenant: TenantRules, line: Line, usage: UsageView,
+                  ask: Ask) -> list[str]:
     """Other allowed products with room for this ask, for the 'what would fit' hint."""
     if line.product is None or tenant.quota is None:
         return []
     out = []
     totals = usage.tenant(tenant.name)
+    label, annotation = policy.product_request_label, policy.product_request_annotation
     for p, cap in tenant.quota.products.items():
         if p == line.product or (tenant.allowed_products and p not in tenant.allowed_products):
             continue
         free = cap - totals.products.get(p, 0.0)
         if free + EPSILON >= ask.gpus:
-            out.append(f"{p} has {messages.num(free)} free")
+            out.append(messages.alternative(p, free, label, annotation, policy.product_label,
+                                            policy.product_value.get(p, p)))
     return out
+
+
+def _asked_as(check: Checker, line: Line, ask: Ask) -> str | None:
+    """A GPU-equivalents line names the devices asked for first (three MIG slices, not
+    "1.5"); a per-resource or pod-count line is already in the developer's own units."""
+    if line.what != "GPUs" and line.product is None:
+        return None
+    if len(ask.resources) == 1 and all(check.policy.weight(r) == 1 for r in ask.resources):
+        return None  # "asks 3": whole GPUs are already what the developer wrote
+    return messages.devices([(r, n, check.policy.weight(r)) for r, n in ask.resources.items()],
+                            ask.gpus)
 
 
 def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -> bool:
@@ -101,21 +115,33 @@ def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -
             check.report(Rule.QUOTA, messages.quota_exceeded(
                 line.scope, line.what, line.used, line.per_pod, line.cap, top,
                 "this pod asks" if ask.counts_pods else f"this {ask.kind} asks",
-                _alternatives(tenant, line, usage, ask)))
+                _alternatives(check.policy, tenant, line, usage, ask),
+                _asked_as(check, line, ask)))
     return fits
 
 
 def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -> None:
-    """A workload's gang against the caps: deny if it can never fit, warn if not now."""
+    """A workload's gang against the caps: deny if it can never fit, warn if not now.
+
+    Each broken cap would answer "run at most N pods" with its own N; only the smallest
+    is true of the workload, so one finding is made, from the binding cap (and likewise
+    for how many of its pods can start now)."""
+    never: list[Line] = []
+    not_now: list[Line] = []
     for line in lines(tenant, ask, usage):
-        whole = ask.pods * line.per_pod
-        if whole > line.cap + EPSILON:
-            check.report(Rule.QUOTA, messages.gang_never_fits(
-                line.scope, line.what, ask.pods, line.per_pod, line.cap))
+        if ask.pods * line.per_pod > line.cap + EPSILON:
+            never.append(line)
         elif ask.pods_added and line.used + ask.pods_added * line.per_pod > line.cap + EPSILON:
-            check.report(Rule.QUOTA, messages.gang_not_free(
-                line.scope, line.what, ask.pods_added, line.per_pod, line.free(), line.cap),
-                at_most=Mode.WARN)
+            not_now.append(line)
+    if never:
+        line = min(never, key=lambda x: messages.most_pods(x.cap, x.per_pod))
+        check.report(Rule.QUOTA, messages.gang_never_fits(
+            line.scope, line.what, ask.pods, line.per_pod, line.cap, len(never) - 1))
+    elif not_now:
+        line = min(not_now, key=lambda x: messages.most_pods(x.free(), x.per_pod))
+        check.report(Rule.QUOTA, messages.gang_not_free(
+            line.scope, line.what, ask.pods_added, line.per_pod, line.free(), line.cap,
+            ask.kind, len(not_now) - 1), at_most=Mode.WARN)
 
 
 
@@ -180,6 +206,7 @@ def check_gang(check: Checker, tenant: TenantRules, gang: GangAsk, usage: UsageV
                                       for r, per in roles if r.pods_added)
             check.report(Rule.QUOTA, messages.roles_not_free(
                 line.scope, line.what, added_of, added, line.used, cap,
-                sum(members) if gang.gang is not None else None, need, reservable),
+                sum(members) if gang.gang is not None else None, need, reservable,
+                gang.kind),
                 at_most=Mode.WARN)
     return fits_now

@@ -60,6 +60,8 @@ class Runtime:
 
     policy: PolicySource
     namespace_labels: NamespaceLabels = no_labels
+    # Every namespace the cluster cache knows, with its labels (for the tenant info series).
+    namespaces: metrics.Namespaces = metrics.no_namespaces
     store: UsageStore | None = None
     read_workload: WorkloadReader | None = None  # for scale requests; None: no cluster
     claims: ClaimLookup = no_claims  # DRA claims and templates the watches hold
@@ -83,7 +85,8 @@ class AdmissionApp:
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(
             runtime.store,
-            lambda: runtime.policy.active.policy if runtime.policy.active else None)
+            lambda: runtime.policy.active.policy if runtime.policy.active else None,
+            runtime.namespaces)
         self.other = _control_app(runtime, self.state)
         self.inflight = 0
         self.deadlines = BodyDeadlines()

@@ -8,7 +8,7 @@ The full list, with the dashboard and alerts built on it: deploy/monitoring/READ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -114,6 +114,33 @@ class _Store(Protocol):
     def ready(self) -> bool: ...
 
 
+Namespaces = Callable[[], Mapping[str, Mapping[str, str]]]  # name -> labels, as watched
+
+
+def no_namespaces() -> Mapping[str, Mapping[str, str]]:
+    return {}
+
+
+def namespace_tenants(policy: CompiledPolicy, known: Mapping[str, Mapping[str, str]]
+                      ) -> list[tuple[str, str, str]]:
+    """(namespace, tenant, product) for every namespace that belongs to a tenant: those
+    the policy names, and those the cluster cache knows whose labels a tenant selects.
+    ``product`` is the tenant's one allowed product, "" when it may use several: a GPU
+    series of the namespace then is of that product, without asking the node."""
+    names = set(known)
+    for t in policy.tenants:
+        names.update(t.namespace_quota)
+    names.update(policy.named_namespaces())
+    out = []
+    for ns in sorted(names):
+        owner = policy.tenant_for(ns, known.get(ns))
+        if owner is None:
+            continue
+        allowed = owner.allowed_products or ()
+        out.append((ns, owner.name, allowed[0] if len(allowed) == 1 else ""))
+    return out
+
+
 class StateCollector(Collector):
     """Quota usage and limits, reservation counters and cache state, read from the usage
     store when Prometheus scrapes: nothing is updated on the admission path.
@@ -124,10 +151,11 @@ class StateCollector(Collector):
     bounded by the policy, not by the cluster.
     """
 
-    def __init__(self, store: _Store | None, policy: Callable[[], CompiledPolicy | None]
-                 ) -> None:
+    def __init__(self, store: _Store | None, policy: Callable[[], CompiledPolicy | None],
+                 namespaces: Namespaces = no_namespaces) -> None:
         # The policy is looked up at every scrape: reloads replace it.
         self._store, self._policy = store, policy
+        self._namespaces = namespaces
 
     def describe(self) -> Iterable[Metric]:
         return []  # what collect() yields depends on the policy; nothing to pre-register
@@ -155,6 +183,19 @@ class StateCollector(Collector):
                         limit.add_metric([t.name, scope, ns, name], cap)
         yield used
         yield limit
+        # The join key for NVIDIA's dcgm-exporter, whose series carry namespace and pod but
+        # know nothing of tenants: `DCGM_... * on (namespace) group_left (tenant)
+        # gpu_webhook_namespace_tenant` sums GPU activity per tenant. One series per
+        # namespace of a tenant, so bounded by the cluster's namespaces.
+        info = GaugeMetricFamily(
+            "gpu_webhook_namespace_tenant",
+            "1 for each namespace that belongs to a GPU tenant (by name or by its labels); "
+            "product: the tenant's one allowed GPU product, empty when it has several.",
+            labels=["namespace", "tenant", "product"])
+        if policy is not None:
+            for ns, tenant, product in namespace_tenants(policy, self._namespaces()):
+                info.add_metric([ns, tenant, product], 1.0)
+        yield info
         for attr, name, text in (
             ("commits", "gpu_webhook_quota_reservations",
              "Quota reservations committed for admitted GPU pods."),

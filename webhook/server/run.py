@@ -142,6 +142,8 @@ def run(settings: Settings) -> int:
         runtime = Runtime(
             policy=source,
             namespace_labels=cluster.state.namespace_labels if cluster else no_labels,
+            # read at each scrape: a relist replaces the dict
+            namespaces=(lambda: cluster.state.labels) if cluster else metrics.no_namespaces,
             store=cluster.store if cluster else MemoryStore(ttl=active.policy.reservation_ttl),
             read_workload=cluster.read_workload if cluster else None,
             claims=cluster.state.claim_lookup if cluster else no_claims,
