@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from controlplane.cluster import ControlPlane
-from e2ekit import Deployment, denial_prefix, gpu_webhook
+from e2ekit import Deployment, denial_prefix, gpu_webhook, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -41,9 +41,21 @@ def test_the_crd_is_structural_and_established(control_plane: ControlPlane, crd:
     conditions = {c["type"]: c["status"] for c in got["status"]["conditions"]}
     assert conditions["Established"] == "True"
     assert conditions.get("NonStructuralSchema", "False") == "False"
-    # The field docs are what `kubectl explain` shows.
-    explain = control_plane.kubectl("explain", "gpupolicy.spec.unassignedNamespaces").stdout
-    assert "GPU pods in a namespace that belongs to no tenant" in explain
+    # The field docs are what `kubectl explain` shows, once the API server has published
+    # the CRD's OpenAPI (a moment after Established, later on a busy machine).
+    explained: list[str] = []
+
+    def published() -> bool:
+        # kubectl keeps the API's discovery in a cache that earlier calls of the session
+        # filled before the CRD existed: api-resources reads it afresh.
+        control_plane.kubectl("api-resources", "--api-group=gpu-webhook.dev", check=False)
+        out = control_plane.kubectl("explain", "gpupolicy.spec.unassignedNamespaces",
+                                    check=False)
+        explained[:] = [out.stdout]
+        return out.returncode == 0
+
+    wait_until("kubectl explain to know gpupolicies", published, timeout=60, every=0.5)
+    assert "GPU pods in a namespace that belongs to no tenant" in explained[0]
 
 
 def test_kubectl_apply_of_the_policy_file_creates_a_gpupolicy(
