@@ -1,23 +1,31 @@
-# Two commands from a fresh clone:  `make run` (install + serve on the embedded defaults)
-# and `make test` (install + lint + types + the whole test suite, end-to-end included).
+# Two commands from a fresh clone:  `make run` (install what `serve` needs, then serve on the
+# embedded defaults) and `make test` (install + lint + types + the whole test suite, end-to-end included).
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint unit e2e controlplane bench bench-quick audit demo demo-down bench-scale
+.PHONY: install run test lint unit e2e controlplane promtool bench bench-quick audit demo demo-down bench-scale
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
+# A failed install fails `make install`: tests/bench cannot run without it.
 install: $(VENV)/.installed
 	@command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk) \
-		|| echo "wrk is not installed: make bench and tests/bench need it (apt-get install wrk)"
+		|| { echo "make install: wrk could not be installed; make bench and tests/bench" \
+		          "need it: apt-get install wrk (as root)" >&2; exit 1; }
 
-$(VENV)/.installed: pyproject.toml
+# What `serve` needs and nothing else (no test, lint, benchmark or plotting packages):
+# `make run` stops here; everything else adds the dev and bench extras on top.
+$(VENV)/.installed-serve: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-serve pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
-run: install
+run: $(VENV)/.installed-serve
 	$(BIN)/gpu-webhook serve
 
 # The whole product on a simulated GPU cluster (real scheduler and controllers, kwok's
@@ -40,8 +48,14 @@ lint: install
 controlplane:
 	bash tests/e2e/controlplane/build.sh
 
+# promtool, for `promtool test rules` on deploy/monitoring (tests/metrics), built from
+# the Go module proxy and cached outside the tree (first build a few minutes).
+promtool:
+	bash tools/promtool.sh
+
+# The fast suite: no API server, no install or benchmark runs (marked slow).
 unit: install
-	$(BIN)/pytest -m "not e2e"
+	$(BIN)/pytest -m "not e2e and not slow"
 
 e2e: install controlplane
 	$(BIN)/pytest -m e2e
@@ -51,7 +65,7 @@ e2e: install controlplane
 audit: install
 	$(BIN)/python tools/audit.py
 
-test: lint audit controlplane
+test: lint audit controlplane promtool
 	$(BIN)/pytest
 
 # Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs

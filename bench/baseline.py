@@ -1,6 +1,6 @@
 """The floor to compare with: a bare ASGI app that parses the review with orjson,
 echoes the uid and allows, served with the same uvicorn settings as the webhook (our
-SSLContext from ``webhook.serve``, one worker, uvloop, httptools, no access log).
+SSLContext from ``webhook.server.run``, one worker, uvloop, httptools, no access log).
 
 The difference between this and ``gpu-webhook serve`` on the same requests is what the
 webhook itself costs: the envelope checks, the engine, metrics and the decision log.
@@ -11,6 +11,7 @@ webhook itself costs: the envelope checks, the engine, metrics and the decision 
 from __future__ import annotations
 
 import argparse
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -19,8 +20,8 @@ import orjson
 import uvicorn
 import uvloop
 
-from webhook import serve
-from webhook.settings import Settings
+from webhook.server import tls
+from webhook.server.settings import Settings
 
 Message = MutableMapping[str, Any]
 HEADERS = [(b"content-type", b"application/json")]
@@ -47,18 +48,33 @@ async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[M
     await send({"type": "http.response.body", "body": body})
 
 
+class _Config(uvicorn.Config):
+    """uvicorn's Config with the webhook's SSLContext in place of the one it would build:
+    stock uvicorn TLS (the loop's create_server), where the webhook's own server accepts
+    and starts TLS itself to cap connections (webhook.server.listen.Acceptor)."""
+
+    def __init__(self, app: Any, context: ssl.SSLContext, **kw: Any) -> None:
+        super().__init__(app, **kw)
+        self._context = context
+
+    def load(self) -> None:
+        super().load()
+        self.ssl = self._context
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.baseline", description=__doc__)
     Settings.add_arguments(parser)
     settings = Settings.from_args(parser.parse_args(argv))
-    cert, key = serve.tls_files(settings)
-    context = serve.ssl_context(settings, cert, key)
+    cert, key = tls.tls_files(settings)
+    context = tls.ssl_context(settings, cert, key)
     # The keyword arguments of serve.run's uvicorn config, with uvicorn's own httptools
-    # protocol: the floor is stock uvicorn. The webhook's protocol (serve.AdmissionProtocol)
+    # protocol: the floor is stock uvicorn. The webhook's protocol
+    # (webhook.server.listen.AdmissionProtocol)
     # adds the ASGI tls extension and the arrival stamp, a cost of the webhook, and
     # writes each response in one TLS record where uvicorn writes two, a saving of the
     # webhook (bench/README.md gives what the baseline would gain from the same).
-    config = serve._Config(
+    config = _Config(
         app, context, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
         lifespan="off", access_log=False, log_config=None, timeout_keep_alive=30,
         timeout_graceful_shutdown=20,

@@ -19,12 +19,12 @@ from typing import Any
 
 from bench import mix
 from bench.population import NAMESPACES, population
-from webhook.engine.decision import Ask, Checker, Decision
+from webhook.engine.charge import Ask, Cost
+from webhook.engine.decision import Checker
 from webhook.engine.validate import OWNED
-from webhook.quota.admit import precheck
+from webhook.k8s.review import parse_review
 from webhook.quota.check import check_pod
 from webhook.quota.store import MemoryStore
-from webhook.review import parse_review
 
 GPU = "nvidia.com/gpu"
 
@@ -55,12 +55,11 @@ def reviews(seconds: float) -> dict[str, Any]:
     """Per review: parse + engine + reply, what the hot path does minus ASGI, metrics
     and the decision log (those are in the HTTP numbers)."""
     store = store_of(1000)
-    hook = precheck(lambda: store)
-    mix.check(hook)
+    mix.check(store)
     out: dict[str, Any] = {}
     per = seconds / len(mix.items())
     for key, item in mix.items().items():
-        out[key] = per_call_us(lambda item=item: mix.decide(item, hook), per)  # type: ignore[misc]
+        out[key] = per_call_us(lambda item=item: mix.decide(item, store), per)  # type: ignore[misc]
     body = mix.items()["mutate:gpu-needs-mutation"].body
     out["parse-only"] = per_call_us(lambda: parse_review(body), per)
     return out
@@ -69,10 +68,10 @@ def reviews(seconds: float) -> dict[str, Any]:
 def _quota_case(store: MemoryStore, gpus: float) -> Callable[[], bool]:
     policy = mix.policy()
     tenant = policy.by_name["research"]
-    ask = Ask("research", "research", "a100", {GPU: gpus}, gpus, 1, True, 1, "Pod")
+    ask = Ask("research", "research", Cost("a100", {GPU: gpus}, gpus), 1, True, 1, "Pod")
 
     def run() -> bool:
-        check = Checker(policy, tenant, "pod research/x", OWNED, Decision())
+        check = Checker(policy, tenant, "pod research/x", OWNED)
         return check_pod(check, tenant, ask, store.view())
 
     return run
@@ -136,9 +135,9 @@ def app(seconds: float, keys: tuple[str, ...] = (
     import logging
     import os
 
-    from webhook import logs
-    from webhook.policy.source import PolicySource
-    from webhook.server import AdmissionApp, Runtime
+    from webhook.libs import logs
+    from webhook.server.app import AdmissionApp, Runtime
+    from webhook.server.reload import PolicySource
 
     source = PolicySource(str(mix.POLICY))
     source.load()

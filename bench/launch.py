@@ -1,6 +1,6 @@
 """Start the webhook for the benchmark exactly as ``gpu-webhook serve`` runs it.
 
-``webhook.serve.run`` is called unchanged (same uvicorn config, TLS context, uvloop,
+``webhook.server.run.run`` is called unchanged (same uvicorn config, TLS context, uvloop,
 httptools protocol, logging, policy and certificate watchers); the only difference
 is that the MemoryStore it builds is preloaded with a synthetic population of running
 GPU pods, as a real store fed by the cluster would be. This is done by substituting the
@@ -17,9 +17,9 @@ import sys
 from typing import Any
 
 from bench.population import population
-from webhook import serve
 from webhook.quota.store import MemoryStore
-from webhook.settings import Settings
+from webhook.server import run as serve
+from webhook.server.settings import Settings
 
 PRELOADED = "bench: usage store preloaded with {n} GPU pods"
 

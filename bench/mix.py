@@ -10,6 +10,7 @@ silently measure a different path than its name says.
 from __future__ import annotations
 
 import copy
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,13 +19,14 @@ from typing import Any
 import jsonpatch
 import orjson
 
+from webhook.admission import Cluster, Phase, admit, reply
+from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
 from webhook.engine.target import no_labels
-from webhook.engine.validate import QuotaCheck, validate
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_file
-from webhook.reply import response
-from webhook.review import parse_review, request_review
+from webhook.quota.store import UsageStore
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "policies" / "multi-tenant.yaml"
@@ -166,21 +168,30 @@ MIXES: dict[str, list[str]] = {
 }
 
 
-def decide(item: Item, quota: QuotaCheck | None) -> dict[str, Any]:
+def decide(item: Item, store: UsageStore | None) -> dict[str, Any]:
     """What the server's hot path does for one review, minus ASGI, metrics and logs:
-    parse the envelope, run the engine, build the reply."""
+    parse the envelope, run the admission pipeline, build the reply."""
     req = parse_review(item.body)
-    if item.path == "/mutate":
-        d = mutate(req, policy(), no_labels)
-    else:
-        d = validate(req, policy(), no_labels, quota)
-    return response(req.uid, d, allow_patch=item.path == "/mutate",
-                    api_version=req.api_version)
+    phase = Phase.MUTATE if item.path == "/mutate" else Phase.VALIDATE
+    d = run_now(admit(phase, req, policy(), Cluster(no_labels, store), 1.0))
+    return reply(phase, req.uid, d, req.api_version)
 
 
-def check(quota: QuotaCheck | None) -> None:
+def run_now(coro: Coroutine[Any, Any, Decision]) -> Decision:
+    """Run a pipeline step that never waits (an in-memory store never does) without an
+    event loop, whose per-call cost would hide the pipeline's own."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: Decision = done.value
+        return result
+    coro.close()
+    raise RuntimeError("the admission pipeline waited: not an in-memory store?")
+
+
+def check(store: UsageStore | None) -> None:
     """Every item gets the outcome its name promises (raises AssertionError if not)."""
     for key, item in items().items():
-        r = decide(item, quota)["response"]
+        r = decide(item, store)["response"]
         got = "deny" if not r["allowed"] else ("patch" if "patch" in r else "allow")
         assert got == item.expect, f"{key}: expected {item.expect}, got {got}: {r}"

@@ -90,7 +90,7 @@ def start_ours(cert_dir: Path, policy: Path, preload: int, log: Path) -> Server:
     if PRELOADED.format(n=preload) not in log.read_text():
         server.stop()
         raise RuntimeError("gpu-webhook started without the preloaded usage store: "
-                           "webhook.serve.run no longer builds a MemoryStore; update "
+                           "webhook.server.run.run no longer builds a MemoryStore; update "
                            "bench/launch.py")
     return server
 

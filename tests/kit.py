@@ -1,4 +1,5 @@
-"""Helpers every test folder shares: the installed console script and a free port.
+"""Helpers every test folder shares: the installed console script, a free port, and the
+admission pipeline's validating step for synchronous tests.
 
 ``tests/`` is on ``sys.path`` while the suite runs (pytest puts the directory of the
 root ``conftest.py`` there), so any test module can ``from kit import ...``.
@@ -6,12 +7,22 @@ root ``conftest.py`` there), so any test module can ``from kit import ...``.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import sys
 from pathlib import Path
 
 import pytest
+
+from webhook import admission
+from webhook.admission import Cluster
+from webhook.engine.decision import Decision
+from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.target import NamespaceLabels, no_labels
+from webhook.k8s.review import AdmissionRequest
+from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.store import UsageStore
 
 
 def console_script() -> str:
@@ -31,3 +42,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def validating(req: AdmissionRequest, policy: CompiledPolicy,
+               labels: NamespaceLabels = no_labels, store: UsageStore | None = None,
+               claims: ClaimLookup = no_claims) -> Decision:
+    """The validating webhook exactly as the server runs it (``webhook.admission``), from
+    synchronous test code; with ``store``, quota is checked and committed in it."""
+    return asyncio.run(admission.validating(req, policy, Cluster(labels, store,
+                                                                 claims=claims)))

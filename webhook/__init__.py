@@ -1,9 +1,9 @@
 """gpu-webhook: a Kubernetes admission webhook that governs GPU workloads.
 
 The package is a pure policy core (``webhook.policy``, ``webhook.engine``,
-``webhook.resources``, ``webhook.workloads``) with thin adapters around it
-(``webhook.server`` for HTTPS, ``webhook.cli`` for the command line, ``webhook.kube``
-for the cluster, ``webhook.certs`` for X.509).
+``webhook.k8s.resources``, ``webhook.k8s.workloads``) with thin adapters around it
+(``webhook.server.app`` for HTTPS, ``webhook.cli`` for the command line, ``webhook.libs.kube``
+for the cluster, ``webhook.libs.certs`` for X.509).
 """
 
 __version__ = "0.1.0"

@@ -1,9 +1,9 @@
 """The ``gpu-webhook`` command line. Thin: parse flags, call the modules that do the work.
 
-Commands: ``serve``, ``certs``, ``manifests``, ``policy check``, ``review`` (also
-``review --replay``), ``test``.
+Commands: ``serve``, ``certs``, ``manifests``, ``policy check|schema|crd``, ``review``
+(also ``review --replay``), ``test``, ``status``, ``audit``, ``completion``.
 Exit codes: 0 success/allowed, 1 denied, invalid policy or a failed policy test, 2 usage
-or input error.
+or input error; each command's ``--help`` lists its own (``EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -13,12 +13,21 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import yaml
 
 from webhook import __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: the command, what is wrong, where the help
+    is. (argparse prints the whole usage first; for ``serve`` that is 30 lines that push
+    the actual error out of a pod's last log lines.)"""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,6 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        # A bad setting found after parsing (a range, a combination of flags): one line
+        # on stderr, a usage error's status.
+        print(f"{parser.prog}: {exc.code}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -41,9 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from webhook.settings import Settings
+    from webhook.server.settings import Settings
 
-    p = argparse.ArgumentParser(prog="gpu-webhook",
+    p = _Parser(prog="gpu-webhook",
                                 description="Admission webhook that governs GPU workloads.")
     p.add_argument("--version", action="version", version=f"gpu-webhook {__version__}")
     sub = p.add_subparsers(title="commands")
@@ -95,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     chk = psub.add_parser("check", help="validate policy files")
     chk.add_argument("files", nargs="+", metavar="FILE")
     chk.set_defaults(func=_policy_check)
+    _add_policy_schema_commands(psub)
+    # `gpu-webhook policy` alone lists its subcommands rather than the top-level help.
+    pol.set_defaults(func=lambda _args: _usage(pol))
 
     r = sub.add_parser(
         "review", help="show what the webhook would do with a manifest",
@@ -116,8 +135,44 @@ def _parser() -> argparse.ArgumentParser:
                    help="labels of the namespace, k=v,k2=v2 (for namespaceSelector tenants)")
     r.add_argument("--user", default="developer", help="requesting user [developer]")
     r.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
-    r.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    r.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
     r.set_defaults(func=_review)
+
+    au = sub.add_parser(
+        "audit", help="what the policy would refuse or change among running GPU pods and "
+                      "workloads",
+        description="Read the cluster's pods, Deployments, StatefulSets and Jobs once "
+                    "through the kubeconfig and decide each as the webhook would decide "
+                    "its creation now (pods oldest first, so the newest are those over a "
+                    "lowered cap). Exit 1 when something would be refused, 0 otherwise, 2 "
+                    "when the cluster or the policy cannot be read.")
+    au.add_argument("--policy", help="the policy to audit against, e.g. a candidate "
+                                     "(default: the webhook's ConfigMap gpu-webhook-policy)")
+    au.add_argument("-n", "--namespace", help="only this namespace (default: all)")
+    au.add_argument("--webhook-namespace", default="gpu-webhook",
+                    help="where the webhook's policy ConfigMap is [gpu-webhook]")
+    au.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                                         "or in-cluster)")
+    au.set_defaults(func=_audit)
+
+    st = sub.add_parser(
+        "status", help="GPU quota per tenant, namespace and product, read from the cluster",
+        description="Each tenant's GPU quota as the webhook counts it: per cap (GPUs, a "
+                    "resource, a product, pods) the GPUs used by running pods, reserved "
+                    "for pods being created, the limit and what is free, and the biggest "
+                    "consumers. Reads pods and the webhook's ledger ConfigMaps through the "
+                    "kubeconfig; what the account may not read is noted.")
+    st.add_argument("-n", "--namespace", help="only the tenant owning this namespace "
+                                              "(and this namespace's own caps)")
+    st.add_argument("--tenant", help="only this tenant")
+    st.add_argument("--policy", help="policy file (default: the webhook's ConfigMap "
+                                     "gpu-webhook-policy in --webhook-namespace)")
+    st.add_argument("--webhook-namespace", default="gpu-webhook",
+                    help="where the webhook keeps its ledger and policy [gpu-webhook]")
+    st.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                                         "or in-cluster)")
+    st.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    st.set_defaults(func=_status)
 
     t = sub.add_parser(
         "test", help="run policy test suites (kind GPUPolicyTest)",
@@ -127,20 +182,153 @@ def _parser() -> argparse.ArgumentParser:
                     "quota for the cases after them. Exit 1 when a case fails, 2 when a "
                     "suite cannot run. Format: policies/tests/README.md.")
     t.add_argument("path", metavar="DIR", help="directory of suites, or one suite file")
-    t.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    t.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
     t.set_defaults(func=_test)
+    _add_completion_command(sub, p)
+    _add_exit_codes(p)
     return p
 
 
+# What each command's exit status means, shown at the end of its --help. Keyed by the
+# command's path; a command not listed gets the general meaning.
+EXIT_CODES: dict[str, str] = {
+    "gpu-webhook": "0 success; 1 denied, invalid policy or failed policy test; 2 usage or "
+                   "input error",
+    "serve": "0 stopped by a signal; 2 unusable settings, certificates or policy",
+    "certs": "0 written; 2 bad flags, unreadable CA or files already there (--force)",
+    "manifests": "0 printed; 2 invalid policy, unreadable CA file or bad flags",
+    "policy": "2 no subcommand given (this list is printed)",
+    "policy check": "0 every file is a valid policy; 1 a file is not; 2 usage error",
+    "policy schema": "0 printed",
+    "policy crd": "0 printed",
+    "review": "0 every object allowed (with --replay: the replay ran); 1 an object denied; "
+              "2 unreadable manifest or policy, bad flags",
+    "test": "0 every case passed; 1 a case failed; 2 a suite cannot run or none found",
+    "completion": "0 printed; 2 unknown shell",
+    "status": "0 printed; 2 the cluster or the policy cannot be read",
+    "audit": "0 nothing would be refused; 1 something would be; 2 the cluster or the policy "
+             "cannot be read",
+}
+
+
+def _add_exit_codes(root: argparse.ArgumentParser) -> None:
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        codes = EXIT_CODES.get(path or "gpu-webhook")
+        if codes and not parser.epilog:
+            parser.epilog = f"exit status: {codes}."
+        for action in parser._actions:  # argparse keeps subcommands on this private list
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, f"{path} {name}".strip())
+
+    walk(root, "")
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _add_completion_command(sub: Any, root: argparse.ArgumentParser) -> None:
+    shells = ["bash", "zsh", "tcsh"]
+    comp = sub.add_parser(
+        "completion", help="print a shell completion script",
+        description="Print the completion script for SHELL, generated from this command's "
+                    "own flags (shtab). bash: `source <(gpu-webhook completion bash)`, or "
+                    "save it under ~/.local/share/bash-completion/completions/gpu-webhook; "
+                    "zsh: save it as _gpu-webhook in a directory of $fpath.")
+    comp.add_argument("shell", choices=shells, metavar="SHELL",
+                      help=f"one of {', '.join(shells)}")
+    comp.set_defaults(func=lambda args: _completion(root, args.shell))
+
+
+def _completion(root: argparse.ArgumentParser, shell: str) -> int:
+    import shtab
+
+    print(shtab.complete(root, shell=shell), end="")
+    return 0
+
+
+def _dump(data: Any, output: str) -> str:
+    """``data`` as ``-o json`` or ``-o yaml`` prints it."""
+    if output == "yaml":
+        return yaml.safe_dump(data, sort_keys=False, width=100).rstrip("\n")
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2).decode()
+
+
+def _cluster_policy(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The API client and the policy (--policy, else the webhook's ConfigMap)."""
+    from webhook.libs import kube
+    from webhook.policy.load import load_file, load_text
+    from webhook.tools import status
+
+    home = Path.home() / ".kube" / "config"
+    api = kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
+                       or (str(home) if home.exists() else None))
+    model = (load_file(args.policy) if args.policy else load_text(
+        status.policy_from_cluster(api, args.webhook_namespace, "gpu-webhook-policy"),
+        f"configmap {args.webhook_namespace}/gpu-webhook-policy"))
+    return api, model
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from webhook.libs import kube
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError
+    from webhook.tools import audit
+
+    try:
+        api, model = _cluster_policy(args)
+        pods, workloads, labels = audit.read(api, args.namespace)
+    except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
+        print(f"gpu-webhook audit: {exc}", file=sys.stderr)
+        return 2
+    found = audit.audit(compile_policy(model), pods, workloads, labels.get)
+    for f in found:
+        print(f"{f.verdict.upper()} {f.subject}: {f.detail}")
+    refused = sum(f.verdict == "refused" for f in found)
+    print(f"{len(pods)} pods, {len(workloads)} workloads: {refused} would be refused, "
+          f"{len(found) - refused} admitted with changes or warnings "
+          f"(policy {model.metadata.name})", file=sys.stderr)
+    return 1 if refused else 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from webhook.libs import kube
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError
+    from webhook.tools import status
+
+    try:
+        api, model = _cluster_policy(args)
+        cluster = status.read_cluster(api, args.webhook_namespace, args.namespace)
+        rep = status.report(compile_policy(model), cluster, namespace=args.namespace,
+                            tenant=args.tenant)
+    except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
+        print(f"gpu-webhook status: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(orjson.dumps({
+            "caps": [{"tenant": r.tenant, "scope": r.scope, "cap": r.cap, "used": r.used,
+                      "reserved": r.reserved, "limit": r.limit, "free": r.free}
+                     for r in rep.rows],
+            "pods": rep.pods, "top": {t: [{"owner": o, "gpus": g} for o, g in top]
+                                      for t, top in rep.top.items()},
+            "notes": rep.unread}, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(status.table(rep), end="")
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from webhook.serve import run
-    from webhook.settings import Settings
+    from webhook.server.run import run
+    from webhook.server.settings import Settings
 
     return run(Settings.from_args(args))
 
 
 def _certs(args: argparse.Namespace) -> int:
-    from webhook import certs
+    from webhook.libs import certs
 
     names = certs.service_names(args.service, args.namespace) + list(args.dns)
     ca = ca_key = None
@@ -167,9 +355,8 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _manifests(args: argparse.Namespace) -> int:
-    from webhook import manifests
-    from webhook.policy.load import PolicyError, load_file, load_text
-    from webhook.policy.source import default_policy_text
+    from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
+    from webhook.tools import manifests
 
     try:
         policy = (load_file(args.policy) if args.policy else
@@ -193,7 +380,43 @@ def _manifests(args: argparse.Namespace) -> int:
     print(manifests.to_yaml(objects, header=(
         f"# Rendered by `gpu-webhook manifests` from {source} (policy "
         f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
-        "tolerations, nonGpuPodsToleratingGpuTaints or exemptions change.\n")), end="")
+        "tolerations, nonGpuPodsToleratingGpuTaints, exemptions or workloadKinds "
+        "change.\n")), end="")
+    return 0
+
+
+def _add_policy_schema_commands(psub: Any) -> None:
+    sch = psub.add_parser(
+        "schema", help="print the JSON Schema of a policy file",
+        description="Print the JSON Schema (draft 2020-12) of a policy file, generated from "
+                    "the policy model; editors use it through a `# yaml-language-server: "
+                    "$schema=...` line. Published as policies/schema/gpupolicy.schema.json.")
+    sch.set_defaults(func=_policy_schema)
+    crd = psub.add_parser(
+        "crd", help="print the GPUPolicy CustomResourceDefinition (YAML)",
+        description="Print the GPUPolicy CustomResourceDefinition (gpu-webhook.dev/v1alpha1, "
+                    "cluster-scoped) whose OpenAPI schema is generated from the policy model. "
+                    "Shipped as deploy/base/crd-gpupolicy.yaml.")
+    crd.set_defaults(func=_policy_crd)
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from webhook.policy.schema import json_schema
+
+    # json, not orjson: its indent=2 output with a final newline is the committed file.
+    print(json.dumps(json_schema(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _policy_crd(args: argparse.Namespace) -> int:
+    from webhook.policy.schema import crd
+    from webhook.tools.manifests import to_yaml
+
+    print(to_yaml([crd()], header=(
+        "# Rendered by `gpu-webhook policy crd` from the policy model "
+        "(webhook/policy/model.py).\n")), end="")
     return 0
 
 
@@ -215,7 +438,7 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from webhook import policytest
+    from webhook.tools import policytest
 
     target = Path(args.path)
     if not target.exists():
@@ -227,8 +450,8 @@ def _test(args: argparse.Namespace) -> int:
               f"{target}", file=sys.stderr)
         return 2
     results = [policytest.run_path(p) for p in paths]
-    if args.output == "json":
-        print(orjson.dumps(policytest.as_json(results), option=orjson.OPT_INDENT_2).decode())
+    if args.output != "text":
+        print(_dump(policytest.as_json(results), args.output))
     else:
         print(policytest.render_text(results))
     if any(s.error is not None for s in results):
@@ -237,10 +460,9 @@ def _test(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from webhook import replay
     from webhook.policy.compiled import compile_policy
-    from webhook.policy.load import PolicyError, load_file, load_text
-    from webhook.policy.source import default_policy_text
+    from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
+    from webhook.tools import replay
 
     if args.filename:
         print("gpu-webhook review: give -f or --replay, not both", file=sys.stderr)
@@ -267,8 +489,8 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"gpu-webhook review: {args.replay} holds no AdmissionReview (one JSON "
               "object per line)", file=sys.stderr)
         return 2
-    if args.output == "json":
-        print(orjson.dumps(replay.as_json(report), option=orjson.OPT_INDENT_2).decode())
+    if args.output != "text":
+        print(_dump(replay.as_json(report), args.output))
     else:
         base = args.baseline_policy or "the embedded policy"
         print(replay.render_text(report, f"{base} ({baseline.name})",
@@ -283,12 +505,11 @@ def _review(args: argparse.Namespace) -> int:
         print("gpu-webhook review: give -f MANIFEST (or --replay FILE --policy CANDIDATE)",
               file=sys.stderr)
         return 2
-    from webhook.offline import through_both
+    from webhook.k8s.review import BadReview, parse_review, request_review
     from webhook.policy.compiled import compile_policy
-    from webhook.policy.load import PolicyError, load_file, load_text
-    from webhook.policy.source import default_policy_text
+    from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
     from webhook.quota.store import MemoryStore
-    from webhook.review import BadReview, parse_review, request_review
+    from webhook.tools.offline import ClaimBook, through_both
 
     try:
         policy = compile_policy(load_file(args.policy) if args.policy else
@@ -310,6 +531,7 @@ def _review(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     denied = False
     store = MemoryStore()
+    claims = ClaimBook()
     for n, doc in enumerate(docs):
         if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
             print(f"gpu-webhook review: {args.filename}: each document must be a Kubernetes "
@@ -329,7 +551,7 @@ def _review(args: argparse.Namespace) -> int:
 
         # The documents of one file share an empty usage store: quota caps apply to each
         # object, and pods earlier in the file count against the ones after them.
-        out = through_both(body, policy, labels, store)
+        out = through_both(body, policy, labels, store, claims)
         m = out.mutating
         result: dict[str, Any] = {"kind": doc["kind"], "name": req.name or "(generated)",
                                   "namespace": req.namespace,
@@ -344,8 +566,8 @@ def _review(args: argparse.Namespace) -> int:
             )
         denied |= not out.allowed
         results.append(result)
-    if args.output == "json":
-        print(orjson.dumps(results, option=orjson.OPT_INDENT_2).decode())
+    if args.output != "text":
+        print(_dump(results, args.output))
     else:
         for r in results:
             _print_result(r)

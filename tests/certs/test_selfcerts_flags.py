@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from webhook.selfcerts import split_hosts
-from webhook.settings import Settings
+from webhook.server.selfcerts import split_hosts
+from webhook.server.settings import Settings
 
 
 def settings(*argv: str) -> Settings:

@@ -13,8 +13,8 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from webhook import certs
-from webhook.selfcerts import Material, Wanted, due, plan, renew_at
+from webhook.libs import certs
+from webhook.server.selfcerts import Material, Wanted, due, plan, renew_at
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)

@@ -251,3 +251,54 @@ def test_output_piped_into_head_exits_quietly(console_script: str, tmp_path: Pat
     assert "Traceback" not in done.stderr
     assert "BrokenPipeError" not in done.stderr
     assert done.returncode == 141  # 128 + SIGPIPE, as a shell reports for any such command
+
+
+DRA_FILE = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: two-gpus, namespace: research}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.nvidia.com, count: 2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer, namespace: research}
+spec:
+  containers:
+  - {name: trainer, image: pytorch/pytorch, resources: {claims: [{name: gpu}]}}
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: two-gpus}
+  tolerations:
+  - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+"""
+
+
+def test_review_decides_a_pod_on_the_claim_template_before_it_in_the_file(
+        gpu_webhook: Run, tmp_path: Path) -> None:
+    path = tmp_path / "dra.yaml"
+    path.write_text(DRA_FILE)
+    done = gpu_webhook("review", "-f", str(path), "-o", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    template, pod = orjson.loads(done.stdout)
+    assert template["changes"] == ["gpu-device-selector"]
+    selectors = template["object"]["spec"]["spec"]["devices"]["requests"][0]["exactly"][
+        "selectors"]
+    assert "NVIDIA-A100-SXM4-80GB" in selectors[0]["cel"]["expression"]
+    # The DRA pod keeps its GPU toleration (the example policy strips it from non-GPU pods)
+    # and is pinned to the tenant's racks.
+    assert pod["decision"] == "allowed"
+    assert pod["object"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert "gpu-node-affinity" in pod["changes"]
+
+
+def test_review_refuses_a_pod_whose_template_it_has_not_seen(
+        gpu_webhook: Run, tmp_path: Path) -> None:
+    path = tmp_path / "dra.yaml"
+    path.write_text(DRA_FILE.split("---\n")[1])
+    done = gpu_webhook("review", "-f", str(path))
+    assert done.returncode == 1
+    assert "ResourceClaimTemplate two-gpus, which the webhook has not seen" in done.stdout

@@ -228,6 +228,8 @@ def check_common(objects: list[dict[str, Any]]) -> None:
             ref = hook["clientConfig"]["service"]
             assert (ref["name"], ref["namespace"], ref["port"]) == (
                 service["metadata"]["name"], ns, 443)
+            if all(r["scope"] == "Cluster" for r in hook["rules"]):
+                continue  # GPUPolicy objects: a namespaceSelector never skips those
             excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
             assert ns in excluded and "kube-system" in excluded
 
@@ -255,3 +257,25 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
     for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
                                         "namespace": ns}]
+
+
+def test_the_ledger_role_names_exactly_the_ledgers_of_the_shipped_policy() -> None:
+    # By name: the webhook may read and update its tenants' ledgers, never its own
+    # policy ConfigMap or any other. A tenant with a quota added without its ledger
+    # here would fail closed; this keeps the two files in step.
+    import yaml as _yaml
+
+    from webhook.policy.load import load_file
+    from webhook.quota.ledger import LEDGER_PREFIX
+
+    base = Path(__file__).resolve().parents[2] / "deploy" / "base"
+    policy = load_file(base / "policy.yaml")
+    wanted = sorted(LEDGER_PREFIX + t.name for t in policy.spec.tenants
+                    if t.quota is not None)
+    [role] = [d for d in _yaml.safe_load_all((base / "rbac.yaml").read_text())
+              if d and d["kind"] == "Role" and d["metadata"]["name"] == "gpu-webhook-quota-ledger"]
+    by_verbs = {tuple(r["verbs"]): r for r in role["rules"]}
+    assert set(by_verbs) == {("get", "update"), ("create",)}
+    assert sorted(by_verbs[("get", "update")]["resourceNames"]) == wanted
+    assert all(r["resources"] == ["configmaps"] and r["apiGroups"] == [""]
+               for r in role["rules"])  # no Leases: nothing uses them

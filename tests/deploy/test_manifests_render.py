@@ -18,9 +18,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from webhook import manifests
+from webhook.k8s.workloads import CRD_KINDS
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_file, load_text
+from webhook.tools import manifests
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "policies" / "multi-tenant.yaml"
@@ -86,13 +87,19 @@ def test_rules_cover_pods_on_create_and_workloads_on_create_and_update():
         **{("apps", r): ("CREATE", "UPDATE")
            for r in ("deployments", "replicasets", "statefulsets", "daemonsets")},
         **{("batch", r): ("CREATE", "UPDATE") for r in ("jobs", "cronjobs")},
+        ("", "replicationcontrollers"): ("CREATE", "UPDATE"),
+        **{(b.group, b.resource): ("CREATE", "UPDATE") for b in CRD_KINDS},
     }
+    versions = {(g, r): tuple(rule["apiVersions"]) for rule in hook["rules"]
+                for g in rule["apiGroups"] for r in rule["resources"]}
+    assert versions[("kubeflow.org", "mpijobs")] == ("v1", "v2beta1")
+    assert versions[("batch.volcano.sh", "jobs")] == ("v1alpha1",)
 
 
 @pytest.mark.parametrize("failure", ["Fail", "Ignore"])
 def test_scale_subresources_go_to_a_validating_webhook_of_their_own(failure):
     mutating, validating = render(validating_failure_policy=failure)
-    main, scale = validating["webhooks"]
+    main, scale = validating["webhooks"][:2]
     assert scale["name"] == "scale.gpu-webhook.dev"
     assert scale["rules"] == [{
         "apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["UPDATE"],
@@ -107,7 +114,8 @@ def test_scale_subresources_go_to_a_validating_webhook_of_their_own(failure):
                 "admissionReviewVersions"):
         assert scale[key] == main[key], key
     # Nothing to mutate in a Scale: the mutating webhook never sees one.
-    assert [h["name"] for h in mutating["webhooks"]] == ["mutate.gpu-webhook.dev"]
+    assert [h["name"] for h in mutating["webhooks"]] == ["mutate.gpu-webhook.dev",
+                                                         "claims.mutate.gpu-webhook.dev"]
     for hook in (*mutating["webhooks"], main):
         assert not any("/" in r for rule in hook["rules"] for r in rule["resources"])
 
@@ -131,9 +139,6 @@ def test_bad_options_are_usage_errors(args, message):
 
 
 # --- what the CEL conditions let through ----------------------------------------------
-
-cel = pytest.importorskip("cel", reason="common-expression-language is not installed")
-
 
 def container(limits=None, requests=None) -> dict[str, Any]:
     c: dict[str, Any] = {"name": "app", "image": "busybox"}
@@ -165,6 +170,10 @@ def wrap(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 def sent(hook: dict[str, Any], obj: dict[str, Any], *, user: str = "dev",
          groups: list[str] | None = None, old: dict[str, Any] | None = None) -> bool:
     """Whether the API server would call this webhook: every matchCondition is true."""
+    # Imported here, not at module level: a missing CEL library (a dev dependency) fails
+    # the tests that evaluate conditions, and only those; it never skips the rest.
+    import cel
+
     user_info: dict[str, Any] = {"username": user}
     if groups:
         user_info["groups"] = groups
@@ -268,3 +277,171 @@ def test_only_scale_ups_are_sent_to_the_scale_webhook(old, new, expected):
 def test_a_scale_object_makes_the_template_condition_false_not_an_error():
     for hook in (render()[0]["webhooks"][0], render()[1]["webhooks"][0]):
         assert not sent(hook, scale(5), old=scale(1))
+
+
+# --- DRA: pods asking through claims, and the claims themselves ------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("claims", "expected"), [
+    ([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}], True),
+    ([{"name": "gpu", "resourceClaimName": "shared"}], True),
+    ([], False),
+])
+def test_pods_asking_through_claims_are_sent(kind, claims, expected):
+    mutating, validating = (o["webhooks"][0] for o in render())
+    spec = pod_spec(container(limits={"cpu": "1"}))
+    spec["resourceClaims"] = claims
+    obj = wrap(kind, spec)
+    assert sent(mutating, obj) is expected
+    assert sent(validating, obj) is expected
+
+
+def claim_object(kind: str, *requests: dict[str, Any]) -> dict[str, Any]:
+    spec = {"devices": {"requests": list(requests)}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": kind,
+            "spec": spec if kind == "ResourceClaim" else {"spec": spec}}
+
+
+@pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate"])
+@pytest.mark.parametrize(("requests", "expected"), [
+    ([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}], True),
+    ([{"name": "g", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 2}}], True),
+    ([{"name": "n", "exactly": {"deviceClassName": "nic.example.com"}},
+      {"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "mig.nvidia.com"}]}],
+     True),
+    ([{"name": "n", "exactly": {"deviceClassName": "nic.example.com"}}], False),
+    ([], False),
+])
+def test_only_claims_of_gpu_device_classes_are_sent(kind, requests, expected):
+    mutating, validating = render()
+    claims_hooks = [h for doc in (mutating, validating) for h in doc["webhooks"]
+                    if h["name"].startswith("claims.")]
+    assert [h["name"] for h in claims_hooks] == ["claims.mutate.gpu-webhook.dev",
+                                                 "claims.validate.gpu-webhook.dev"]
+    for hook in claims_hooks:
+        assert hook["rules"] == [{
+            "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
+        assert hook["matchPolicy"] == "Equivalent"  # v1beta1 requests arrive as v1
+        assert sent(hook, claim_object(kind, *requests)) is expected
+# --- training workloads -------------------------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "workloads"
+
+
+def workload_fixtures() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for f in sorted(FIXTURES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc and doc["kind"] not in ("Service", "ClusterTrainingRuntime"):
+                out.append((f.stem, doc))
+    return out
+
+
+def sent_as(hook: dict[str, Any], obj: dict[str, Any]) -> bool:
+    import cel  # as in sent(): a missing CEL library fails these tests, not the module
+
+    group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
+    context = {"object": obj, "oldObject": None, "request": {
+        "kind": {"group": group, "version": "v1", "kind": obj["kind"]},
+        "userInfo": {"username": "dev"}}}
+    results = [cel.evaluate(mc["expression"], context) for mc in hook["matchConditions"]]
+    assert all(isinstance(r, bool) for r in results), results
+    return all(results)
+
+
+GPU_FIXTURES = {"volcano-job-mindspore-gpu", "pytorchjob-mnist-nccl", "lws-vllm-gpu",
+                "rayjob-pytorch-text-classifier", "raycluster-verl"}
+
+
+@pytest.mark.parametrize(("name", "obj"), workload_fixtures(),
+                         ids=[n for n, _ in workload_fixtures()])
+def test_training_workloads_are_sent_when_a_template_asks_for_gpus(name, obj):
+    mutating, validating = (o["webhooks"][0] for o in render())
+    assert sent_as(mutating, obj) is (name in GPU_FIXTURES)
+    assert sent_as(validating, obj) is (name in GPU_FIXTURES)
+
+
+def test_a_cpu_training_job_turns_gpu_in_any_role():
+    mutating = render()[0]["webhooks"][0]
+    limits = {"nvidia.com/gpu": 1}
+    cases = {
+        "jobset-pytorch-resnet": lambda o: o["spec"]["replicatedJobs"][0]["template"]["spec"][
+            "template"]["spec"]["containers"][0].setdefault("resources", {}).update(
+                limits=limits),
+        "mpijob-tensorflow-mnist": lambda o: o["spec"]["mpiReplicaSpecs"]["Worker"][
+            "template"]["spec"]["containers"][0]["resources"].update(limits=limits),
+        "trainjob-volcano": lambda o: o["spec"]["trainer"]["resourcesPerNode"].update(
+            limits=limits),
+        "argo-workflow-dns-config": lambda o: o["spec"]["templates"][0]["container"][
+            "resources"].update(limits=limits),
+    }
+    for name, obj in workload_fixtures():
+        if name in cases:
+            cases[name](obj)
+            assert sent_as(mutating, obj), name
+
+
+def test_a_volcano_job_is_not_mistaken_for_a_batch_job():
+    # Both are kind Job: the group tells them apart (a batch Job's spec.template).
+    mutating = render()[0]["webhooks"][0]
+    obj = dict(workload_fixtures()[[n for n, _ in workload_fixtures()].index(
+        "volcano-job-mindspore-gpu")][1])
+    obj["spec"]["template"] = {"spec": pod_spec(container(limits={"cpu": "1"}))}
+    assert sent_as(mutating, obj)
+
+
+CONFIGURED = """
+  workloadKinds:
+    - group: example.com
+      kind: TrainingRun
+      resource: trainingruns
+      versions: [v1, v1beta1]
+      roles:
+        - template: /spec/roles/*/template
+          replicas: /spec/roles/*/replicas
+        - template: /spec/launcher
+      gang: all
+"""
+
+
+def configured_policy():
+    text = (ROOT / "policies" / "multi-tenant.yaml").read_text().replace(
+        "\n  tenants:\n", CONFIGURED + "  tenants:\n", 1)
+    return load_text(text)
+
+
+def test_configured_kinds_get_rules_and_conditions():
+    hook = manifests.render(configured_policy())[0]["webhooks"][0]
+    rules = [r for r in hook["rules"] if r["apiGroups"] == ["example.com"]]
+    assert rules == [{"apiGroups": ["example.com"], "apiVersions": ["v1", "v1beta1"],
+                      "operations": ["CREATE", "UPDATE"], "resources": ["trainingruns"],
+                      "scope": "Namespaced"}]
+    gpu = {"spec": pod_spec(container(limits={"nvidia.com/gpu": "1"}))}
+    cpu = {"spec": pod_spec(container(limits={"cpu": "1"}))}
+    for roles, launcher, expected in (
+            ([{"template": cpu}, {"template": gpu}], None, True),  # a list of roles
+            ({"a": {"template": cpu}, "b": {"template": gpu}}, None, True),  # a map
+            ([{"template": cpu}], cpu, False),
+            ([], gpu, True)):
+        spec: dict[str, Any] = {"roles": roles}
+        if launcher:
+            spec["launcher"] = launcher
+        obj = {"apiVersion": "example.com/v1", "kind": "TrainingRun", "spec": spec}
+        assert sent_as(hook, obj) is expected, spec
+
+
+@pytest.mark.parametrize("failure", ["Fail", "Ignore"])
+def test_gpupolicy_objects_go_to_the_policy_loader(failure):
+    _, validating = render(validating_failure_policy=failure)
+    hook = validating["webhooks"][-1]
+    assert hook["name"] == "policies.gpu-webhook.dev"
+    assert hook["rules"] == [{
+        "apiGroups": ["gpu-webhook.dev"], "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE", "UPDATE"], "resources": ["gpupolicies"], "scope": "Cluster"}]
+    assert hook["clientConfig"]["service"]["path"] == "/validate-policy"
+    assert hook["failurePolicy"] == failure
+    assert hook["sideEffects"] == "None"
+    # The caBundle reaches it with the others: same configuration, same CA.
+    assert render(url="https://127.0.0.1:9443")[1]["webhooks"][-1]["clientConfig"] == {
+        "url": "https://127.0.0.1:9443/validate-policy"}

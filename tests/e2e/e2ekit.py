@@ -29,12 +29,11 @@ from typing import Any
 
 import httpx
 import orjson
-import pytest
 import yaml
 from controlplane.cluster import ControlPlane
 from kit import console_script, free_port
 
-from webhook.review import request_review
+from webhook.k8s.review import request_review
 
 E2E = Path(__file__).resolve().parent
 POLICY = E2E / "policies" / "e2e.yaml"
@@ -302,9 +301,8 @@ class Deployment:
 
     def render(self, url: str | None = None) -> str:
         """``gpu-webhook manifests`` for this deployment's address and CA."""
-        if gpu_webhook("manifests", "--help", check=False).returncode != 0:
-            pytest.skip("`gpu-webhook manifests` is not implemented yet; the e2e tests "
-                        "install the webhook configurations it renders")
+        # A missing or broken command fails here (gpu_webhook checks the exit code):
+        # skipping would pass CI with no e2e test run at all.
         out = gpu_webhook("manifests", "--policy", str(self.policy), "--url", url or self.url,
                           "--ca-file", str(self.ca_file)).stdout
         return out

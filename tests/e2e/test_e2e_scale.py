@@ -91,8 +91,9 @@ def test_kubectl_scale_of_a_gpu_deployment_is_checked_against_quota(
     assert out.stdout.strip() == "deployment.apps/trainer scaled"
     assert (f"Warning: deployment {ns}/trainer, scaled from 3 to 4 replicas: asks for 1 pod "
             "x 2 GPUs, but only 0 of tenant scale's 8 GPUs are free now: 0 of its pods can "
-            "start now and the rest will be refused until quota frees up. "
-            "[rule quota, tenant scale]") in out.stderr
+            "start now and the rest will be refused until quota frees up. A refused pod is "
+            "not shown at kubectl apply: it shows up as an event on its ReplicaSet "
+            "(kubectl get events). [rule quota, tenant scale]") in out.stderr
     assert replicas(cp, ns, "deployment", "trainer") == 4
 
     # Scaling down is always allowed, quota full or not.

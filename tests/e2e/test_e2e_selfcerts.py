@@ -44,13 +44,15 @@ from e2ekit import (
     wait_until,
 )
 
-from webhook import certs
+from webhook.libs import certs
 
 pytestmark = pytest.mark.e2e
 
 SECRET = "gpu-webhook-selfcerts-e2e"
 CONFIGURATION = "gpu-webhook-selfcerts-e2e"
 KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+# mutate, claims.mutate; validate, scale, claims.validate, policies (GPUPolicy objects)
+WEBHOOKS = 6
 VALIDITY_HOURS = "0.02"  # 72 seconds
 CREATED = "certificate Secret created"
 
@@ -202,9 +204,10 @@ def test_one_replica_creates_the_secret_and_both_serve_its_certificate(selfmanag
 def test_the_ca_bundle_is_patched_and_the_api_server_trusts_it(selfmanaged, namespace):
     d = selfmanaged
     ca = d.secret()["ca.crt"]
-    # Three webhooks: mutate, validate, and the scale subresource's.
+    # Five webhooks: mutate and validate, the scale subresource's, and the two for DRA
+    # claims.
     wait_until("the caBundle patched into every webhook",
-               lambda: d.ca_bundles() == [ca] * 3, timeout=30)
+               lambda: d.ca_bundles() == [ca] * WEBHOOKS, timeout=30)
     ns: str = namespace("research")
     wait_trusted(d.cp, ns)
     admitted(d.cp, ns)
@@ -232,7 +235,7 @@ def test_renewal_is_picked_up_without_restart_and_pods_keep_being_admitted(
         raise AssertionError(f"{exc}\n{d.logs()}") from None
     after = d.secret()
     assert after["ca.crt"] == first["ca.crt"]  # the CA is kept: the caBundle stays valid
-    assert d.ca_bundles() == [first["ca.crt"]] * 3
+    assert d.ca_bundles() == [first["ca.crt"]] * WEBHOOKS
     assert [r.process.pid for r in d.replicas] == pids
     assert all(r.process.poll() is None for r in d.replicas)
     assert all("TLS certificate reloaded" in r.log() for r in d.replicas), d.logs()

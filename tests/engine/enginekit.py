@@ -20,14 +20,16 @@ from typing import Any
 import jsonpatch
 import kubernetes_validate
 import orjson
+from kit import validating
 
+from webhook.admission import mutating as mutate
+from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Decision
-from webhook.engine.mutate import mutate
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.target import NamespaceLabels
-from webhook.engine.validate import validate
+from webhook.k8s.review import AdmissionRequest, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
-from webhook.review import AdmissionRequest, parse_review, request_review
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = ROOT / "policies" / "multi-tenant.yaml"
@@ -121,6 +123,35 @@ def pod(*containers: dict[str, Any], namespace: str = "research", name: str = "t
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
 
 
+def device_request(device_class: str = "gpu.nvidia.com", count: int | None = None,
+                   name: str = "gpu", **exactly: Any) -> dict[str, Any]:
+    """One request of a ResourceClaimSpec (resource.k8s.io/v1): ``exactly`` a class."""
+    body: dict[str, Any] = {"deviceClassName": device_class, **exactly}
+    if count is not None:
+        body["count"] = count
+    return {"name": name, "exactly": body}
+
+
+def claim(*requests: dict[str, Any], namespace: str = "research", name: str = "gpus",
+          kind: str = "ResourceClaim", annotations: Mapping[str, str] | None = None
+          ) -> dict[str, Any]:
+    """A ResourceClaim (or, with ``kind="ResourceClaimTemplate"``, a template) asking for
+    ``requests`` (default: one gpu.nvidia.com device)."""
+    spec: dict[str, Any] = {"devices": {"requests": list(requests) or [device_request()]}}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    body = spec if kind == "ResourceClaim" else {"spec": spec}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": meta, "spec": body}
+
+
+def claims_of(*objects: Mapping[str, Any]) -> ClaimLookup:
+    """A claim lookup that knows ``objects`` (what the watch cache holds online)."""
+    known = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]): o
+             for o in objects}
+    return lambda kind, namespace, name: known.get((kind, namespace, name))
+
+
 def _template(p: Mapping[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in p["metadata"].items() if k not in ("name", "namespace")}
     meta.setdefault("labels", {})["app"] = p["metadata"]["name"]
@@ -211,13 +242,16 @@ class Mutation:
 
 
 def mutate_checked(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
-                   labels: NamespaceLabels = namespace_labels, **kw: Any) -> Mutation:
+                   labels: NamespaceLabels = namespace_labels,
+                   claims: ClaimLookup = no_claims, **kw: Any) -> Mutation:
     """Run the mutating webhook on ``manifest`` (see :func:`check_mutation`)."""
-    return check_mutation(request_review(copy.deepcopy(dict(manifest)), **kw), policy, labels)
+    return check_mutation(request_review(copy.deepcopy(dict(manifest)), **kw), policy, labels,
+                          claims)
 
 
 def check_mutation(payload: Mapping[str, Any], policy: CompiledPolicy | None = None,
-                   labels: NamespaceLabels = namespace_labels) -> Mutation:
+                   labels: NamespaceLabels = namespace_labels,
+                   claims: ClaimLookup = no_claims) -> Mutation:
     """Run the mutating webhook on an AdmissionReview and check what every mutation
     must satisfy:
 
@@ -231,7 +265,7 @@ def check_mutation(payload: Mapping[str, Any], policy: CompiledPolicy | None = N
     policy = policy or example_policy()
     original = copy.deepcopy(payload["request"]["object"])
     req = parse_review(orjson.dumps(payload))
-    decision = mutate(req, policy, labels)
+    decision = mutate(req, policy, labels, claims)
     patched = jsonpatch.apply_patch(original, decision.patch, in_place=False)
     if decision.allowed:
         assert patched == req.object, "the patch and the mutated object disagree"
@@ -240,25 +274,36 @@ def check_mutation(payload: Mapping[str, Any], policy: CompiledPolicy | None = N
     kubernetes_validate.validate(patched, K8S_VERSION, strict=True)
     again_payload = copy.deepcopy(dict(payload))
     again_payload["request"] = dict(again_payload["request"], object=copy.deepcopy(patched))
-    again = mutate(parse_review(orjson.dumps(again_payload)), policy, labels)
+    again = mutate(parse_review(orjson.dumps(again_payload)), policy, labels, claims)
     assert again.patch == [], f"mutate is not idempotent: second run patched {again.patch}"
     assert again.allowed == decision.allowed
     return Mutation(decision, original, patched)
 
 
 def validated(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
-              labels: NamespaceLabels = namespace_labels, **kw: Any) -> Decision:
+              labels: NamespaceLabels = namespace_labels, claims: ClaimLookup = no_claims,
+              **kw: Any) -> Decision:
     """Run the validating webhook; it must never return a patch or touch the object."""
     req = review(manifest, **kw)
     before = copy.deepcopy(req.object)
-    decision = validate(req, policy or example_policy(), labels)
+    decision = validating(req, policy or example_policy(), labels, claims=claims)
     assert decision.patch == [], "the validating webhook returned a patch"
     assert req.object == before, "the validating webhook changed the object"
     return decision
 
 
+def gpus_charged(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
+                 labels: NamespaceLabels = namespace_labels) -> float:
+    """The GPU-equivalents the pod is charged: the one pod cost (``engine.charge``) that
+    admission and the cluster cache both count."""
+    namespace = str(manifest.get("metadata", {}).get("namespace", ""))
+    charge = charge_of_pod(manifest, policy or example_policy(), labels(namespace))
+    return charge.gpus if charge is not None else 0.0
+
+
 def admitted(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
-             labels: NamespaceLabels = namespace_labels, **kw: Any) -> tuple[Mutation, Decision]:
+             labels: NamespaceLabels = namespace_labels, claims: ClaimLookup = no_claims,
+             **kw: Any) -> tuple[Mutation, Decision]:
     """Both webhooks in API-server order: mutate, then validate the mutated object."""
-    m = mutate_checked(manifest, policy, labels, **kw)
-    return m, validated(m.patched, policy, labels, **kw)
+    m = mutate_checked(manifest, policy, labels, claims, **kw)
+    return m, validated(m.patched, policy, labels, claims, **kw)

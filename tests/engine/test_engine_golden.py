@@ -22,8 +22,10 @@ from enginekit import (
     PRODUCT_LABEL,
     RACK_LABEL,
     check_mutation,
+    claim,
     container,
     cronjob,
+    device_request,
     example_policy,
     example_variant,
     gpus,
@@ -34,8 +36,8 @@ from enginekit import (
     validated,
 )
 
+from webhook.admission import mutating as mutate
 from webhook.engine.decision import Decision
-from webhook.engine.mutate import mutate
 from webhook.policy.model import Rule
 
 DENY_TOLERATIONS = example_variant(("nonGpuPodsToleratingGpuTaints: strip",
@@ -86,12 +88,25 @@ MESSAGE_CASES: dict[str, tuple[Callable[[], Decision], list[Rule]]] = {
     "warn-notebooks": (
         mutating(pod(container(limits=gpus(1)), namespace="notebooks")),
         [Rule.ALLOWED_RESOURCES]),
+    # GPUs through Dynamic Resource Allocation
+    "allowed-device-classes": (
+        mutating(claim(device_request("mig.nvidia.com"))), [Rule.ALLOWED_DEVICE_CLASSES]),
+    "device-admin-access": (
+        mutating(claim(device_request(adminAccess=True))), [Rule.DEVICE_ADMIN_ACCESS]),
+    "extended-resource-claim": (
+        mutating(claim(annotations={"resource.kubernetes.io/extended-resource-claim": "true"})),
+        [Rule.EXTENDED_RESOURCE_CLAIM]),
+    "unknown-claim": (
+        validating(pod(container(limits={"cpu": "1"}), resourceClaims=[
+            {"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])),
+        [Rule.UNKNOWN_CLAIM]),
 }
 
 # A sentence that tells the developer what to do starts with one of these verbs.
 FIX_VERBS = ("ask", "set", "use", "change", "add", "remove", "name", "split", "drop", "wait")
 LINE = re.compile(
-    r"(?P<subject>(pod|[a-z]+ [a-z0-9-]+/[a-z0-9-]+, pod template)[^:]*): (?P<body>.+) "
+    r"(?P<subject>(pod|[a-z]+ [a-z0-9-]+/[a-z0-9-]+, pod template|"
+    r"resourceclaim(template)? [a-z0-9-]+/[a-z0-9-]+)[^:]*): (?P<body>.+) "
     r"\[rule (?P<rule>[a-z-]+), (tenant|policy) [a-z0-9-]+\]"
 )
 

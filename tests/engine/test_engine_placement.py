@@ -34,13 +34,13 @@ from enginekit import (
     review,
     validated,
 )
+from kit import validating
 
-from webhook.engine.mutate import mutate
+from webhook.admission import mutating as mutate
+from webhook.engine.charge import charge_of_pod
 from webhook.engine.placement import Placement
-from webhook.engine.validate import validate
-from webhook.patch import Patch
+from webhook.k8s.patch import Patch
 from webhook.policy.model import Rule
-from webhook.quota.usage import charge_of_pod
 
 PRODUCT_REQUEST = "gpu.example.com/product"
 ZONE = "topology.kubernetes.io/zone"
@@ -471,7 +471,7 @@ TERMS = f"/spec/affinity/nodeAffinity/{REQUIRED}/nodeSelectorTerms"
 def test_malformed_required_terms_are_denied_with_the_place_to_fix(
         required: dict[str, Any], pointer: str) -> None:
     bad = pod(affinity={"nodeAffinity": {REQUIRED: required}})
-    for run in (mutate, validate):
+    for run in (mutate, validating):
         d = run(review(bad), example_policy(), namespace_labels)
         assert not d.allowed
         assert d.patch == []

@@ -16,13 +16,14 @@ from enginekit import (
     container,
     example_policy,
     gpus,
+    gpus_charged,
     mutate_checked,
     pod,
     review,
     validated,
 )
 
-from webhook.engine.mutate import mutate
+from webhook.admission import mutating as mutate
 from webhook.policy.model import Rule
 
 MIG = "nvidia.com/mig-1g.10gb"
@@ -157,7 +158,7 @@ def test_a_zero_count_asks_for_no_gpu(zero: Any) -> None:
     assert m.decision.patch == [] and m.decision.skipped is None
     assert m.decision.findings == []
     v = validated(m.patched)
-    assert v.allowed and v.findings == [] and v.gpus == 0
+    assert v.allowed and v.findings == [] and gpus_charged(m.patched) == 0
 
 
 def test_a_zero_request_with_a_nonzero_limit_is_a_mismatch() -> None:

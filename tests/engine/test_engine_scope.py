@@ -31,6 +31,7 @@ from enginekit import (
     example_variant,
     expr,
     gpus,
+    gpus_charged,
     job,
     mutate_checked,
     namespace_labels,
@@ -40,12 +41,12 @@ from enginekit import (
     review,
     validated,
 )
+from kit import validating
 
-from webhook.engine.mutate import mutate
+from webhook.admission import mutating as mutate
 from webhook.engine.target import no_labels
-from webhook.engine.validate import validate
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.model import Mode, Rule
-from webhook.review import parse_review, request_review
 
 EXEMPTING = example_variant((
     "    serviceAccounts: [gpu-operator/nvidia-device-plugin]",
@@ -128,7 +129,7 @@ def test_operations_and_kinds_the_webhook_does_not_act_on(manifest: dict[str, An
         # The API server sends the object being deleted as oldObject, and no object.
         payload["request"]["oldObject"] = payload["request"]["object"]
         payload["request"]["object"] = None
-    for run in (mutate, validate):
+    for run in (mutate, validating):
         d = run(parse_review(orjson.dumps(payload)), example_policy(), namespace_labels)
         assert d.allowed and d.patch == [] and d.findings == []
         assert d.skipped == skipped
@@ -289,7 +290,7 @@ def test_warn_mode_still_pins_what_does_not_conflict() -> None:
 # --- malformed objects ----------------------------------------------------------------
 
 
-BOTH = (mutate, validate)
+BOTH = (mutate, validating)
 
 
 @pytest.mark.parametrize(
@@ -359,8 +360,8 @@ def test_realistic_review_from_a_replicaset(admission_review: dict[str, Any]) ->
     # Then the validating webhook sees the final object and admits it.
     final = copy.deepcopy(admission_review)
     final["request"]["object"] = m.patched
-    v = validate(parse_review(orjson.dumps(final)), example_policy(), namespace_labels)
-    assert v.allowed and v.patch == [] and v.gpus == 4
+    v = validating(parse_review(orjson.dumps(final)), example_policy(), namespace_labels)
+    assert v.allowed and v.patch == [] and gpus_charged(m.patched) == 4
 
 
 def test_realistic_review_with_patch_applied_by_jsonpatch(

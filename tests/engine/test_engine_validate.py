@@ -21,6 +21,7 @@ from enginekit import (
     container,
     expr,
     gpus,
+    gpus_charged,
     pod,
     required_affinity,
     validated,
@@ -65,7 +66,7 @@ def test_per_pod_maximum_uses_the_effective_request(init_containers: list[dict[s
     # The missing requests were completed in init containers and sidecars too.
     for c in m.patched["spec"]["initContainers"]:
         assert c["resources"]["requests"] == c["resources"]["limits"]
-    assert v.gpus == effective
+    assert gpus_charged(m.patched) == effective
     assert v.allowed is allowed
     if not allowed:
         assert [f.rule for f in v.findings] == [Rule.MAX_PER_POD]
@@ -86,8 +87,9 @@ def test_per_pod_maximum_uses_the_effective_request(init_containers: list[dict[s
         pytest.param("serving", [container(limits=gpus(8, SHARED))], [],
                      None, id="8 shared slices weigh 2 GPUs: within 2 per container"),
         pytest.param("serving", [container(limits=gpus(12, SHARED))],
-                     [Rule.MAX_PER_CONTAINER], "asks for 3 GPUs; tenant inference allows at "
-                     "most 2 per container", id="12 shared slices weigh 3 GPUs"),
+                     [Rule.MAX_PER_CONTAINER], "asks for 12 nvidia.com/gpu.shared (12 x 0.25 = "
+                     "3 GPUs); tenant inference allows at most 2 per container",
+                     id="12 shared slices weigh 3 GPUs, named as asked"),
     ],
 )
 def test_maximums(namespace: str, containers: list[dict[str, Any]], rules: list[Rule],
@@ -186,13 +188,15 @@ def test_rules_of_the_mutating_phase_are_enforced_when_it_was_bypassed(
 
 
 def test_pinned_pod_within_every_cap_is_admitted_and_counted() -> None:
-    v = validated(pod(container(requests=gpus(4), limits=gpus(4)), nodeSelector=ON_RACK_A))
+    p = pod(container(requests=gpus(4), limits=gpus(4)), nodeSelector=ON_RACK_A)
+    v = validated(p)
     assert v.allowed and v.findings == [] and v.warnings == []
-    assert v.tenant == "research" and v.gpus == 4
+    assert v.tenant == "research" and gpus_charged(p) == 4
 
 
 def test_validate_counts_gpus_in_weighted_equivalents() -> None:
-    v = validated(pod(container(limits={GPU: 1, SHARED: 2}), namespace="serving",
-                      nodeSelector={PRODUCT_LABEL: "NVIDIA-L4"}))
+    p = pod(container(limits={GPU: 1, SHARED: 2}), namespace="serving",
+            nodeSelector={PRODUCT_LABEL: "NVIDIA-L4"})
+    v = validated(p)
     assert v.allowed, v.message
-    assert v.gpus == 1.5
+    assert gpus_charged(p) == 1.5

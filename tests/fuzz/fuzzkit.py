@@ -21,15 +21,15 @@ import jsonpatch
 import orjson
 from hypothesis import event
 from hypothesis import strategies as st
+from kit import validating
 
+from webhook.admission import Phase, reply
+from webhook.admission import mutating as mutate
 from webhook.engine.mutate import OWNED as MUTATE_OWNED
-from webhook.engine.mutate import mutate
-from webhook.engine.validate import validate
+from webhook.k8s.review import AdmissionRequest, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_file
 from webhook.policy.model import Mode
-from webhook.reply import response
-from webhook.review import AdmissionRequest, parse_review, request_review
 
 POLICY_FILE = Path(__file__).resolve().parents[2] / "policies" / "multi-tenant.yaml"
 POLICY: CompiledPolicy = compile_policy(load_file(POLICY_FILE))
@@ -202,7 +202,7 @@ def check_review(review: dict[str, Any]) -> None:
     original = copy.deepcopy(review["request"]["object"])
 
     m = mutate(_request(review), POLICY)
-    ops = _well_formed(response(uid, m, allow_patch=True), uid, "mutate")
+    ops = _well_formed(reply(Phase.MUTATE, uid, m), uid, "mutate")
     # Same input, same state: the same verdict (a denied pod is never allowed later).
     again = mutate(_request(review), POLICY)
     assert (again.allowed, again.message, again.patch) == (m.allowed, m.message, m.patch)
@@ -215,10 +215,10 @@ def check_review(review: dict[str, Any]) -> None:
         m2 = mutate(_request(second), POLICY)
         assert m2.allowed, m2.message
         assert m2.patch == [], m2.patch
-    v = validate(_request({**review, "request": {**review["request"], "object": patched}}),
+    v = validating(_request({**review, "request": {**review["request"], "object": patched}}),
                  POLICY)
-    _well_formed(response(uid, v, allow_patch=False), uid, "validate")
-    v_again = validate(_request({**review, "request": {**review["request"],
+    _well_formed(reply(Phase.VALIDATE, uid, v), uid, "validate")
+    v_again = validating(_request({**review, "request": {**review["request"],
                                                        "object": patched}}), POLICY)
     assert (v_again.allowed, v_again.message) == (v.allowed, v.message)
     if m.allowed and not m.findings:

@@ -12,7 +12,6 @@ not guaranteed (the first long run found exactly that sequence).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
@@ -20,14 +19,13 @@ from fuzzkit import POLICY, POLICY_FILE, PRODUCT_LABEL, RACK_LABEL
 from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from kit import validating
 
-from webhook.engine.validate import validate
+from webhook.engine.charge import charge_of_pod
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.load import load_file
 from webhook.policy.model import Mode
-from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import MemoryStore
-from webhook.quota.usage import charge_of_pod
-from webhook.review import parse_review, request_review
 
 SPEC = load_file(POLICY_FILE).spec
 NAMESPACE_LABELS = {"inference-a": {"gpu.example.com/tenant": "inference"}}
@@ -82,9 +80,7 @@ class QuotaMachine(RuleBasedStateMachine):
         uid = f"uid-{self.n}"
         pod = gpu_pod(uid, namespace, resource, count, product, init)
         req = parse_review(orjson.dumps(request_review(pod, dry_run=dry_run)))
-        d = validate(req, POLICY, labels, precheck(lambda: self.store))
-        if needs_commit(d, req, POLICY):
-            asyncio.run(commit(d, req, POLICY, self.store, 1.0))
+        d = validating(req, POLICY, labels, self.store)
         event("quota denial" if any(f.rule.value == "quota" for f in d.findings)
               else f"admission {d.outcome}")
         if d.allowed and not dry_run:

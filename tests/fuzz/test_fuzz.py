@@ -12,7 +12,7 @@ from fuzzkit import check_review, reviews
 from hypothesis import HealthCheck, Phase, example, given, settings
 from quotamachine import QuotaMachine
 
-from webhook.review import request_review
+from webhook.k8s.review import request_review
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,

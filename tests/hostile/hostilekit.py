@@ -2,7 +2,7 @@
 the same ASGI app driven in-process (no sockets, for speed), and raw HTTP/1.1 requests
 for what httpx will not send (a lying Content-Length, a trickled body).
 
-The in-process path runs :class:`webhook.server.AdmissionApp` itself, not the engine
+The in-process path runs :class:`webhook.server.app.AdmissionApp` itself, not the engine
 alone, so a case proves the same outcome the subprocess gives: the HTTP status, the
 JSON error or the AdmissionReview reply.
 """
@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import orjson
 
-from webhook.policy.source import PolicySource
 from webhook.quota.store import MemoryStore
-from webhook.server import ARRIVED, AdmissionApp, Runtime
+from webhook.server.app import ARRIVED, AdmissionApp, Runtime
+from webhook.server.reload import PolicySource
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "multi-tenant.yaml"

@@ -9,7 +9,7 @@ import logging
 import orjson
 import pytest
 
-from webhook import logs
+from webhook.libs import logs
 
 
 @pytest.mark.parametrize("t", [0.0, 1_795_000_000.0, 1_795_000_000.999, 1_795_000_001.5])

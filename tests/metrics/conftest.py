@@ -19,7 +19,7 @@ def policy_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(tmp_path: Path, policy_file: Path) -> Iterator[Server]:
-    if not Path(sys.executable).with_name("gpu-webhook").exists():
-        pytest.skip("the gpu-webhook console script is not installed (pip install -e .)")
+    assert Path(sys.executable).with_name("gpu-webhook").exists(), (
+        "the gpu-webhook console script is not installed (pip install -e .)")
     with serve(tmp_path, policy_file) as s:
         yield s

@@ -21,7 +21,7 @@ import yaml
 from kit import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from webhook.review import request_review
+from webhook.k8s.review import request_review
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "policies" / "multi-tenant.yaml"

@@ -16,13 +16,13 @@ from typing import Any
 import jsonpatch
 import orjson
 import pytest
+from kit import validating
 
+from webhook.admission import mutating as mutate
 from webhook.engine.decision import Decision
-from webhook.engine.mutate import mutate
-from webhook.engine.validate import validate
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_file
-from webhook.review import parse_review, request_review
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "policies"
@@ -83,7 +83,7 @@ def _run(policy: CompiledPolicy, obj: dict[str, Any], labels: Mapping[str, str] 
     if not m.allowed:
         return m, obj, None
     final = jsonpatch.apply_patch(copy.deepcopy(obj), m.patch) if m.patch else obj
-    v = validate(parse_review(orjson.dumps(request_review(final, **who))), policy, ns_labels)
+    v = validating(parse_review(orjson.dumps(request_review(final, **who))), policy, ns_labels)
     return m, final, v
 
 

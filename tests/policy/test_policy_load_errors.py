@@ -76,6 +76,42 @@ CASES: list[tuple[str, str, str, str]] = [
      "spec.tenants[0].maxGpusPerPod", "(got -2)"),
     ("zero-weight", _spec("gpuResources:\n  weights:\n    nvidia.com/mig-1g.10gb: 0  # <-\n"),
      "spec.gpuResources.weights.nvidia.com/mig-1g.10gb", "greater than 0"),
+    ("workload-replicas-other-item", _spec("""\
+        workloadKinds:
+          - group: ml.example.com
+            kind: TrainingRun
+            resource: trainingruns
+            versions: [v1]
+            roles:
+              - template: /spec/roles/*/template
+                replicas: /spec/replicas  # <-
+        """), "spec.workloadKinds[0].roles[0].replicas", "begin it with /spec/roles/*"),
+    ("workload-built-in", _spec("""\
+        workloadKinds:
+          - group: batch.volcano.sh
+            kind: Job  # <-
+            resource: jobs
+            versions: [v1alpha1]
+            roles: [{template: /spec/tasks/*/template}]
+        """), "spec.workloadKinds[0].kind", "is built in"),
+    ("workload-bad-pointer", _spec("""\
+        workloadKinds:
+          - group: ml.example.com
+            kind: TrainingRun
+            resource: trainingruns
+            versions: [v1]
+            roles:
+              - template: spec.template  # <-
+        """), "spec.workloadKinds[0].roles[0].template", "should match pattern"),
+    ("workload-unknown-field", _spec("""\
+        workloadKinds:
+          - group: ml.example.com
+            kind: TrainingRun
+            resource: trainingruns
+            versions: [v1]
+            gangMin: /spec/x  # <-
+            roles: [{template: /spec/template}]
+        """), "spec.workloadKinds[0].gangMin", "unknown field 'gangMin'"),
     ("wrong-api-version", "apiVersion: gpu-webhook.dev/v1  # <-\n" + HEAD.split("\n", 1)[1],
      "apiVersion", "apiVersion must be 'gpu-webhook.dev/v1alpha1'"),
     ("wrong-kind", HEAD.replace("kind: GPUPolicy", "kind: GpuPolicy  # <-"), "kind",
@@ -93,7 +129,7 @@ CASES: list[tuple[str, str, str, str]] = [
     ("bad-tenant-mode", _tenant("namespaces: [a]\nmode: block  # <-\n"),
      "spec.tenants[0].mode", "(got 'block')"),
     ("unknown-rule", _spec("rules:\n  quotas: {mode: warn}  # <-\n"), "spec.rules.quotas",
-     "unknown rule 'quotas'; the rules are: allowed-products"),
+     "unknown rule 'quotas'; the rules are: allowed-device-classes, allowed-products"),
     ("rule-without-mode", _spec("rules:\n  quota: {}  # <-\n"), "spec.rules.quota.mode",
      "required field is missing"),
     ("bad-toleration-operator",
@@ -262,3 +298,35 @@ def test_anchor_bombs_are_refused_quickly() -> None:
         for p, c in zip("abcdefgh", "bcdefghi", strict=True))
     with pytest.raises(PolicyError, match="aliases"):
         load_text(bomb)
+
+
+def test_a_key_given_twice_names_both_lines() -> None:
+    # The issue's case: a tenant's ``mode: warn`` dedented to the spec level, where a
+    # ``mode`` already is. YAML alone would keep the last one and warn for every tenant.
+    text = _spec("mode: enforce\ntenants:\n  - name: research\n    namespaces: [a]\n"
+                 "mode: warn  # <-\n")
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    assert str(caught.value) == (
+        f"team.yaml:{_expected_line(text)}: spec.mode: duplicate key 'mode' (first at line 6): "
+        "YAML keeps only the last one; remove one, or indent it under the mapping it "
+        "belongs to")
+
+
+def test_duplicate_keys_inside_lists_are_found_too() -> None:
+    text = _tenant("namespaces: [a]\nquota:\n  gpus: 4\n  gpus: 40  # <-\n")
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    [problem] = caught.value.problems
+    assert (problem.path, problem.line) == ("spec.tenants[0].quota.gpus", _expected_line(text))
+    assert f"first at line {_expected_line(text) - 1}" in problem.message
+
+
+def test_a_key_differing_only_in_case_gets_the_right_spelling() -> None:
+    text = _spec("quotaLedger:\n  reservationTtlSeconds: 30  # <-\n")
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    [problem] = caught.value.problems
+    assert problem.line == _expected_line(text)
+    assert problem.message == ("unknown field 'reservationTtlSeconds': "
+                               "did you mean 'reservationTTLSeconds'?")

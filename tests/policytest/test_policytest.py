@@ -41,7 +41,8 @@ def test_a_failing_suite_says_what_differed(gpu_webhook: Run) -> None:
     assert any(ln.strip().startswith("passes - the last free A100 is reserved")
                and ln.endswith("PASS") for ln in lines)
     # The admitted pod reserved the last A100, so the next case saw it.
-    assert ("- outcome: expected allowed, got denied: pod research/full: tenant research "
+    assert ("- outcome: expected allowed, got denied: pod research/full: exceeded quota: "
+            "tenant research "
             "would use 25 of its 24 a100 GPUs: 24 in use (job/pretrain 23, pod/ok 1)") in out
     assert "- phase: expected the validating webhook to deny, got mutating" in out
     assert "- rule: expected a quota finding, got gpu-requests-match-limits" in out

@@ -3,18 +3,16 @@ stores them, and validating-webhook runs against a usage store."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
+from kit import validating
 
 from webhook.engine.decision import Decision
-from webhook.engine.validate import validate
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
-from webhook.quota.admit import commit, needs_commit, precheck
 from webhook.quota.store import MemoryStore
-from webhook.review import parse_review, request_review
 
 POLICY = """
 apiVersion: gpu-webhook.dev/v1alpha1
@@ -82,7 +80,4 @@ def admit(store: MemoryStore, p: CompiledPolicy, obj: dict[str, Any], *,
     review = request_review(obj, dry_run=dry_run, operation=operation)
     review["request"]["oldObject"] = old
     req = parse_review(orjson.dumps(review))
-    d = validate(req, p, quota=precheck(lambda: store))
-    if needs_commit(d, req, p):
-        asyncio.run(commit(d, req, p, store, budget=1.0))
-    return d
+    return validating(req, p, store=store)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from quotakit import POLICY, admit, pod, policy
 
+from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Decision
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.store import MemoryStore
-from webhook.quota.usage import charge_of_pod
 
 
 def store_with(*pods: dict) -> MemoryStore:
@@ -35,14 +35,16 @@ def test_pods_are_admitted_until_the_cap_and_the_message_has_the_numbers() -> No
     d = admit(store, policy(), pod("big", gpus=3, product="H100"))
     assert not d.allowed
     assert d.message == (
-        "pod team-a/big: tenant team-a would use 10 of its 8 GPUs: 7 in use "
+        # "exceeded quota": what controllers (Argo Workflows) retry a refused pod on.
+        "pod team-a/big: exceeded quota: tenant team-a would use 10 of its 8 GPUs: 7 in use "
         "(job/llm-pretrain 4, pod/new 2, pod/notebook-x 1), this pod asks 3. 1 is free now. "
         "Ask for 1 or fewer, wait for running pods to finish, or ask the platform team for "
         "more quota. [rule quota, tenant team-a]\n"
         # The product cap is exceeded too; its holders are only that product's.
-        "pod team-a/big: tenant team-a would use 5 of its 4 h100 GPUs: 2 in use (pod/new 2), "
-        "this pod asks 3. 2 are free now. Ask for 2 or fewer, wait for running pods to "
-        "finish, or ask the platform team for more quota. [rule quota, tenant team-a]"
+        "pod team-a/big: exceeded quota: tenant team-a would use 5 of its 4 h100 GPUs: 2 in "
+        "use (pod/new 2), this pod asks 3. 2 are free now. Ask for 2 or fewer, wait for "
+        "running pods to finish, or ask the platform team for more quota. "
+        "[rule quota, tenant team-a]"
     )
 
 

@@ -11,6 +11,7 @@ tests/e2e/test_e2e_scale.py.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,18 +21,19 @@ import pytest
 from quotakit import POLICY, pod
 from urllib3.exceptions import ProtocolError
 
-from webhook import cluster, kube, metrics
+from webhook.admission import Cluster, WorkloadUnreadable, scaling
+from webhook.engine.charge import Ask, charge_of_pod
 from webhook.engine.decision import Decision
-from webhook.engine.scale import check_scale, scale_up, unchecked_scale
+from webhook.engine.scale import ScaleUp, check_scale, scale_up, unchecked_scale
 from webhook.engine.target import no_labels
+from webhook.k8s.review import AdmissionRequest, BadReview, parse_review, request_review
+from webhook.libs import kube
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
-from webhook.policy.source import PolicySource
-from webhook.quota.admit import precheck
 from webhook.quota.store import MemoryStore
-from webhook.quota.usage import charge_of_pod
-from webhook.review import AdmissionRequest, BadReview, parse_review, request_review
-from webhook.server import AdmissionApp, Runtime, WorkloadUnreadable
+from webhook.server import cluster, metrics
+from webhook.server.app import AdmissionApp, Runtime
+from webhook.server.reload import PolicySource
 
 # The quota tests' policy, plus exemptions and a tenant without quota.
 SCALE_POLICY = POLICY.replace("  tenants:\n", """  exemptions:
@@ -97,13 +99,25 @@ def store_with(p: CompiledPolicy, *pods: dict[str, Any]) -> MemoryStore:
 
 def decide(req: AdmissionRequest, obj: dict[str, Any], store: MemoryStore | None = None,
            p: CompiledPolicy | None = None) -> Decision:
-    """The engine's two steps, with the workload ``obj`` as if read from the API."""
+    """The admission pipeline's scale step, with the workload ``obj`` as if read from the
+    API."""
     p = p or policy()
     store = store if store is not None else MemoryStore(ttl=60)
-    d = Decision()
-    up = scale_up(req, p, no_labels, d)
-    assert up is not None, d
-    return check_scale(req, up, obj, p, no_labels, precheck(lambda: store))
+    assert isinstance(scale_up(req, p, no_labels), ScaleUp)
+
+    async def read(resource: str, namespace: str, name: str, timeout: float
+                   ) -> dict[str, Any]:
+        return obj
+
+    return asyncio.run(scaling(req, p, Cluster(no_labels, store, read)))
+
+
+def asked(req: AdmissionRequest, obj: dict[str, Any]) -> Ask | None:
+    """What the scale-up asks of quota (the engine's half of the step), if anything."""
+    up = scale_up(req, policy(), no_labels)
+    assert isinstance(up, ScaleUp)
+    step = check_scale(up, obj, policy(), no_labels).quota
+    return step.ask if step is not None else None
 
 
 # --- answered from the request alone (no read) --------------------------------------------
@@ -123,8 +137,8 @@ def decide(req: AdmissionRequest, obj: dict[str, Any], store: MemoryStore | None
     (scale_review(1, 5, namespace="team-c"), "no-quota"),  # a tenant without quota
 ])
 def test_requests_answered_without_reading_the_workload(req, skipped) -> None:
-    d = Decision()
-    assert scale_up(req, policy(), no_labels, d) is None
+    d = scale_up(req, policy(), no_labels)
+    assert isinstance(d, Decision)
     assert d.allowed and d.skipped == skipped and not d.warnings and not d.findings
 
 
@@ -136,9 +150,8 @@ def test_requests_answered_without_reading_the_workload(req, skipped) -> None:
     (scale_review(1, 2, namespace="team-a-dev"), 1, 2, "Deployment"),
 ])
 def test_a_scale_up_in_a_tenant_with_quota_needs_the_workload(req, old, new, kind) -> None:
-    d = Decision()
-    up = scale_up(req, policy(), no_labels, d)
-    assert up is not None
+    up = scale_up(req, policy(), no_labels)
+    assert isinstance(up, ScaleUp)
     assert (up.old, up.new, up.kind, up.tenant.name) == (old, new, kind, "team-a")
     assert up.subject == (f"{kind.lower()} {req.namespace}/trainer, scaled from {old} to "
                           f"{new} replicas")
@@ -149,8 +162,8 @@ def test_a_malformed_scale_is_denied_with_the_pointer(replicas) -> None:
     req = scale_review(1, 5)
     assert req.object is not None
     req.object["spec"]["replicas"] = replicas
-    d = Decision()
-    assert scale_up(req, policy(), no_labels, d) is None
+    d = scale_up(req, policy(), no_labels)
+    assert isinstance(d, Decision)
     assert not d.allowed
     assert d.message == ("deployment team-a/trainer, scale: the object is malformed: "
                          "/spec/replicas must be a non-negative integer.")
@@ -182,14 +195,18 @@ SUBJECT = "deployment team-a/trainer, scaled from {} to {} replicas"
     (1, 5, 0, 1, "denied",
      "asks for 5 pods x 1 = 5 h100 GPUs at once, but tenant team-a's quota is 4 h100 GPUs: "
      "it can never run in full. Run at most 4 pods of this size, or fewer h100 GPUs per pod."),
+    # 100 of 8 GPUs (4 pods), of 4 h100 (2 pods), of 5 GPU pods: the binding one only.
     (1, 50, 0, 2, "denied",
-     "asks for 50 pods x 2 = 100 GPUs at once, but tenant team-a's quota is 8 GPUs: it can "
-     "never run in full. Run at most 4 pods of this size, or fewer GPUs per pod."),
+     "asks for 50 pods x 2 = 100 h100 GPUs at once, but tenant team-a's quota is 4 h100 GPUs: "
+     "it can never run in full. Run at most 2 pods of this size (the tightest of the 3 caps "
+     "it exceeds), or fewer h100 GPUs per pod."),
     # 3 of 4 h100 in use (the deployment's own pod among them): only the added pods count.
     (1, 2, 3, 1, "allowed", None),
     (1, 3, 3, 1, "warned",
      "asks for 2 pods x 1 h100 GPUs, but only 1 of tenant team-a's 4 h100 GPUs are free now: "
-     "1 of its pods can start now and the rest will be refused until quota frees up."),
+     "1 of its pods can start now and the rest will be refused until quota frees up. A "
+     "refused pod is not shown at kubectl apply: it shows up as an event on its ReplicaSet "
+     "(kubectl get events)."),
 ])
 def test_the_pods_a_scale_up_adds_are_checked_against_quota(old, new, busy, gpus, outcome,
                                                             text) -> None:
@@ -202,7 +219,8 @@ def test_the_pods_a_scale_up_adds_are_checked_against_quota(old, new, busy, gpus
         assert found == []
     else:  # every cap exceeded is named; the one of this case among them
         assert f"{SUBJECT.format(old, new)}: {text} {TAG}" in found
-    assert d.ask is not None and (d.ask.pods, d.ask.pods_added) == (new, new - old)
+    ask = asked(scale_review(old, new), workload(gpus=gpus))
+    assert ask is not None and (ask.pods, ask.pods_added) == (new, new - old)
     if outcome == "denied":
         assert d.message == "\n".join(found)
 
@@ -230,7 +248,8 @@ def test_a_workload_without_gpus_is_allowed_without_a_finding() -> None:
     obj = workload()
     obj["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     d = decide(scale_review(1, 500), obj)
-    assert d.allowed and d.skipped == "no-gpu" and not d.findings and d.ask is None
+    assert d.allowed and d.skipped == "no-gpu" and not d.findings
+    assert asked(scale_review(1, 500), obj) is None
 
 
 def test_only_quota_is_checked_not_the_templates_other_rules() -> None:
@@ -241,7 +260,11 @@ def test_only_quota_is_checked_not_the_templates_other_rules() -> None:
     assert d.outcome == "allowed" and not d.findings
     d = decide(scale_review(1, 9), unpinned)
     assert {f.rule.value for f in d.findings} == {"quota"}
-    assert "asks for 9 pods x 1 = 9 GPUs at once" in d.message  # and 9 of 5 GPU pods
+    # 9 of 8 GPUs and 9 of 5 GPU pods: one answer, from the pod cap, the tighter.
+    assert d.message.count("[rule quota") == 1
+    assert ("asks for 9 pods x 1 = 9 GPU pods at once, but tenant team-a's quota is 5 GPU "
+            "pods: it can never run in full. Run at most 5 pods (the tightest of the 2 caps "
+            "it exceeds).") in d.message
 
 
 def test_a_dry_run_scale_is_checked_too() -> None:
@@ -262,8 +285,8 @@ def test_quota_in_warn_or_audit_mode_admits_the_scale(mode) -> None:
 def test_a_workload_that_could_not_be_read_is_allowed_with_a_warning_saying_why() -> None:
     p = policy()
     req = scale_review(1, 50)
-    up = scale_up(req, p, no_labels, Decision())
-    assert up is not None
+    up = scale_up(req, p, no_labels)
+    assert isinstance(up, ScaleUp)
     d = unchecked_scale(up, p, "read deployment team-a/trainer: HTTP 403 Forbidden")
     assert d.allowed and d.outcome == "warned"
     assert d.warnings == [
@@ -389,11 +412,34 @@ def test_the_reader_turns_api_errors_into_a_reason(error, why) -> None:
         read_with(FakeWorkloads(error), 1.0)
 
 
+class BlockedWorkloads:
+    """An API server that does not answer until the test lets it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.answered = False
+
+    def read(self, resource: str, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        self.release.wait(60)
+        self.answered = True
+        return {}
+
+
 def test_the_reader_gives_up_at_its_timeout() -> None:
-    started = time.monotonic()
-    with pytest.raises(WorkloadUnreadable, match=r"no answer from the API server within 0\.1s"):
-        read_with(FakeWorkloads({}, delay=1.0), 0.1)
-    assert time.monotonic() - started < 1.0 + 0.5  # the thread's sleep may finish first
+    # Ordered by events, not timed: the reader must give up while the read is still
+    # blocked (it never answered), which only its own 0.1 s timeout can do.
+    fake = BlockedWorkloads()
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(WorkloadUnreadable,
+                           match=r"no answer from the API server within 0\.1s"):
+            loop.run_until_complete(cluster.workload_reader(fake)(  # type: ignore[arg-type]
+                "deployments", "team-a", "trainer", 0.1))
+        assert not fake.answered
+    finally:
+        fake.release.set()
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
 
 
 class _Response:
@@ -403,11 +449,14 @@ class _Response:
 
 @pytest.mark.parametrize(("outcome", "expected"), [
     (kube.ApiException(status=403, reason="Forbidden"),
-     "read deployment team-a/trainer: HTTP 403 Forbidden"),
+     "read deployment team-a/trainer: the webhook's service account is not allowed to do "
+     "this (check its RBAC) (HTTP 403)"),
     (kube.ApiException(status=404, reason="Not Found"), "read deployment team-a/trainer: "
                                                          "not found"),
-    (ProtocolError("connection reset"), "read deployment team-a/trainer: ProtocolError"),
-    (_Response(b"[]"), "read deployment team-a/trainer: the answer is not an object"),
+    (ProtocolError("connection reset"), "read deployment team-a/trainer: the connection to "
+                                        "the API server broke"),
+    (_Response(b"[]"), "read deployment team-a/trainer: the API server's answer is not an "
+                       "object"),
 ])
 def test_kube_workloads_maps_failures_to_messages_that_say_what_was_tried(outcome,
                                                                           expected) -> None:

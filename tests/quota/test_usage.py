@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from quotakit import pod, policy
 
-from webhook.quota.usage import Usage, charge_of_pod, owner_of
+from webhook.engine.charge import charge_of_pod, owner_of
+from webhook.quota.usage import Usage
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from kit import console_script, free_port
 
-from webhook.review import request_review
+from webhook.k8s.review import request_review
 
 START_TIMEOUT = 30.0  # generous: the first start also generates certificates
 STOP_TIMEOUT = 30.0  # uvicorn's graceful shutdown is capped at 20 s

@@ -9,7 +9,7 @@ import time
 
 from tlskit import REVIEW, SecretVolume, client_context, connect, request, serial_of_pem
 
-from webhook import certs
+from webhook.libs import certs
 
 
 class Caller(threading.Thread):

@@ -16,7 +16,7 @@ import orjson
 from cryptography import x509
 from kit import free_port
 
-from webhook import certs
+from webhook.libs import certs
 
 GPU_WEBHOOK = str(Path(sys.executable).with_name("gpu-webhook"))
 NAMES = ["localhost"]

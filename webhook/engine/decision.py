@@ -1,16 +1,21 @@
 """What the engine returns, and how findings become allow / warn / deny.
 
-Each rule reports a :class:`Finding`; the rule's mode (enforce, warn, audit) decides
-what the finding does. ``Decision`` carries everything an adapter needs: the verdict,
-the denial message, warnings for kubectl, the JSON Patch and what to log and count.
+Each rule reports a :class:`Finding` to a :class:`Checker`; the rule's mode (enforce,
+warn, audit) decides what the finding does. A :class:`Decision` is the final result:
+the verdict, the denial message, warnings for kubectl, the JSON Patch and what to log
+and count. It is built in one place (:meth:`Decision.of`), from the findings, whether
+they come from the engine alone or from the engine and the quota commit after it
+(:meth:`Decision.adding`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook.engine import messages
+from webhook.k8s.objects import MalformedObject
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Mode, Rule
 
@@ -18,30 +23,18 @@ PROVENANCE_ANNOTATION = "gpu-webhook.dev/mutated"
 _SEVERITY = {Mode.AUDIT: 0, Mode.WARN: 1, Mode.ENFORCE: 2}
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Finding:
     rule: Rule
     mode: Mode
     message: str
 
 
-@dataclass(slots=True)
-class Ask:
-    """What one admitted object would add to its tenant's usage (for quota)."""
-
-    tenant: str
-    namespace: str
-    product: str | None
-    resources: dict[str, float]  # per pod, effective request in devices
-    gpus: float  # per pod, GPU-equivalents
-    pods: int  # pods of this template at once (replicas / parallelism; 1 for a Pod)
-    is_pod: bool
-    pods_added: int  # pods this request adds (an UPDATE that scales 2 -> 5 adds 3)
-    kind: str
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
+    """The answer to one review. Made by :meth:`of` (rules ran), :meth:`skip` (no rule
+    applies) or :func:`malformed` (the object cannot be read); never edited after."""
+
     allowed: bool = True
     message: str = ""
     warnings: list[str] = field(default_factory=list)
@@ -49,10 +42,42 @@ class Decision:
     findings: list[Finding] = field(default_factory=list)
     mutations: list[str] = field(default_factory=list)  # names of changes made
     tenant: str | None = None
-    skipped: str | None = None  # why no rule ran: kind, operation, exempt, no-gpu
-    gpus: float = 0.0  # GPU-equivalents the object asks for (per pod)
-    ask: Ask | None = None  # what admitting it adds to quota usage (validating phase)
-    subject: str = ""  # "pod team-a/trainer-0", for messages written after the engine
+    skipped: str | None = None  # why no rule ran: kind, operation, exempt, no-gpu, ...
+    # What went wrong on the way that operators count (metrics), though the developer's
+    # answer already says it: "ledger-unavailable", "scale-unchecked".
+    faults: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, findings: Sequence[Finding], *, tenant: str | None,
+           patch: Sequence[dict[str, Any]] = (), mutations: Sequence[str] = (),
+           faults: Sequence[str] = ()) -> Decision:
+        """The decision the findings make: denied when one is enforced (and then without
+        a patch: a denial carries none), with every warn-mode finding as a warning."""
+        denials = [f.message for f in findings if f.mode is Mode.ENFORCE]
+        return cls(
+            allowed=not denials,
+            message="\n".join(denials),
+            warnings=[f.message for f in findings if f.mode is Mode.WARN],
+            patch=[] if denials else list(patch),
+            findings=list(findings),
+            mutations=list(mutations),
+            tenant=tenant,
+            faults=list(faults),
+        )
+
+    @classmethod
+    def skip(cls, why: str, tenant: str | None = None) -> Decision:
+        return cls(skipped=why, tenant=tenant)
+
+    def adding(self, findings: Sequence[Finding], faults: Sequence[str] = ()) -> Decision:
+        """This decision with more findings (the quota commit's), decided again."""
+        if not findings and not faults:
+            return self
+        if not self.allowed and not self.findings:  # a malformed object: final already
+            return self
+        out = Decision.of([*self.findings, *findings], tenant=self.tenant, patch=self.patch,
+                          mutations=self.mutations, faults=[*self.faults, *faults])
+        return replace(out, skipped=self.skipped)
 
     @property
     def outcome(self) -> str:
@@ -66,26 +91,40 @@ class Decision:
         return "skipped" if self.skipped else "allowed"
 
 
+def malformed(subject: str, exc: MalformedObject) -> Decision:
+    """The one denial of an object the engine cannot read (the API server would refuse
+    it too): it names the JSON Pointer and what it must be. Fail closed, clearly."""
+    return Decision(allowed=False,
+                    message=f"{subject}: {messages.malformed(exc.pointer, exc.expected)}")
+
+
 class Checker:
-    """Collects findings for one object, applying each rule's mode.
+    """Collects the findings for one object, applying each rule's mode.
 
     ``owned`` rules belong to the current phase. A rule owned by the other phase is
     re-checked only to enforce (it denies in enforce mode and is otherwise silent), so a
     warn-mode finding is reported once, by the webhook that owns it, not twice.
     """
 
-    __slots__ = ("decision", "owned", "policy", "subject", "tenant")
+    __slots__ = ("findings", "owned", "policy", "subject", "tenant")
 
     def __init__(self, policy: CompiledPolicy, tenant: TenantRules | None, subject: str,
-                 owned: frozenset[Rule], decision: Decision) -> None:
+                 owned: frozenset[Rule]) -> None:
         self.policy = policy
         self.tenant = tenant
         self.subject = subject
         self.owned = owned
-        self.decision = decision
+        self.findings: list[Finding] = []
 
     def mode(self, rule: Rule) -> Mode:
         return self.policy.mode_for(rule, self.tenant)
+
+    @property
+    def denied(self) -> bool:
+        return any(f.mode is Mode.ENFORCE for f in self.findings)
+
+    def reported(self, rule: Rule) -> bool:
+        return any(f.rule is rule for f in self.findings)
 
     def report(self, rule: Rule, text: str, where: str | None = None,
                at_most: Mode | None = None) -> Mode:
@@ -99,19 +138,24 @@ class Checker:
         subject = f"{self.subject}, {where}" if where else self.subject
         tenant = self.tenant.name if self.tenant else None
         message = f"{subject}: {text} {messages.tag(rule, self.policy.name, tenant)}"
-        self.decision.findings.append(Finding(rule, mode, message))
-        if mode is Mode.ENFORCE:
-            self.decision.allowed = False
-        elif mode is Mode.WARN:
-            self.decision.warnings.append(message)
+        self.findings.append(Finding(rule, mode, message))
         return mode
 
-    def finish(self) -> Decision:
-        d = self.decision
-        if not d.allowed:
-            d.message = "\n".join(f.message for f in d.findings if f.mode is Mode.ENFORCE)
-            d.patch = []  # a denial carries no patch
-        return d
+    def decide(self, patch: Sequence[dict[str, Any]] = (), mutations: Sequence[str] = ()
+               ) -> Decision:
+        return Decision.of(self.findings, tenant=self.tenant.name if self.tenant else None,
+                           patch=patch, mutations=mutations)
+
+
+class Quiet(Checker):
+    """A checker that records nothing: for charging a pod seen in the cluster, where the
+    rules already ran at admission and nobody is there to read a finding."""
+
+    __slots__ = ()
+
+    def report(self, rule: Rule, text: str, where: str | None = None,
+               at_most: Mode | None = None) -> Mode:
+        return Mode.AUDIT
 
 
 def subject_of(kind: str, namespace: str, obj: dict[str, Any], request_name: str) -> str:

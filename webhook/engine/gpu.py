@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from webhook.engine import messages
 from webhook.engine.decision import Checker
-from webhook.patch import Patch
+from webhook.k8s.patch import Patch
+from webhook.k8s.quantity import QuantityError, gpu_count
+from webhook.k8s.resources import ContainerGPUs, ContainerKind, effective_request
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
-from webhook.quantity import QuantityError, gpu_count
-from webhook.resources import ContainerGPUs, ContainerKind, effective_request
 
 Counts = list[tuple[ContainerKind, dict[str, float]]]
 
@@ -76,9 +76,10 @@ def weighted(policy: CompiledPolicy, counts: dict[str, float]) -> float:
 
 
 def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[ContainerGPUs],
-                   counts: Counts) -> dict[str, float]:
-    """Per-container and per-pod caps (GPU-equivalents). Returns the pod's effective
-    request per resource."""
+                   counts: Counts, claimed: float = 0.0) -> dict[str, float]:
+    """Per-container and per-pod caps (GPU-equivalents; ``claimed``: the pod's own DRA
+    devices, which count towards the per-pod cap). Returns the pod's effective request
+    per resource."""
     tenant = check.tenant
     if tenant is not None and tenant.max_per_container is not None:
         for c, (_, amounts) in zip(containers, counts, strict=True):
@@ -86,11 +87,20 @@ def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[Cont
             if asked > tenant.max_per_container:
                 check.report(Rule.MAX_PER_CONTAINER,
                              messages.per_container_max(asked, tenant.name,
-                                                        tenant.max_per_container), c.describe())
+                                                        tenant.max_per_container,
+                                                        _named(policy, amounts, asked)),
+                             c.describe())
     effective = effective_request(counts)
     if tenant is not None and tenant.max_per_pod is not None:
-        asked = weighted(policy, effective)
+        asked = weighted(policy, effective) + claimed
         if asked > tenant.max_per_pod:
+            # DRA devices are already GPU-equivalents: the named devices are the pod's
+            # own extended resources, and the claims are added as GPUs.
+            named = None if claimed else _named(policy, effective, asked)
             check.report(Rule.MAX_PER_POD,
-                         messages.per_pod_max(asked, tenant.name, tenant.max_per_pod))
+                         messages.per_pod_max(asked, tenant.name, tenant.max_per_pod, named))
     return effective
+
+
+def _named(policy: CompiledPolicy, counts: dict[str, float], gpus: float) -> str:
+    return messages.devices([(r, n, policy.weight(r)) for r, n in counts.items()], gpus)

@@ -7,7 +7,7 @@ tenant in brackets so a platform engineer can find the policy line. Golden files
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 def num(x: float) -> str:
@@ -99,16 +99,32 @@ def placement_conflict(what: str, label: str, values: Iterable[str], tenant: str
     )
 
 
-def per_container_max(asked: float, tenant: str, cap: float) -> str:
+def devices(asked: Sequence[tuple[str, float, float]], gpus: float) -> str:
+    """What a pod asked for, in the resources it named, then in GPU-equivalents when
+    those differ: ``3 nvidia.com/mig-3g.40gb (3 x 0.5 = 1.5 GPUs)``; plain ``2 GPUs``
+    for whole GPUs. ``asked``: (resource, count, weight). A developer who asked for
+    three MIG slices does not recognise "1.5 GPUs" as their request until it is named."""
+    asked = [(r, n, w) for r, n, w in asked if n]
+    if not asked or (len(asked) == 1 and asked[0][2] == 1):
+        return f"{num(gpus)} GPUs"
+    named = " + ".join(f"{num(n)} {r}" for r, n, _ in asked)
+    sums = " + ".join(f"{num(n)} x {num(w)}" for _, n, w in asked)
+    return f"{named} ({sums} = {num(gpus)} {'GPU' if gpus == 1 else 'GPUs'})"
+
+
+def per_container_max(asked: float, tenant: str, cap: float, what: str | None = None
+                      ) -> str:
+    what = what or f"{num(asked)} GPUs"
     return (
-        f"asks for {num(asked)} GPUs; tenant {tenant} allows at most {num(cap)} per container. "
+        f"asks for {what}; tenant {tenant} allows at most {num(cap)} per container. "
         f"Ask for {num(cap)} or fewer, or split the work across pods."
     )
 
 
-def per_pod_max(asked: float, tenant: str, cap: float) -> str:
+def per_pod_max(asked: float, tenant: str, cap: float, what: str | None = None) -> str:
+    what = what or f"{num(asked)} GPUs"
     return (
-        f"asks for {num(asked)} GPUs in all (counted as Kubernetes does: app containers and "
+        f"asks for {what} in all (counted as Kubernetes does: app containers and "
         f"sidecars together, or the largest init container); tenant {tenant} allows at most "
         f"{num(cap)} per pod. Ask for {num(cap)} or fewer, or split the work across pods."
     )
@@ -156,10 +172,31 @@ def owners(top: Iterable[tuple[str, float]]) -> str:
     return ", ".join(f"{o} {num(n)}" for o, n in top)
 
 
+# The words the API server's own ResourceQuota denial starts with ("exceeded quota:
+# compute, requested: ..."). Controllers key on them: Argo Workflows retries a pod
+# creation refused as Forbidden only when the message contains "exceeded quota"
+# (argoproj/argo-workflows util/errors/errors.go, isExceededQuotaErr:
+# apierr.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota")), and treats
+# any other Forbidden as final, failing the workflow step. Our denials are code 403.
+EXCEEDED_QUOTA = "exceeded quota"
+
+
+def alternative(product: str, free: float, label: str | None, annotation: str | None,
+                node_label: str, node_value: str) -> str:
+    """``a100 has 22 free (set label gpu.example.com/product: a100)``: another product
+    with room, and how to ask for it, so the hint can be acted on without the policy
+    file. Without a request label or annotation in the policy, a nodeSelector asks."""
+    how = (f"label {label}: {product}" if label else
+           f"annotation {annotation}: {product}" if annotation else
+           f'nodeSelector {node_label}: "{node_value}"')
+    return f"{product} has {num(free)} free (set {how})"
+
+
 def quota_exceeded(scope: str, what: str, used: float, asked: float, cap: float,
-                   top: list[tuple[str, float]], asker: str, alternatives: list[str]) -> str:
-    """``tenant team-a would use 10 of its 8 GPUs (product a100): 6 in use (...), this pod
-    asks 4. 2 are free now; h100 has 4 free.``"""
+                   top: list[tuple[str, float]], asker: str, alternatives: list[str],
+                   asked_as: str | None = None) -> str:
+    """``exceeded quota: tenant team-a would use 10 of its 8 GPUs (product a100): 6 in use
+    (...), this pod asks 4. 2 are free now; h100 has 4 free (set label ...).``"""
     free = max(cap - used, 0)
     held = f"{num(used)} in use" + (f" ({owners(top)})" if top and used else "")
     fits = (f"{num(free)} {'is' if free == 1 else 'are'} free now" if free
@@ -169,27 +206,55 @@ def quota_exceeded(scope: str, what: str, used: float, asked: float, cap: float,
             "platform team for more quota." if free else
             " Wait for running pods to finish, free some up, or ask the platform team for "
             "more quota.")
-    return (f"{scope} would use {num(used + asked)} of its {num(cap)} {what}: {held}, "
-            f"{asker} {num(asked)}. {fits[0].upper() + fits[1:]}{alt}.{hint}")
+    return (f"{EXCEEDED_QUOTA}: {scope} would use {num(used + asked)} of its {num(cap)} "
+            f"{what}: {held}, {asker} {asked_as or num(asked)}. "
+            f"{fits[0].upper() + fits[1:]}{alt}.{hint}")
 
 
 def _pods(n: int) -> str:
     return f"{n} pod" if n == 1 else f"{n} pods"
 
 
-def gang_never_fits(scope: str, what: str, pods: int, per_pod: float, cap: float) -> str:
-    most = int(cap // per_pod) if per_pod else 0
+PODS = "GPU pods"  # what a pod-count cap counts (quota.check's Line.what)
+
+
+def most_pods(cap: float, per_pod: float) -> int:
+    """How many pods of this size a cap holds."""
+    return int(cap // per_pod) if per_pod else 0
+
+
+def _tightest(others: int) -> str:
+    # Several caps broken at once would each give their own "at most N": only the
+    # smallest answers the question, so it is the one given, said to be the tightest.
+    return f" (the tightest of the {others + 1} caps it exceeds)" if others else ""
+
+
+def events_on(kind: str) -> str:
+    """Where a controller's refused pod creations show up: the developer is not there
+    to read a denial when the controller creates the pods later."""
+    where = {"deployment": "its ReplicaSet", "job": "the Job", "cronjob": "its Jobs"}.get(
+        kind.lower(), f"the {kind.lower()} (or the Job or ReplicaSet that creates them)")
+    return (f"A refused pod is not shown at kubectl apply: it shows up as an event on "
+            f"{where} (kubectl get events).")
+
+
+def gang_never_fits(scope: str, what: str, pods: int, per_pod: float, cap: float,
+                    others: int = 0) -> str:
     return (f"asks for {_pods(pods)} x {num(per_pod)} = {num(pods * per_pod)} {what} at once, "
             f"but {scope}'s quota is {num(cap)} {what}: it can never run in full. "
-            f"Run at most {_pods(most)} of this size, or fewer {what} per pod.")
+            + (f"Run at most {_pods(most_pods(cap, per_pod))}{_tightest(others)}."
+               if what == PODS else
+               f"Run at most {_pods(most_pods(cap, per_pod))} of this size"
+               f"{_tightest(others)}, or fewer {what} per pod."))
 
 
 def gang_not_free(scope: str, what: str, pods: int, per_pod: float, free: float,
-                  cap: float) -> str:
-    now = int(free // per_pod) if per_pod else 0
+                  cap: float, kind: str = "", others: int = 0) -> str:
+    now = most_pods(free, per_pod)
+    tail = f" {events_on(kind)}" if kind else ""
     return (f"asks for {_pods(pods)} x {num(per_pod)} {what}, but only {num(free)} of "
-            f"{scope}'s {num(cap)} {what} are free now: {now} of its pods can start now and "
-            "the rest will be refused until quota frees up.")
+            f"{scope}'s {num(cap)} {what} are free now: {now} of its pods can start now"
+            f"{_tightest(others)} and the rest will be refused until quota frees up.{tail}")
 
 
 def quota_unavailable(reason: str) -> str:
@@ -203,3 +268,91 @@ def scale_unchecked(kind: str, reason: str) -> str:
             f"to see its pod template ({reason}). Its pods are still checked one by one "
             "when they are created; a pod refused then shows as an event "
             "(kubectl get events).")
+
+
+# --- Dynamic Resource Allocation -------------------------------------------------------
+
+
+def device_class_not_allowed(cls: str, tenant: str, allowed: Iterable[str]) -> str:
+    return (f"asks for devices of class {cls}; tenant {tenant} may use GPU device classes "
+            f"[{one_of(allowed)}]. Use one of those in deviceClassName.")
+
+
+def admin_access(cls: str) -> str:
+    return (f"asks for {cls} devices with adminAccess, which gives access to devices in use "
+            "by other pods. Only the platform's exempt namespaces may do that: drop "
+            "adminAccess.")
+
+
+def fake_extended_resource_claim(annotation: str) -> str:
+    return (f"carries the annotation {annotation}, which only the scheduler may set (it marks "
+            "a claim made for a plain nvidia.com/gpu request, which is not counted again). "
+            "Remove the annotation.")
+
+
+def claim_per_pod_max(asked: float, tenant: str, cap: float) -> str:
+    return (f"asks for {num(asked)} GPUs in all; tenant {tenant} allows at most {num(cap)} per "
+            f"pod, and every pod using this claim would hold them. Ask for {num(cap)} or "
+            "fewer devices.")
+
+
+def claim_unpinned(attribute: str, tenant: str, allowed: Iterable[str]) -> str:
+    return (f"may be allocated a GPU of any product, but tenant {tenant}'s GPUs must be "
+            f"[{one_of(allowed)}]. Add a selector on {attribute} (the mutating webhook adds "
+            "it when it runs).")
+
+
+def template_unknown(name: str) -> str:
+    return (f"uses ResourceClaimTemplate {name}, which the webhook has not seen, so the GPUs "
+            "it asks for cannot be counted. Wait a few seconds and retry if the template was "
+            "just created (the webhook learns of it a moment later); otherwise create it "
+            "first.")
+# --- workloads with roles (training jobs) ------------------------------------------------
+
+
+def parts(items: Iterable[tuple[str, int, float]]) -> str:
+    """``task worker 3 x 2 + task ps 1 x 1``: each role's pods x per-pod amount."""
+    return " + ".join(f"{label} {n} x {num(per)}" for label, n, per in items)
+
+
+def roles_never_fit(scope: str, what: str, breakdown: str, total: float, pods: int,
+                    cap: float, gang: bool) -> str:
+    if gang:
+        return (f"its gang of {_pods(pods)} must start together, and its GPU pods "
+                f"({breakdown}) need {num(total)} {what} at once, but {scope}'s quota is "
+                f"{num(cap)} {what}: it can never start. Make the gang need at most "
+                f"{num(cap)} {what} (fewer pods, or fewer per pod), or ask the platform "
+                "team for more quota.")
+    return (f"asks for {_pods(pods)} at once, {breakdown} = {num(total)} {what}, but "
+            f"{scope}'s quota is {num(cap)} {what}: it can never run in full. Ask for at "
+            f"most {num(cap)} {what} (fewer pods, or fewer per pod).")
+
+
+def roles_exceed_quota(scope: str, what: str, breakdown: str, total: float, pods: int,
+                       cap: float, gang_pods: int, gang_total: float) -> str:
+    return (f"asks for {_pods(pods)} in all, {breakdown} = {num(total)} {what}, but "
+            f"{scope}'s quota is {num(cap)} {what}: its gang of {_pods(gang_pods)} "
+            f"({num(gang_total)} {what}) can start, but never all of its pods at once.")
+
+
+def roles_not_free(scope: str, what: str, breakdown: str, asked: float, used: float,
+                   cap: float, gang_pods: int | None, gang_total: float,
+                   unreserved: bool, kind: str = "") -> str:
+    free = max(cap - used, 0.0)
+    if gang_pods is not None:
+        now = (f"its gang of {_pods(gang_pods)} needs {num(gang_total)} {what} and cannot "
+               "start until quota frees up")
+    else:
+        now = "its pods beyond that will be refused until quota frees up"
+    tail = (" No GPUs are reserved for it: its pods will compete with other pods as they "
+            "are created." if unreserved else "")
+    if kind:
+        tail += f" {events_on(kind)}"
+    return (f"asks for {breakdown} = {num(asked)} {what}, but only {num(free)} of "
+            f"{scope}'s {num(cap)} {what} are free now ({num(used)} in use): {now}.{tail}")
+
+
+def role_pod_never_fits(scope: str, what: str, role: str, per_pod: float, cap: float
+                        ) -> str:
+    return (f"{role} asks for {num(per_pod)} {what} per pod, but {scope}'s quota is "
+            f"{num(cap)} {what}: its pod can never run. Ask for {num(cap)} or fewer.")

@@ -3,23 +3,39 @@ affinity, strip GPU tolerations from non-GPU pods, and deny what core validation
 otherwise reject with a terse message.
 
 The object in the request is edited in place while the patch is recorded (see
-``webhook.patch``); callers that still need the original must pass a copy.
+``webhook.k8s.patch``); callers that still need the original must pass a copy.
 Mutation is idempotent: running it on its own output yields an empty patch.
+
+A training workload's templates (one per role) are each completed, tolerated and pinned
+at their own pointers, as a Deployment's one template is. A role made up from resource
+fields (a TrainJob's resourcesPerNode, an Argo step) is only checked: its pods are
+completed and pinned when they are created.
 """
 
 from __future__ import annotations
 
+from webhook.engine import claims as claims_engine
 from webhook.engine import messages
-from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision
+from webhook.engine.charge import unknown_templates
+from webhook.engine.claims import is_claim
+from webhook.engine.decision import (
+    PROVENANCE_ANNOTATION,
+    Checker,
+    Decision,
+    Finding,
+    malformed,
+)
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
 from webhook.engine.placement import Placement
 from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations, missing
-from webhook.patch import MalformedObject, Patch, child_list, child_map
+from webhook.k8s.objects import MalformedObject, child_list, child_map
+from webhook.k8s.patch import Patch
+from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule, TolerationPolicy
-from webhook.review import AdmissionRequest
 
 # Rules this phase reports in every mode; the others it leaves to the validating webhook.
 OWNED = frozenset({
@@ -29,63 +45,75 @@ OWNED = frozenset({
 
 
 def mutate(req: AdmissionRequest, policy: CompiledPolicy,
-           labels: NamespaceLabels = no_labels) -> Decision:
-    decision = Decision()
-    target = prepare(req, policy, labels, decision)
-    if target is None:
-        return decision
-    check = Checker(policy, target.tenant, target.subject, OWNED, decision)
+           labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims) -> Decision:
+    if is_claim(req):
+        return claims_engine.mutate(req, policy, labels)
+    targets = prepare(req, policy, labels, claims)
+    if isinstance(targets, Decision):
+        return targets
     patch = Patch()
-    try:
-        if target.has_gpu:
-            _gpu_pod(check, policy, target, req, patch)
-        else:
-            _non_gpu_pod(check, policy, target, patch)
-        if decision.mutations:
-            # Inside the try: a metadata that is not a mapping is only found here when
-            # no rule before needed the pod's labels (a non-GPU pod being stripped).
-            _annotate(target, decision.mutations, patch)
-    except MalformedObject as exc:
-        decision.allowed = False
-        decision.message = f"{target.subject}: {messages.malformed(exc.pointer, exc.expected)}"
-        return decision
-    decision.patch = patch.ops
-    return check.finish()
+    findings: list[Finding] = []
+    all_changes: list[str] = []
+    if targets.has_gpu and targets.tenant is None and not policy.unassigned_allowed:
+        # The namespace's rule is the object's, not each template's: said once.
+        whole = targets.subject if len(targets.roles) > 1 else targets.roles[0].target.subject
+        told = Checker(policy, None, whole, OWNED)
+        told.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+        findings.extend(told.findings)
+    for rt in targets.roles:
+        target = rt.target
+        check = Checker(policy, target.tenant, target.subject, OWNED)
+        changes: list[str] = []
+        try:
+            unknown_templates(check, target)
+            if target.has_gpu:
+                if rt.role.patchable:
+                    _gpu_pod(check, policy, target, patch, changes)
+                else:
+                    check_requests(check, target.containers, None)
+            elif rt.role.patchable:
+                _non_gpu_pod(check, policy, target, patch, changes)
+            if changes:
+                # Inside the try: a metadata that is not a mapping is only found here
+                # when no rule before needed the pod's labels (a non-GPU pod stripped).
+                _annotate(target, changes, patch)
+        except MalformedObject as exc:
+            return malformed(target.subject, exc)
+        findings.extend(check.findings)
+        all_changes.extend(c for c in changes if c not in all_changes)
+    return Decision.of(findings, tenant=targets.tenant.name if targets.tenant else None,
+                       patch=patch.ops, mutations=all_changes)
 
 
-def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest,
-             patch: Patch) -> None:
-    decision = check.decision
-    if target.tenant is None and not policy.unassigned_allowed:
-        check.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,
+             changes: list[str]) -> None:
     n_ops = len(patch.ops)
     check_requests(check, target.containers, patch)
     if len(patch.ops) > n_ops:
-        decision.mutations.append("gpu-requests")
+        changes.append("gpu-requests")
     spec, sptr = target.template.spec, target.template.spec_pointer
     tolerations = child_list(spec, "tolerations", sptr) or []
     to_add = missing(tolerations, policy.tolerations)
     for t in to_add:
         patch.append(spec, "tolerations", sptr, dict(t))
     if to_add:
-        decision.mutations.append("gpu-tolerations")
+        changes.append("gpu-tolerations")
     # One Placement for the checks and the pins: the spec's node affinity is walked once.
     placement = Placement(spec, sptr)
     changed = False
-    for r in requirements(check, policy, target.template, placement):
-        if check.mode(r.rule) is Mode.ENFORCE or not _conflicted(check, r.rule):
+    for r in requirements(check, policy, target.template, placement, target.gpu_containers):
+        if check.mode(r.rule) is Mode.ENFORCE or not check.reported(r.rule):
             changed |= placement.pin(r.key, r.values, patch, r.keep)
     if changed:
-        decision.mutations.append("gpu-node-affinity")
+        changes.append("gpu-node-affinity")
 
 
-def _conflicted(check: Checker, rule: Rule) -> bool:
-    return any(f.rule is rule for f in check.decision.findings)
-
-
-def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch) -> None:
+def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,
+                 changes: list[str]) -> None:
     choice = policy.non_gpu_tolerations
-    if choice is TolerationPolicy.ALLOW:
+    if choice is TolerationPolicy.ALLOW or target.claims:
+        # A pod with DRA claims the webhook has not seen (or of other devices) may well
+        # need the GPU nodes: its tolerations are its own business.
         return
     spec, sptr = target.template.spec, target.template.spec_pointer
     tolerations = child_list(spec, "tolerations", sptr)
@@ -100,7 +128,7 @@ def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: 
         check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
         return
     patch.remove_indices(spec, "tolerations", sptr, hits)
-    check.decision.mutations.append("strip-gpu-tolerations")
+    changes.append("strip-gpu-tolerations")
 
 
 def _annotate(target: Target, changes: list[str], patch: Patch) -> None:

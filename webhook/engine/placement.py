@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.patch import MalformedObject, Patch, child_list, child_map
+from webhook.k8s.objects import MalformedObject, child_list, child_map
+from webhook.k8s.patch import Patch
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 _OPERATORS = ("In", "NotIn", "DoesNotExist")  # the operators that confine a key's values

@@ -9,8 +9,8 @@ pure and splits the decision around that read, done by an adapter:
    Deployment, StatefulSet or ReplicaSet in a namespace whose tenant has a quota is
    answered here, with no read (scaling down or to the same count is always allowed);
 2. :func:`check_scale` decides on the workload read: its pod template is charged as for
-   a workload UPDATE (``replicas`` = the new count, pods added = new - old) and the
-   engine's quota hook reports a gang that can never fit (denied) or does not fit the
+   a workload UPDATE (``replicas`` = the new count, pods added = new - old), and the
+   quota step it returns reports a gang that can never fit (denied) or does not fit the
    free quota now (a warning);
 3. :func:`unchecked_scale` is the answer when the workload could not be read: allowed,
    with a warning that says why it was not checked. Quota itself still holds: every pod
@@ -29,13 +29,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine import messages
-from webhook.engine.decision import Ask, Checker, Decision
-from webhook.engine.target import NamespaceLabels, prepare
-from webhook.engine.validate import OWNED, QuotaCheck, pod_charge
-from webhook.patch import MalformedObject
+from webhook.engine.charge import Ask, QuotaStep, Validation, pod_cost
+from webhook.engine.decision import Checker, Decision, Quiet, malformed
+from webhook.engine.target import NamespaceLabels, read_target
+from webhook.engine.validate import OWNED
+from webhook.k8s.objects import MalformedObject
+from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Mode, Rule
-from webhook.review import AdmissionRequest
 
 # Resources of the apps group whose scale subresource is checked, and their kinds.
 SCALABLE: dict[str, str] = {
@@ -45,7 +46,7 @@ SCALABLE: dict[str, str] = {
 }
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ScaleUp:
     """A scale-up that needs the workload's pod template to be checked."""
 
@@ -63,38 +64,28 @@ class ScaleUp:
                 f"to {self.new} replicas")
 
 
-def scale_up(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels,
-             decision: Decision) -> ScaleUp | None:
-    """The scale-up to check, or None when the request is answered without reading the
-    workload (``decision.skipped`` says why, or ``decision`` is a denial of a malformed
-    Scale)."""
+def scale_up(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels
+             ) -> ScaleUp | Decision:
+    """The scale-up to check, or the final decision when the request is answered without
+    reading the workload (skipped, saying why, or the denial of a malformed Scale)."""
     kind = SCALABLE.get(req.resource) if req.resource_group == "apps" else None
     if req.sub_resource != "scale" or kind is None:
-        decision.skipped = "subresource"
-        return None
+        return Decision.skip("subresource")
     if req.operation != "UPDATE" or req.object is None:
-        decision.skipped = "operation"
-        return None
+        return Decision.skip("operation")
     if policy.is_exempt(req.namespace, req.username, req.groups):
-        decision.skipped = "exempt"
-        return None
+        return Decision.skip("exempt")
     try:
         new = scale_replicas(req.object)
         # Without the old Scale (the API server always sends it) every pod counts as added.
         old = scale_replicas(req.old_object) if req.old_object is not None else 0
     except MalformedObject as exc:
-        decision.allowed = False
-        decision.message = (f"{kind.lower()} {req.namespace}/{req.name}, scale: "
-                            f"{messages.malformed(exc.pointer, exc.expected)}")
-        return None
+        return malformed(f"{kind.lower()} {req.namespace}/{req.name}, scale", exc)
     if new <= old:
-        decision.skipped = "scale-down"
-        return None
+        return Decision.skip("scale-down")
     tenant = policy.tenant_for(req.namespace, labels(req.namespace)) if req.namespace else None
-    decision.tenant = tenant.name if tenant else None
     if tenant is None or (tenant.quota is None and not tenant.namespace_quota):
-        decision.skipped = "no-quota"
-        return None
+        return Decision.skip("no-quota", tenant.name if tenant else None)
     return ScaleUp(req.resource, kind, req.namespace, req.name, old, new, tenant)
 
 
@@ -112,48 +103,35 @@ def scale_replicas(scale: dict[str, Any]) -> int:
     return value
 
 
-def check_scale(req: AdmissionRequest, up: ScaleUp, workload: dict[str, Any],
-                policy: CompiledPolicy, labels: NamespaceLabels,
-                quota: QuotaCheck | None) -> Decision:
-    """Decide a scale-up on the workload read from the API server."""
-    decision = Decision(subject=up.subject, tenant=up.tenant.name)
-    # The workload as an UPDATE of itself, so the pod template is found, and the tenant
-    # resolved, exactly as when the workload is applied.
-    as_update = AdmissionRequest(
-        uid=req.uid, group="apps", version="v1", kind=up.kind, operation="UPDATE",
-        namespace=up.namespace, name=up.name, object=workload, username=req.username,
-        groups=req.groups, dry_run=req.dry_run, api_version=req.api_version)
-    target = prepare(as_update, policy, labels, decision)
-    if target is None:
-        if not decision.allowed:  # a stored object we cannot read: say so, do not deny
-            reason = decision.message.split(": ", 1)[-1].rstrip(".")
-            return unchecked_scale(up, policy, reason)
-        return decision
-    tenant = target.tenant
-    if not target.has_gpu or tenant is None:
-        decision.skipped = "no-gpu" if not target.has_gpu else "no-quota"
-        return decision
-    # The template's own rules are not this request's business (see the module's
-    # docstring): their findings go to a scratch decision and are dropped.
-    scratch = Checker(policy, tenant, up.subject, OWNED, Decision())
+def check_scale(up: ScaleUp, workload: dict[str, Any], policy: CompiledPolicy,
+                labels: NamespaceLabels) -> Validation:
+    """Decide a scale-up on the workload read from the API server: the quota step for
+    the pods it adds, or the final decision when there is nothing to check."""
+    tenant = up.tenant.name
     try:
-        product, effective, gpus = pod_charge(scratch, policy, target)
+        # The pod template is found, and the tenant resolved, exactly as when the
+        # workload is applied.
+        target = read_target("apps", up.kind, up.namespace, workload, up.subject, policy,
+                             labels)
+        if target is None:
+            return Validation(Decision.skip("kind", tenant))
+        if not target.has_gpu or target.tenant is None:
+            return Validation(Decision.skip(
+                "no-gpu" if not target.has_gpu else "no-quota", tenant))
+        # The template's own rules are not this request's business (see the module's
+        # docstring): their findings are dropped.
+        cost = pod_cost(Quiet(policy, target.tenant, up.subject, OWNED), policy, target)
     except MalformedObject as exc:
-        return unchecked_scale(up, policy, messages.malformed(exc.pointer, exc.expected)
-                               .rstrip("."))
-    decision.gpus = gpus
-    check = Checker(policy, tenant, up.subject, OWNED, decision)
-    ask = Ask(tenant.name, up.namespace, product, effective, gpus, up.new, False,
-              up.new - up.old, up.kind)
-    decision.ask = ask
-    if quota is not None:
-        quota(check, as_update, ask)
-    return check.finish()
+        # A stored object we cannot read: say so, do not deny.
+        return Validation(unchecked_scale(
+            up, policy, messages.malformed(exc.pointer, exc.expected).rstrip(".")))
+    ask = Ask(target.tenant.name, up.namespace, cost, up.new, False, up.new - up.old, up.kind)
+    return Validation(Decision(tenant=target.tenant.name),
+                      QuotaStep(target.tenant, up.subject, ask, None))
 
 
 def unchecked_scale(up: ScaleUp, policy: CompiledPolicy, reason: str) -> Decision:
     """Allowed, with a warning (rule quota, at most warn) saying why it was not checked."""
-    decision = Decision(subject=up.subject, tenant=up.tenant.name)
-    check = Checker(policy, up.tenant, up.subject, OWNED, decision)
+    check = Checker(policy, up.tenant, up.subject, OWNED)
     check.report(Rule.QUOTA, messages.scale_unchecked(up.kind, reason), at_most=Mode.WARN)
-    return check.finish()
+    return check.decide()

@@ -1,88 +1,205 @@
 """The validating webhook's decision on the final object: per-container and per-pod
-maximums, products and topology the pod is pinned to, and (through ``quota``) the
-tenant's quotas. It never returns a patch.
+maximums, products and topology the pod is pinned to, and what quota must check. It
+never returns a patch.
 
 Rules the mutating phase owns are re-checked here only to enforce them, so a pod that
 reached the API server without the mutating webhook (failurePolicy Ignore while it was
 down, or a reinvocation) is still held to the policy.
+
+Quota needs the usage store, which the engine does not touch: :func:`validate` returns
+the decision of every other rule and, when that allows the object and its tenant has a
+quota, a :class:`QuotaStep` saying what to check (and for a real pod creation, what to
+reserve atomically). The admission pipeline (``webhook.admission``) runs it.
+
+A workload with roles (a training job) is checked template by template, and its quota
+step asks for every role at once (:class:`~webhook.engine.gang.GangAsk`). A role made
+up from resource fields (a TrainJob's resourcesPerNode, an Argo step) is not pinned yet:
+it is charged to the tenant's default product, and its pods are pinned when created.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import suppress
+from typing import Any
 
+from webhook.engine import claims as claims_engine
 from webhook.engine import messages
-from webhook.engine.decision import Ask, Checker, Decision
+from webhook.engine.charge import (
+    Ask,
+    Charge,
+    Cost,
+    QuotaStep,
+    Reservation,
+    Validation,
+    owner_of,
+    pod_cost,
+    unknown_templates,
+)
+from webhook.engine.claims import is_claim
+from webhook.engine.decision import Checker, Decision, Finding, malformed
+from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.gang import GangAsk, RoleAsk, pod_ids, workload_ids
 from webhook.engine.gpu import check_maximums, check_requests, weighted
-from webhook.engine.pinning import check_pinned
-from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
+from webhook.engine.target import NamespaceLabels, Target, Targets, no_labels, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations
-from webhook.patch import MalformedObject, child_list
+from webhook.k8s.objects import MalformedObject, child_list
+from webhook.k8s.review import AdmissionRequest
+from webhook.k8s.workloads import Workload, read_workload, replicas
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule, TolerationPolicy
-from webhook.review import AdmissionRequest
-from webhook.workloads import replicas
 
-OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA})
-
-
-# The quota hook: given the checker and the ask, report quota findings.
-QuotaCheck = Callable[[Checker, AdmissionRequest, Ask], None]
+OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA, Rule.UNKNOWN_CLAIM})
 
 
 def validate(req: AdmissionRequest, policy: CompiledPolicy,
-             labels: NamespaceLabels = no_labels, quota: QuotaCheck | None = None) -> Decision:
-    decision = Decision()
-    target = prepare(req, policy, labels, decision)
-    if target is None:
-        return decision
-    check = Checker(policy, target.tenant, target.subject, OWNED, decision)
-    decision.subject = target.subject
+             labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims
+             ) -> Validation:
+    if is_claim(req):
+        return claims_engine.validate(req, policy, labels)
+    targets = prepare(req, policy, labels, claims)
+    if isinstance(targets, Decision):
+        return Validation(targets)
+    if len(targets.roles) == 1 and targets.roles[0].role.name is None:
+        return _one_template(targets.roles[0].target, policy, req)
+    return _roles(targets, policy, req)
+
+
+def _one_template(target: Target, policy: CompiledPolicy, req: AdmissionRequest
+                  ) -> Validation:
+    check = Checker(policy, target.tenant, target.subject, OWNED)
     try:
+        quota = None
+        unknown_templates(check, target)
         if target.has_gpu:
-            _gpu_pod(check, policy, target, req, quota)
-        elif policy.non_gpu_tolerations is TolerationPolicy.DENY:
-            tolerations = child_list(target.template.spec, "tolerations",
-                                     target.template.spec_pointer) or []
-            keys = frozenset(str(t["key"]) for t in policy.tolerations if t.get("key"))
-            hits = gpu_taint_tolerations(tolerations, keys)
-            if hits:
-                found = sorted({str(tolerations[i]["key"]) for i in hits})
-                check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
+            quota = _gpu_pod(check, policy, target, req)
+        elif policy.non_gpu_tolerations is TolerationPolicy.DENY and not target.claims:
+            _tolerates_gpu_taints(check, policy, target)
     except MalformedObject as exc:
-        decision.allowed = False
-        decision.message = f"{target.subject}: {messages.malformed(exc.pointer, exc.expected)}"
-        return decision
-    return check.finish()
+        return Validation(malformed(target.subject, exc))
+    return Validation(check.decide(), quota)
 
 
-def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest,
-             quota: QuotaCheck | None) -> None:
-    if target.tenant is None and not policy.unassigned_allowed:
+def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest
+             ) -> QuotaStep | None:
+    tenant = target.tenant
+    if tenant is None and not policy.unassigned_allowed:
         check.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
-        return
-    product, effective, gpus = pod_charge(check, policy, target)
-    check.decision.gpus = gpus
-    if quota is not None and target.tenant is not None and check.decision.allowed:
-        assert req.object is not None
-        pods = 1 if target.template.is_pod else replicas(req.group, req.kind, req.object)
-        added = pods
-        if req.operation == "UPDATE" and req.old_object is not None:
-            with suppress(MalformedObject):  # an unreadable old object: count all pods
-                added = max(0, pods - replicas(req.group, req.kind, req.old_object))
-        ask = Ask(target.tenant.name, req.namespace, product, effective, gpus, pods,
-                  target.template.is_pod, added, req.kind)
-        check.decision.ask = ask
-        quota(check, req, ask)
+        return None
+    cost = pod_cost(check, policy, target)
+    if tenant is None or check.denied or (tenant.quota is None and not tenant.namespace_quota):
+        return None
+    if not cost.resources:
+        # Every GPU count unreadable (only reported in warn or audit mode): the pod costs
+        # nothing, as the cluster cache will count it; reserving a GPU pod of 0 GPUs would
+        # hold a slot of the tenant's pod cap that the cache never charges.
+        return None
+    assert req.object is not None
+    pods = 1 if target.template.is_pod else replicas(req.group, req.kind, req.object)
+    added = pods
+    if req.operation == "UPDATE" and req.old_object is not None:
+        with suppress(MalformedObject):  # an unreadable old object: count all pods
+            added = max(0, pods - replicas(req.group, req.kind, req.old_object))
+    ask = Ask(tenant.name, req.namespace, cost, pods, target.template.is_pod, added, req.kind)
+    reservation = None
+    if target.template.is_pod and not req.dry_run:  # a dry run must leave no trace
+        meta = req.object.get("metadata") or {}
+        name = f"{req.namespace}/{meta.get('name') or req.name}"
+        key = str(meta.get("uid") or name)
+        reservation = Reservation(key, Charge(tenant.name, req.namespace, owner_of(req.object),
+                                              cost.product, dict(cost.resources), cost.gpus),
+                                  pod_ids(req.object), name)
+    return QuotaStep(tenant, target.subject, ask, reservation)
 
 
-def pod_charge(check: Checker, policy: CompiledPolicy, target: Target
-               ) -> tuple[str | None, dict[str, float], float]:
-    """Check the template's GPU requests, maximums and pinning (reporting to ``check``)
-    and return what one of its pods is charged: (product, devices per resource,
-    GPU-equivalents)."""
+def _tolerates_gpu_taints(check: Checker, policy: CompiledPolicy, target: Target) -> None:
+    tolerations = child_list(target.template.spec, "tolerations",
+                             target.template.spec_pointer) or []
+    keys = frozenset(str(t["key"]) for t in policy.tolerations if t.get("key"))
+    hits = gpu_taint_tolerations(tolerations, keys)
+    if hits:
+        found = sorted({str(tolerations[i]["key"]) for i in hits})
+        check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
+
+
+def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest) -> Validation:
+    """A workload with roles: each template checked, and one quota step for them all."""
+    tenant = targets.tenant
+    findings: list[Finding] = []
+    if targets.has_gpu and tenant is None and not policy.unassigned_allowed:
+        told = Checker(policy, None, targets.subject, OWNED)
+        told.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+        return Validation(told.decide())
+    asks: list[RoleAsk] = []
+    old = _old_pods(req, policy)
+    denied = False
+    for rt in targets.roles:
+        target, role = rt.target, rt.role
+        check = Checker(policy, tenant, target.subject, OWNED)
+        try:
+            unknown_templates(check, target)
+            if target.has_gpu:
+                cost = (pod_cost(check, policy, target) if role.patchable
+                        else _unpinned_cost(check, policy, target))
+            else:
+                if (policy.non_gpu_tolerations is TolerationPolicy.DENY and role.patchable
+                        and not target.claims):
+                    _tolerates_gpu_taints(check, policy, target)
+                cost = Cost(None, {}, 0.0)
+        except MalformedObject as exc:
+            return Validation(malformed(target.subject, exc))
+        denied |= check.denied
+        findings.extend(check.findings)
+        name = role.name or ""
+        added = role.pods if old is None else max(0, role.pods - old.get(name, 0))
+        asks.append(RoleAsk(name, cost, role.pods, added, role.minimum))
+    decision = Decision.of(findings, tenant=tenant.name if tenant else None)
+    if (tenant is None or denied or (tenant.quota is None and not tenant.namespace_quota)
+            or not any(a.cost.resources for a in asks)):
+        return Validation(decision)
+    w = targets.workload
+    gang = GangAsk(tenant.name, req.namespace, w.kind, w.noun, w.role_word, tuple(asks),
+                   w.gang, w.sequential)
+    key = None
+    if (w.gang is not None and req.operation == "CREATE" and not req.dry_run
+            and req.object is not None):
+        # The validating webhook sees the final object, uid included: a gang's GPUs are
+        # reserved under it, and its pods find it through their owners.
+        meta = req.object.get("metadata") or {}
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        key = str(uid) if uid else None
+    name = req.name or _name(req.object)
+    owner = f"{w.kind.lower()}/{name}"
+    ids = workload_ids(req.group, req.kind, req.namespace, name, key) if key else ()
+    return Validation(decision, QuotaStep(tenant, targets.subject, None, None, gang, key,
+                                          owner, ids))
+
+
+def _name(obj: dict[str, Any] | None) -> str:
+    meta = (obj or {}).get("metadata") or {}
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def _old_pods(req: AdmissionRequest, policy: CompiledPolicy) -> dict[str, int] | None:
+    """Pods per role before an UPDATE (None for a CREATE or an unreadable old object:
+    every pod counts as added)."""
+    if req.operation != "UPDATE" or req.old_object is None:
+        return None
+    try:
+        old: Workload | None = read_workload(req.group, req.kind, req.old_object,
+                                             policy.workload_kinds)
+    except MalformedObject:
+        return None
+    if old is None:
+        return None
+    return {r.name or "": r.pods for r in old.roles}
+
+
+def _unpinned_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
+    """A role made up from resource fields: counts and maximums checked; not pinned yet,
+    so charged to the tenant's default product, where its pods will be pinned."""
     counts = check_requests(check, target.containers, None)
     effective = check_maximums(check, policy, target.containers, counts)
-    product = check_pinned(check, policy, target.template)
-    return product, effective, weighted(policy, effective)
+    tenant = target.tenant
+    product = tenant.default_product if tenant is not None and tenant.capped_products \
+        else None
+    return Cost(product, effective, weighted(policy, effective))

@@ -11,15 +11,21 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from webhook.k8s.workloads import KindPaths, RolePaths, parse_pointer
 from webhook.policy.model import (
+    DeviceClass,
     GPUPolicy,
     LabelSelector,
     Mode,
     QuotaLimits,
     Rule,
     TolerationPolicy,
+    WorkloadKind,
     pattern_regex,
 )
+
+# Every DeviceClass is also requestable as this prefix + its name (KEP-5004).
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +41,6 @@ class Limits:
     def of(cls, q: QuotaLimits) -> Limits:
         return cls(q.gpus, dict(q.resources), dict(q.products), q.pods)
 
-    def empty(self) -> bool:
-        return self.gpus is None and not self.resources and not self.products and self.pods is None
-
 
 @dataclass(frozen=True, slots=True)
 class TenantRules:
@@ -49,6 +52,7 @@ class TenantRules:
     default_product: str | None
     max_per_container: float | None
     max_per_pod: float | None
+    allowed_device_classes: frozenset[str] | None
     topology_label: str | None
     topology_values: tuple[str, ...]
     quota: Limits | None
@@ -116,19 +120,38 @@ class CompiledPolicy:
     by_name: Mapping[str, TenantRules]
     _by_namespace: Mapping[str, TenantRules]
     _by_selector: tuple[tuple[_Selector, TenantRules], ...]
+    device_classes: Mapping[str, DeviceClass] = field(default_factory=dict)
     _is_gpu: dict[str, bool] = field(default_factory=dict)
+    # Workload kinds the policy adds to the built-in ones: (group, kind) -> paths.
+    workload_kinds: Mapping[tuple[str, str], KindPaths] = field(default_factory=dict)
 
     def is_gpu(self, resource: str) -> bool:
-        """Whether an extended resource name counts as a GPU (memoised: names are few)."""
+        """Whether an extended resource name counts as a GPU (memoised: names are few). A
+        GPU DeviceClass's implicit extended resource
+        (``deviceclass.resource.kubernetes.io/gpu.nvidia.com``) is one."""
         hit = self._is_gpu.get(resource)
         if hit is None:
-            hit = resource in self.gpu_names or any(p.match(resource) for p in self.gpu_patterns)
+            hit = (resource in self.gpu_names or any(p.match(resource) for p in self.gpu_patterns)
+                   or self.implicit_class(resource) is not None)
             if len(self._is_gpu) < 4096:  # bound the memo against hostile resource names
                 self._is_gpu[resource] = hit
         return hit
 
     def weight(self, resource: str) -> float:
-        return self.weights.get(resource, 1.0)
+        w = self.weights.get(resource)
+        if w is not None:
+            return w
+        cls = self.implicit_class(resource)
+        return self.device_classes[cls].gpus if cls is not None else 1.0
+
+    def implicit_class(self, resource: str) -> str | None:
+        """The GPU DeviceClass a ``deviceclass.resource.kubernetes.io/<class>`` request
+        names (KEP-5004: every class is requestable so), else None."""
+        if resource.startswith(IMPLICIT_PREFIX):
+            cls = resource[len(IMPLICIT_PREFIX):]
+            if cls in self.device_classes:
+                return cls
+        return None
 
     def tenant_for(
         self, namespace: str, labels: Mapping[str, str] | None = None
@@ -141,6 +164,25 @@ class CompiledPolicy:
             if selector.matches(labels or {}):
                 return tenant
         return None
+
+    def labels_selecting(self, tenant: str) -> dict[str, str] | None:
+        """Namespace labels that the tenant's selector matches (its matchLabels, and the
+        first value of each ``In``), or None when it has none or they are not enough:
+        for a tool told the tenant of a namespace whose labels it cannot read."""
+        for selector, t in self._by_selector:
+            if t.name != tenant:
+                continue
+            labels = dict(selector.labels)
+            for key, op, values in selector.expressions:
+                if op == "In" and values:
+                    labels[key] = sorted(values)[0]
+            if selector.matches(labels) and self.tenant_for("", labels) is t:
+                return labels
+        return None
+
+    def named_namespaces(self) -> frozenset[str]:
+        """The namespaces the policy gives a tenant by name (not by label selector)."""
+        return frozenset(self._by_namespace)
 
     def mode_for(self, rule: Rule, tenant: TenantRules | None) -> Mode:
         """A rule's own mode wins; then the tenant's; then the policy's."""
@@ -184,6 +226,8 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             default_product=t.default_product,
             max_per_container=t.max_gpus_per_container,
             max_per_pod=t.max_gpus_per_pod,
+            allowed_device_classes=frozenset(t.allowed_device_classes)
+            if t.allowed_device_classes is not None else None,
             topology_label=t.topology.node_label if t.topology else None,
             topology_values=tuple(t.topology.values) if t.topology else (),
             quota=quota,
@@ -227,4 +271,19 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         by_name={t.name: t for t in tenants},
         _by_namespace=by_ns,
         _by_selector=tuple(by_sel),
+        device_classes=dict(spec.device_classes),
+        workload_kinds={(w.group, w.kind): kind_paths(w) for w in spec.workload_kinds},
     )
+
+
+def kind_paths(w: WorkloadKind) -> KindPaths:
+    """A configured workload kind as the pointer paths the workload reader walks."""
+    roles = tuple(
+        RolePaths(parse_pointer(r.template),
+                  parse_pointer(r.replicas) if r.replicas else None,
+                  parse_pointer(r.name) if r.name else None,
+                  r.default_replicas)
+        for r in w.roles)
+    return KindPaths(w.kind, roles,
+                     parse_pointer(w.gang_minimum) if w.gang_minimum else None,
+                     w.gang == "all")

@@ -10,11 +10,17 @@ Explicit ``!!tags`` are refused for the same reason (their constructors fail wit
 arbitrary exceptions), and nesting is capped: PyYAML composes and constructs nodes
 recursively, and a file of ``[[[[...`` would otherwise end in a RecursionError rather
 than a located error.
+
+A key given twice in one mapping is an error naming both lines: PyYAML keeps the last
+one silently, so a ``mode: warn`` dedented by one level from a tenant to ``spec`` would
+turn the whole policy to warn with ``policy check`` saying ok.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,6 +29,13 @@ from pydantic import BaseModel, ValidationError
 
 from webhook.policy import model
 from webhook.policy.model import API_VERSION, KIND, FieldProblem, GPUPolicy
+
+
+def default_policy_text() -> str:
+    """The example multi-tenant policy shipped inside the package (what `serve`, `review`
+    and `manifests` use when no policy file is given)."""
+    return (resources.files("webhook") / "defaults" / "policy.yaml").read_text("utf-8")
+
 
 MAX_POLICY_BYTES = 1 << 20  # a generous policy is tens of KiB; a bigger file is a mistake
 MAX_DEPTH = 64  # a policy nests about 8 levels deep
@@ -131,7 +144,7 @@ Model = TypeVar("Model", bound=BaseModel)
 def load_document(text: str, source: str, model: type[Model], kind: str) -> Model:
     """One YAML document validated as ``model`` (whose ``apiVersion`` is API_VERSION and
     ``kind`` is ``kind``), with every problem located; shared by the policy and the
-    policy test suites (``webhook.policytest``)."""
+    policy test suites (``webhook.tools.policytest``)."""
     try:
         docs = [d for d in yaml.compose_all(text, Loader=_NoAliasLoader) if not _empty(d)]
     except yaml.MarkedYAMLError as exc:
@@ -149,6 +162,9 @@ def load_document(text: str, source: str, model: type[Model], kind: str) -> Mode
                                            f"one {'policy' if kind == KIND else kind} per file: "
                                            "split the documents")])
     node = docs[0]
+    duplicates = _duplicate_keys(node, [])
+    if duplicates:
+        raise PolicyError(source, duplicates)
     try:
         raw = yaml.SafeLoader(text).construct_document(node)
     except yaml.MarkedYAMLError as exc:  # an unknown !!tag, an unhashable key, ...
@@ -165,6 +181,32 @@ def load_document(text: str, source: str, model: type[Model], kind: str) -> Mode
         return model.model_validate(raw)
     except ValidationError as exc:
         raise PolicyError(source, [_problem(e, node) for e in exc.errors()]) from None
+
+
+def _duplicate_keys(node: yaml.Node, loc: list[object]) -> list[Problem]:
+    """Every key given more than once in the same mapping, at the line of its repeat.
+
+    Iterative would be no safer: nesting is already capped at MAX_DEPTH while composing."""
+    out: list[Problem] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else None
+            if isinstance(name, str):
+                line = key.start_mark.line + 1
+                if name in first:
+                    out.append(Problem(
+                        _dotted([*loc, name]), line,
+                        f"duplicate key {name!r} (first at line {first[name]}): YAML keeps "
+                        "only the last one; remove one, or indent it under the mapping it "
+                        "belongs to"))
+                else:
+                    first[name] = line
+            out.extend(_duplicate_keys(value, [*loc, name if name is not None else "?"]))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out.extend(_duplicate_keys(item, [*loc, i]))
+    return out
 
 
 def _empty(node: yaml.Node | None) -> bool:
@@ -194,11 +236,27 @@ def _problem(error: object, root: yaml.Node) -> Problem:
         message += f" (got {value!r})"  # the bad value, so the fix is obvious
     if kind == "extra_forbidden":
         message = f"unknown field {loc[-1]!r}: check the spelling against policies/README.md"
+        known = _field_names().get(str(loc[-1]).lower())
+        if known and known != loc[-1]:
+            message = f"unknown field {loc[-1]!r}: did you mean {known!r}?"
     elif kind == "literal_error" and loc == ["apiVersion"]:
         message = f"apiVersion must be {API_VERSION!r} (got {error.get('input')!r})"
     elif kind == "missing":
         message = "required field is missing"
     return Problem(path, _line(root, loc), message)
+
+
+@cache
+def _field_names() -> dict[str, str]:
+    """Every field name the schema knows, by its lowercase spelling: a key that differs
+    only in case (``reservationTtlSeconds``) gets the right spelling in its error."""
+    out: dict[str, str] = {}
+    for obj in vars(model).values():
+        if isinstance(obj, type) and issubclass(obj, BaseModel):
+            for name, info in obj.model_fields.items():
+                alias = info.alias or name
+                out.setdefault(alias.lower(), alias)
+    return out
 
 
 def _dotted(loc: list[object]) -> str:

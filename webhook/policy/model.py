@@ -15,6 +15,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from webhook.k8s.workloads import READERS
+
+BUILT_IN_KINDS = frozenset(READERS)
+
 API_VERSION = "gpu-webhook.dev/v1alpha1"
 KIND = "GPUPolicy"
 
@@ -58,6 +62,10 @@ class Rule(StrEnum):
     MAX_PER_POD = "max-gpus-per-pod"
     NON_GPU_TOLERATIONS = "non-gpu-tolerations"
     QUOTA = "quota"
+    ALLOWED_DEVICE_CLASSES = "allowed-device-classes"
+    DEVICE_ADMIN_ACCESS = "device-admin-access"
+    EXTENDED_RESOURCE_CLAIM = "extended-resource-claim"
+    UNKNOWN_CLAIM = "unknown-claim"
 
 
 class FieldProblem(ValueError):
@@ -80,6 +88,9 @@ class _Strict(BaseModel):
         populate_by_name=True,
         frozen=True,
         str_strip_whitespace=False,
+        # The docstring under a field is its description in the published JSON Schema
+        # and the GPUPolicy CRD (webhook.policy.schema): one text for code and editors.
+        use_attribute_docstrings=True,
     )
 
 
@@ -94,6 +105,7 @@ class GPUResources(_Strict):
     names: list[Annotated[str, Field(pattern=_QUALIFIED, max_length=253)]] = Field(
         default_factory=lambda: ["nvidia.com/gpu"], max_length=256
     )
+    """Extended resource names that are GPUs."""
     patterns: list[Annotated[str, Field(pattern=_RESOURCE_PATTERN, max_length=253)]] = Field(
         default_factory=list, max_length=256
     )
@@ -103,6 +115,31 @@ class GPUResources(_Strict):
     )
     """GPU-equivalents per device of a resource (a MIG 1g slice of 7 -> 0.142857).
     Resources not listed weigh 1."""
+
+
+class DeviceClass(_Strict):
+    """A DeviceClass whose devices are GPUs (Dynamic Resource Allocation), and what one
+    device of it weighs."""
+
+    gpus: Annotated[float, Field(gt=0, le=1024)] = 1.0
+    """GPU-equivalents per device (a per-profile MIG class such as
+    ``mig-1g-12gb.gpu.nvidia.com`` -> 0.142857)."""
+    mig_profiles: bool = False
+    """Weigh a request by the MIG profile its CEL selectors name
+    (``device.attributes['gpu.nvidia.com'].profile == '1g.10gb'`` weighs as
+    ``gpuResources.weights['nvidia.com/mig-1g.10gb']``); a request that names no profile
+    weighs ``gpus`` (keep it at 1: at most a whole GPU)."""
+    product_attribute: Annotated[str, Field(min_length=1, max_length=253)] = (
+        "device.attributes['gpu.nvidia.com'].productName")
+    """The CEL path of the device's product name, matched against the policy's product
+    node-label values after spaces become dashes (NVML says ``NVIDIA A100-SXM4-80GB``,
+    GPU Feature Discovery labels ``NVIDIA-A100-SXM4-80GB``)."""
+
+
+def _default_device_classes() -> dict[str, DeviceClass]:
+    # NVIDIA's DRA driver publishes these two classes.
+    return {"gpu.nvidia.com": DeviceClass(),
+            "mig.nvidia.com": DeviceClass(mig_profiles=True)}
 
 
 class ProductRequest(_Strict):
@@ -237,19 +274,31 @@ class Tenant(_Strict):
     """A team: the namespaces it owns and what its GPU pods may use."""
 
     name: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    """Shown in messages (``[rule ..., tenant NAME]``) and metrics; unique."""
     namespaces: list[Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]] = Field(
         default_factory=list, max_length=4096
     )
+    """Namespaces the tenant owns, by name."""
     namespace_selector: LabelSelector | None = None
+    """Namespaces the tenant owns, by label; a namespace named in some tenant's
+    ``namespaces`` wins over selectors, and the first matching selector among them."""
     allowed_resources: list[str] | None = Field(default=None, max_length=256)
     """GPU resource names this tenant may request (default: every GPU resource)."""
     allowed_products: list[str] | None = Field(default=None, max_length=256)
     """Product short names this tenant may use (default: any; no product pinning)."""
+    allowed_device_classes: list[str] | None = Field(default=None, max_length=256)
+    """GPU DeviceClasses (of ``spec.deviceClasses``) this tenant's claims may ask (default:
+    every one)."""
     default_product: str | None = None
+    """The product of pods that do not ask for one; must be in ``allowedProducts``."""
     max_gpus_per_container: Equivalents | None = None
+    """GPU-equivalents one container may ask (rule max-gpus-per-container)."""
     max_gpus_per_pod: Equivalents | None = None
+    """GPU-equivalents one pod may ask, on its effective request (rule max-gpus-per-pod)."""
     topology: Topology | None = None
+    """Rack / NVLink domain pinning (rule topology)."""
     quota: Quota | None = None
+    """What the tenant may hold at once (rule quota)."""
     mode: Mode | None = None
     """Enforcement mode for this tenant's rules when a rule has no mode of its own."""
 
@@ -272,6 +321,7 @@ class Tenant(_Strict):
 
 class RuleSettings(_Strict):
     mode: Mode
+    """What the rule does when it finds a violation."""
 
 
 class Exemptions(_Strict):
@@ -292,29 +342,112 @@ class QuotaLedger(_Strict):
     on_unavailable: Literal["deny", "allow"] = "deny"
     """A GPU pod whose reservation cannot be committed (API server unreachable, budget
     spent on conflicts): ``deny`` (fail closed) or ``allow`` (admit uncounted, warn)."""
-    reservation_ttl_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    # Spelled as Kubernetes spells acronyms in field names (``podIP``, ``clusterIP``: all
+    # letters of an acronym share one case), not as to_camel would (``reservationTtl...``).
+    reservation_ttl_seconds: Annotated[int, Field(ge=5, le=3600,
+                                                  alias="reservationTTLSeconds")] = 60
     """How long a reservation counts while its pod has not been seen; longer than the
     watch lag of every replica, short enough that a refused pod's GPUs come back soon."""
 
 
+# --- workload kinds configured by the policy ------------------------------------------
+
+_GROUP = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$"
+_KIND = r"^[A-Z][A-Za-z0-9]{0,62}$"
+_VERSION = r"^v[0-9]+((alpha|beta)[0-9]+)?$"
+_POINTER = r"^(/([^/~]|~[01])*)+$"
+
+
+def _tokens(pointer: str) -> tuple[str, ...]:
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
+
+
+class WorkloadRole(_Strict):
+    """Where one kind of role of a configured workload keeps its pod template.
+
+    ``template`` is a JSON Pointer to a pod template (an object with ``metadata`` and
+    ``spec``); a ``*`` segment stands for every item of a list or every value of a map,
+    each item one role. ``replicas`` and ``name`` point into the same item: they begin
+    with the template's pointer up to its last ``*``."""
+
+    template: Annotated[str, Field(pattern=_POINTER, max_length=512)]
+    replicas: Annotated[str, Field(pattern=_POINTER, max_length=512)] | None = None
+    """Pods of the role at once; absent in the object: ``defaultReplicas``."""
+    default_replicas: Annotated[int, Field(ge=0, le=100_000)] = 1
+    name: Annotated[str, Field(pattern=_POINTER, max_length=512)] | None = None
+    """The role's name, for messages (default: the item's key or index)."""
+
+    @model_validator(mode="after")
+    def _same_item(self) -> WorkloadRole:
+        tokens = _tokens(self.template)
+        stars = [i for i, t in enumerate(tokens) if t == "*"]
+        if len(stars) > 1:
+            raise FieldProblem(("template",),
+                f"template {self.template!r} has {len(stars)} '*' segments: use one (each "
+                "item of one list or map is a role)")
+        prefix = tokens[: stars[-1] + 1] if stars else ()
+        for field_name, value in (("replicas", self.replicas), ("name", self.name)):
+            if value is None:
+                continue
+            own = _tokens(value)
+            if own[: len(prefix)] != prefix or "*" in own[len(prefix):]:
+                raise FieldProblem((field_name,),
+                    f"{field_name} {value!r} must point into the same item as the template "
+                    f"{self.template!r}: begin it with "
+                    f"{'/' + '/'.join(prefix) if prefix else 'any path without *'}")
+        return self
+
+
+class WorkloadKind(_Strict):
+    """A workload kind the webhook checks at apply besides the built-in ones."""
+
+    group: Annotated[str, Field(pattern=_GROUP, max_length=253)]
+    kind: Annotated[str, Field(pattern=_KIND)]
+    resource: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    """The plural resource name, as in ``kubectl api-resources`` (for the webhook rules)."""
+    versions: list[Annotated[str, Field(pattern=_VERSION)]] = Field(min_length=1, max_length=16)
+    roles: list[WorkloadRole] = Field(min_length=1, max_length=16)
+    gang: Literal["none", "all"] = "none"
+    """``all``: every pod must start together (like a JobSet); ``none``: no gang."""
+    gang_minimum: Annotated[str, Field(pattern=_POINTER, max_length=512)] | None = None
+    """Pods that must start together, when the object sets it (overrides ``gang``)."""
+
+
 class Spec(_Strict):
     mode: Mode = Mode.ENFORCE
+    """Mode of every rule that has no mode of its own or from its tenant."""
     rules: dict[Rule, RuleSettings] = Field(default_factory=dict)
+    """Per-rule mode, by rule name; wins over tenant and policy modes."""
     gpu_resources: GPUResources = Field(default_factory=GPUResources)
+    """Which extended resources are GPUs and what each is worth."""
+    device_classes: dict[
+        Annotated[str, Field(pattern=_QUALIFIED, max_length=253)], DeviceClass
+    ] = Field(default_factory=_default_device_classes, max_length=256)
+    """DeviceClasses whose devices are GPUs (DRA), by name; default: NVIDIA's
+    ``gpu.nvidia.com`` and ``mig.nvidia.com``."""
     products: Products = Field(default_factory=Products)
+    """GPU products and how a pod asks for one."""
     tolerations: list[Toleration] = Field(
         default_factory=lambda: [
             Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
         ],
         max_length=64,
     )
+    """Added to every GPU pod that does not already tolerate them."""
     non_gpu_pods_tolerating_gpu_taints: TolerationPolicy = TolerationPolicy.ALLOW
+    """A pod that requests no GPU but tolerates a GPU taint: ``strip`` the tolerations,
+    ``deny`` the pod, or ``allow`` it."""
     unassigned_namespaces: Literal["deny", "allow"] = "deny"
     """GPU pods in a namespace that belongs to no tenant: ``deny`` (rule tenant-required)
     or ``allow`` (no tenant rules apply; tolerations are still added)."""
     exemptions: Exemptions = Field(default_factory=Exemptions)
+    """Requests the webhook passes untouched."""
     quota_ledger: QuotaLedger = Field(default_factory=QuotaLedger)
+    """How quota reservations are committed across replicas."""
+    workload_kinds: list[WorkloadKind] = Field(default_factory=list, max_length=256)
+    """Other workload kinds to check at apply (the training kinds are built in)."""
     tenants: list[Tenant] = Field(default_factory=list, max_length=4096)
+    """The teams, their namespaces and limits."""
 
     @field_validator("rules", mode="before")
     @classmethod
@@ -327,6 +460,20 @@ class Spec(_Strict):
                         f"unknown rule {key!r}; the rules are: {', '.join(sorted(known))}"
                     )
         return value
+
+    @model_validator(mode="after")
+    def _workload_kinds_unique(self) -> Spec:
+        seen: set[tuple[str, str]] = set()
+        for i, w in enumerate(self.workload_kinds):
+            key = (w.group, w.kind)
+            if key in BUILT_IN_KINDS:
+                raise FieldProblem(("workloadKinds", i, "kind"),
+                    f"{w.kind}.{w.group} is built in: remove it from workloadKinds")
+            if key in seen:
+                raise FieldProblem(("workloadKinds", i, "kind"),
+                    f"{w.kind}.{w.group} is configured twice: keep one entry")
+            seen.add(key)
+        return self
 
     @model_validator(mode="after")
     def _cross_references(self) -> Spec:
@@ -355,6 +502,13 @@ class Spec(_Strict):
                 for ns, limits in t.quota.namespaces.items():
                     products.extend((("quota", "namespaces", ns, "products", p), p)
                                     for p in limits.products)
+            for k, cls in enumerate(t.allowed_device_classes or []):
+                if cls not in self.device_classes:
+                    raise FieldProblem(
+                        (*here, "allowedDeviceClasses", k),
+                        f"tenant {t.name}: device class {cls!r} is not a GPU class; add it "
+                        f"under spec.deviceClasses (defined: "
+                        f"{', '.join(sorted(self.device_classes)) or 'none'})")
             for loc, p in products:
                 if p not in aliases:
                     raise FieldProblem(

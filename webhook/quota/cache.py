@@ -1,10 +1,22 @@
 """The cluster as quota sees it: GPU pods and namespace labels, fed by watches.
 
 Only what quota needs is kept: one :class:`~webhook.quota.usage.Charge` per GPU pod
-(non-GPU pods cost nothing), namespace labels for selector-based tenants, and, for a
-while, the uids of pods that ended so a reservation for them is not counted again.
-Events arrive on watch threads and are applied on the event loop, so the usage totals
-are only ever touched by one thread.
+(non-GPU pods cost nothing), which pod holds each ``namespace/name`` (a re-created name
+is refused by the API server while another pod holds it), namespace labels for
+selector-based tenants, and, for a while, the uids of pods that ended so a reservation
+for them is not counted again. Events arrive on watch threads and are applied on the
+event loop, so the usage totals are only ever touched by one thread.
+
+Liveness: a watch whose connection stalls silently (a dead load-balancer path: no FIN,
+no RST) delivers nothing, and nothing tells an idle watch from a dead one but time. Each
+watch therefore shows progress at least every :meth:`ClusterState.watch_window` seconds
+(an event, a bookmark, or the end of a watch window the server closes), and the state is
+*live* only while every watch has shown progress within twice that. The window is a
+quarter of the reservation TTL (at most 15 s), so a live cache is never older than half
+a TTL: a reservation that expired was made long enough ago that its pod, if created, is
+in a live cache. While not live, :meth:`synced` is false (``/readyz`` says not ready) and
+the ledger refuses to commit (``onUnavailable`` applies), because expired reservations
+would be counted as free for pods this cache has not seen.
 """
 
 from __future__ import annotations
@@ -14,15 +26,50 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from webhook.engine.charge import Charge, charge_of_pod
+from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.policy.compiled import CompiledPolicy
-from webhook.quota.usage import Usage, charge_of_pod
+from webhook.quota.claims import ClaimCache
+from webhook.quota.usage import Usage
+
+# Watch windows: short enough to show progress well within the reservation TTL, long
+# enough that an idle cluster costs one request per watch every few seconds at most.
+MAX_WATCH_WINDOW = 15.0
+MIN_WATCH_WINDOW = 1.0
+PODS, NAMESPACES = "pods", "namespaces"
+PROGRESS = "PROGRESS"  # an event type: the watch is alive, nothing changed
+
+
+class _Pods:
+    """The GPU pods of one list-and-watch: charges by uid, and who holds each name."""
+
+    __slots__ = ("name_of", "names", "usage")
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        # "namespace/name" -> (uid, charge or None) of the pod holding that name.
+        self.names: dict[str, tuple[str, Charge | None]] = {}
+        self.name_of: dict[str, str] = {}  # uid -> "namespace/name"
+
+    def put(self, uid: str, name: str | None, charge: Charge | None) -> None:
+        """Set the pod's charge and name; ``name`` None: the pod is gone."""
+        self.usage.put(uid, charge)
+        held = self.name_of.pop(uid, None)
+        if held is not None and self.names.get(held, ("",))[0] == uid:
+            del self.names[held]
+        if name is not None:
+            self.names[name] = (uid, charge)
+            self.name_of[uid] = name
 
 
 class ClusterState:
     def __init__(self, policy: Callable[[], CompiledPolicy], tombstone_ttl: float = 600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
-        self.pods = Usage()
+        self._pods = _Pods()
+        # A relist builds here and replaces ``_pods`` at its end in one step: a cache half
+        # refilled would count too little for every admission decided meanwhile.
+        self._relisting: _Pods | None = None
         self.labels: dict[str, dict[str, str]] = {}
         self._ended: dict[str, float] = {}
         self._tombstone_ttl = tombstone_ttl
@@ -30,9 +77,44 @@ class ClusterState:
         self.pods_synced = False
         self.namespaces_synced = False
         self.on_relabel: Callable[[], None] | None = None
+        self._progress: dict[str, float] = {}  # watch -> last sign of life (clock)
+        self._watches: tuple[str, ...] = (PODS, NAMESPACES)
+        self._absent: set[str] = set()  # watched kinds the API server does not serve
+        # DRA claims and templates, once the cluster is known to serve them.
+        self.claims: ClaimCache | None = None
+        self.on_templates_synced: Callable[[], None] | None = None
+
+    def watch_claims(self) -> ClaimCache:
+        """Keep DRA claims and templates too (their watches then count for liveness)."""
+        self.claims = ClaimCache(self.policy, self.namespace_labels)
+        self._watches = (PODS, NAMESPACES, CLAIM, TEMPLATE)
+        return self.claims
+
+    def claim_lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.claims.lookup(kind, namespace, name) if self.claims else None
+
+    @property
+    def pods(self) -> Usage:
+        return self._pods.usage
+
+    # -- readiness --------------------------------------------------------------------
+
+    def watch_window(self) -> float:
+        """Seconds a watch request may stay open before the server ends it (and so the
+        longest a healthy, idle watch goes without progress)."""
+        ttl = self.policy().reservation_ttl
+        return max(MIN_WATCH_WINDOW, min(MAX_WATCH_WINDOW, ttl / 4))
+
+    def live(self) -> bool:
+        """Every watch has shown progress within twice its window."""
+        deadline = self._clock() - 2 * self.watch_window()
+        return all(self._progress.get(w, -float("inf")) >= deadline
+                   for w in self._watches if w not in self._absent)
 
     def synced(self) -> bool:
-        return self.pods_synced and self.namespaces_synced
+        """Listed once, and live now: what readiness and the ledger depend on."""
+        return (self.pods_synced and self.namespaces_synced
+                and (self.claims is None or self.claims.ready()) and self.live())
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         return self.labels.get(namespace)
@@ -41,30 +123,79 @@ class ClusterState:
         """Whether this replica has seen the pod (running now, or ended recently)."""
         return uid in self.pods or uid in self._ended
 
+    def holder(self, name: str) -> tuple[str, Charge | None] | None:
+        """(uid, charge) of the pod this replica sees holding ``namespace/name``."""
+        return self._pods.names.get(name)
+
     # -- events (on the event loop) -------------------------------------------------
 
     def pod_event(self, typ: str, pod: dict[str, Any]) -> None:
+        self._progress[PODS] = self._clock()
+        if typ == PROGRESS:
+            return
         if typ == "RESET":
-            self.pods = Usage()
+            self._relisting = _Pods()
             return
         if typ == "SYNCED":
+            if self._relisting is not None:
+                # The claims' charges live beside the pods' (one usage for the ledger):
+                # carried into the relisted set.
+                for claim, held in (self.claims.charges.items() if self.claims else ()):
+                    self._relisting.put(claim, None, held)
+                self._pods, self._relisting = self._relisting, None
             self.pods_synced = True
             return
         meta = pod.get("metadata") or {}
         uid = meta.get("uid")
         if not isinstance(uid, str):
             return
+        into = self._relisting or self._pods
         if typ == "DELETED":
-            self.pods.put(uid, None)
+            into.put(uid, None, None)
             self._end(uid)
             return
         ns = str(meta.get("namespace") or "")
-        charge = charge_of_pod(pod, self.policy(), self.labels.get(ns))
-        if charge is None and uid in self.pods:
+        charge = charge_of_pod(pod, self.policy(), self.labels.get(ns), self.claim_lookup)
+        if charge is None and uid in into.usage:
             self._end(uid)  # reached a terminal phase
-        self.pods.put(uid, charge)
+        into.put(uid, f"{ns}/{meta.get('name') or ''}", charge)
+
+    def claim_event(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
+        """The event handler for one DRA kind's watch (CLAIM or TEMPLATE)."""
+
+        def handle(typ: str, obj: dict[str, Any]) -> None:
+            self._progress[kind] = self._clock()
+            if self.claims is None:
+                return
+            if typ == "ABSENT":
+                # Not served by this API server: nothing can be asked through it, and a
+                # watch that cannot exist must not make the replica not ready.
+                self._absent.add(kind)
+                typ = "SYNCED"
+            else:
+                self._absent.discard(kind)
+            first_sync = typ == "SYNCED" and not self.claims.synced[kind]
+            for uid, charge in self.claims.event(kind, typ, obj):
+                for into in (self._pods, self._relisting):
+                    if into is not None:
+                        into.put(uid, None, charge)
+                if charge is None and typ == "DELETED":
+                    self._end(uid)  # a reservation for it must not count again
+            if first_sync and kind == TEMPLATE and self.pods_synced and self.on_templates_synced:
+                self.on_templates_synced()
+
+        return handle
+
+    def recharge_claims(self) -> None:
+        """Charge every claim again (after a policy change)."""
+        if self.claims is not None:
+            for uid, charge in self.claims.recharge():
+                self._pods.put(uid, None, charge)
 
     def namespace_event(self, typ: str, ns: dict[str, Any]) -> None:
+        self._progress[NAMESPACES] = self._clock()
+        if typ == PROGRESS:
+            return
         if typ == "RESET":
             self.labels = {}
             return
@@ -101,4 +232,6 @@ class ClusterState:
         def deliver(typ: str, obj: dict[str, Any]) -> None:
             loop.call_soon_threadsafe(handler, typ, obj)
 
+        # The watch asks how long its windows may be (they follow the policy's TTL).
+        deliver.window = self.watch_window  # type: ignore[attr-defined]
         return deliver

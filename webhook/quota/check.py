@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.engine import messages
-from webhook.engine.decision import Ask, Checker
-from webhook.policy.compiled import Limits, TenantRules
+from webhook.engine.charge import Ask
+from webhook.engine.decision import Checker
+from webhook.engine.gang import GangAsk
+from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
 from webhook.policy.model import Mode, Rule
 from webhook.quota.usage import Totals
 
@@ -69,24 +71,38 @@ def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
             out.append(Line(scope, f"{ask.product} GPUs", limits.products[ask.product],
                             totals.products.get(ask.product, 0.0), ask.gpus,
                             product_holders, ask.product))
-        if limits.pods is not None:
-            out.append(Line(scope, "GPU pods", limits.pods, totals.pods, 1.0, holders))
+        if limits.pods is not None and ask.counts_pods:
+            out.append(Line(scope, messages.PODS, limits.pods, totals.pods, 1.0, holders))
     return out
 
 
-def _alternatives(tenant: TenantRules, line: Line, usage: UsageView, ask: Ask) -> list[str]:
+def _alternatives(policy: CompiledPolicy, tenant: TenantRules, line: Line, usage: UsageView,
+                  ask: Ask) -> list[str]:
     """Other allowed products with room for this ask, for the 'what would fit' hint."""
     if line.product is None or tenant.quota is None:
         return []
     out = []
     totals = usage.tenant(tenant.name)
+    label, annotation = policy.product_request_label, policy.product_request_annotation
     for p, cap in tenant.quota.products.items():
         if p == line.product or (tenant.allowed_products and p not in tenant.allowed_products):
             continue
         free = cap - totals.products.get(p, 0.0)
         if free + EPSILON >= ask.gpus:
-            out.append(f"{p} has {messages.num(free)} free")
+            out.append(messages.alternative(p, free, label, annotation, policy.product_label,
+                                            policy.product_value.get(p, p)))
     return out
+
+
+def _asked_as(check: Checker, line: Line, ask: Ask) -> str | None:
+    """A GPU-equivalents line names the devices asked for first (three MIG slices, not
+    "1.5"); a per-resource or pod-count line is already in the developer's own units."""
+    if line.what != "GPUs" and line.product is None:
+        return None
+    if len(ask.resources) == 1 and all(check.policy.weight(r) == 1 for r in ask.resources):
+        return None  # "asks 3": whole GPUs are already what the developer wrote
+    return messages.devices([(r, n, check.policy.weight(r)) for r, n in ask.resources.items()],
+                            ask.gpus)
 
 
 def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -> bool:
@@ -98,19 +114,99 @@ def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -
             top = usage.top_owners(line.holders)
             check.report(Rule.QUOTA, messages.quota_exceeded(
                 line.scope, line.what, line.used, line.per_pod, line.cap, top,
-                "this pod asks", _alternatives(tenant, line, usage, ask)))
+                "this pod asks" if ask.counts_pods else f"this {ask.kind} asks",
+                _alternatives(check.policy, tenant, line, usage, ask),
+                _asked_as(check, line, ask)))
     return fits
 
 
 def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -> None:
-    """A workload's gang against the caps: deny if it can never fit, warn if not now."""
-    for line in lines(tenant, ask, usage):
-        whole = ask.pods * line.per_pod
-        if whole > line.cap + EPSILON:
-            check.report(Rule.QUOTA, messages.gang_never_fits(
-                line.scope, line.what, ask.pods, line.per_pod, line.cap))
-        elif ask.pods_added and line.used + ask.pods_added * line.per_pod > line.cap + EPSILON:
-            check.report(Rule.QUOTA, messages.gang_not_free(
-                line.scope, line.what, ask.pods_added, line.per_pod, line.free(), line.cap),
-                at_most=Mode.WARN)
+    """A workload's gang against the caps: deny if it can never fit, warn if not now.
 
+    Each broken cap would answer "run at most N pods" with its own N; only the smallest
+    is true of the workload, so one finding is made, from the binding cap (and likewise
+    for how many of its pods can start now)."""
+    never: list[Line] = []
+    not_now: list[Line] = []
+    for line in lines(tenant, ask, usage):
+        if ask.pods * line.per_pod > line.cap + EPSILON:
+            never.append(line)
+        elif ask.pods_added and line.used + ask.pods_added * line.per_pod > line.cap + EPSILON:
+            not_now.append(line)
+    if never:
+        line = min(never, key=lambda x: messages.most_pods(x.cap, x.per_pod))
+        check.report(Rule.QUOTA, messages.gang_never_fits(
+            line.scope, line.what, ask.pods, line.per_pod, line.cap, len(never) - 1))
+    elif not_now:
+        line = min(not_now, key=lambda x: messages.most_pods(x.free(), x.per_pod))
+        check.report(Rule.QUOTA, messages.gang_not_free(
+            line.scope, line.what, ask.pods_added, line.per_pod, line.free(), line.cap,
+            ask.kind, len(not_now) - 1), at_most=Mode.WARN)
+
+
+
+@dataclass(slots=True)
+class _GangLine:
+    """One cap compared with a whole workload: each role's pods x per-pod amount."""
+
+    line: Line
+    parts: list[tuple[int, float]]  # (role index in the ask, per pod)
+
+
+def _gang_lines(tenant: TenantRules, gang: GangAsk, usage: UsageView) -> list[_GangLine]:
+    out: dict[tuple[str, str], _GangLine] = {}
+    for i, r in enumerate(gang.roles):
+        if not r.cost.resources:
+            continue  # a role without GPUs (a parameter server) holds no GPU quota
+        ask = Ask(gang.tenant, gang.namespace, r.cost, r.pods, False, r.pods_added, gang.kind)
+        for line in lines(tenant, ask, usage):
+            key = (line.scope, line.what)
+            if key not in out:
+                out[key] = _GangLine(line, [])
+            out[key].parts.append((i, line.per_pod))
+    return list(out.values())
+
+
+def check_gang(check: Checker, tenant: TenantRules, gang: GangAsk, usage: UsageView,
+               reservable: bool = False) -> bool:
+    """A workload with roles against the caps: denied if its gang (every pod, when it
+    has none) can never fit, warned if not all its pods can ever run at once or if it
+    does not fit what is free now. True when the gang fits now (it may be reserved)."""
+    members = gang.members()
+    fits_now = True
+    for g in _gang_lines(tenant, gang, usage):
+        line, cap = g.line, g.line.cap
+        roles = [(gang.roles[i], per) for i, per in g.parts]
+        if gang.sequential:
+            for r, per in roles:
+                if per > cap + EPSILON:
+                    check.report(Rule.QUOTA, messages.role_pod_never_fits(
+                        line.scope, line.what, gang.role_label(r), per, cap))
+            continue
+        whole = sum(r.pods * per for r, per in roles)
+        need = sum(members[i] * per for i, per in g.parts)
+        added = sum(r.pods_added * per for r, per in roles)
+        all_of = messages.parts((gang.role_label(r), r.pods, per) for r, per in roles)
+        if line.used + need > line.cap + EPSILON:
+            fits_now = False
+        if need > cap + EPSILON:
+            gang_parts = messages.parts((gang.role_label(r), members[i], per)
+                                        for (r, per), (i, _) in zip(roles, g.parts,
+                                                                    strict=True)
+                                        if members[i])
+            check.report(Rule.QUOTA, messages.roles_never_fit(
+                line.scope, line.what, gang_parts, need, sum(members), cap,
+                gang.gang is not None))
+        elif whole > cap + EPSILON:
+            check.report(Rule.QUOTA, messages.roles_exceed_quota(
+                line.scope, line.what, all_of, whole, gang.pods, cap, sum(members), need),
+                at_most=Mode.WARN)
+        elif added and line.used + added > cap + EPSILON:
+            added_of = messages.parts((gang.role_label(r), r.pods_added, per)
+                                      for r, per in roles if r.pods_added)
+            check.report(Rule.QUOTA, messages.roles_not_free(
+                line.scope, line.what, added_of, added, line.used, cap,
+                sum(members) if gang.gang is not None else None, need, reservable,
+                gang.kind),
+                at_most=Mode.WARN)
+    return fits_now

@@ -16,64 +16,155 @@ Inside one process, commits for a tenant queue on a lock, so only replicas confl
 Reservations are never removed when a pod is seen (another replica may not have seen it
 yet); they expire after the TTL, by wall-clock time written in the entry. See
 docs/quota.md for the failure modes.
+
+A reservation names its pod (``namespace/name``) as well as its uid. Only one pod can
+hold a name, so of a name's pending reservations and the pod this replica sees holding
+it, at most one is real: when one of them covers the others (same tenant, namespace and
+product, at least as many of every resource) only that one is counted. So a retried
+create of the same pod is not a second charge, and a create of a name another pod still
+holds (the API server answers AlreadyExists) does not hold GPUs for a TTL.
+
+The ledger is data from outside the process (anyone with RBAC on the ConfigMap can edit
+it): every entry is range-checked, and one that is malformed (wrong types, negative, NaN
+or absurd amounts, an expiry beyond the longest TTL) is dropped and logged, never read
+as room. Dropping a corrupt entry can only free what it claimed, never more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from webhook.kube import ConfigMaps, Conflict, KubeError, StoredMap
+from webhook.engine.charge import Charge
+from webhook.libs import logs
+from webhook.libs.kube import ConfigMaps, Conflict, KubeError, StoredMap
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView
-from webhook.quota.store import Combined, ReservationUnavailable
-from webhook.quota.usage import Charge, Usage
+from webhook.quota.store import Combined, ReservationUnavailable, covers
+from webhook.quota.usage import Usage
 
 LEDGER_PREFIX = "gpu-webhook-ledger-"
 LABELS = {"app.kubernetes.io/name": "gpu-webhook", "gpu-webhook.dev/ledger": "quota"}
+MAX_TTL = 3600.0  # the policy schema's upper bound for reservationTTLSeconds
+# More devices than any one pod can ask for: an entry claiming more is not a reservation
+# this webhook wrote (a pod's request is capped far below by the node it would run on).
+MAX_AMOUNT = 1e6
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
     charge: Charge
     expires: float  # unix time
+    name: str | None = None  # "namespace/name" of the pod (None in ledgers before names)
 
 
 def encode(entries: dict[str, Entry]) -> dict[str, str]:
-    out = {
-        key: {"ns": e.charge.namespace, "owner": e.charge.owner, "product": e.charge.product,
-              "resources": dict(e.charge.resources), "gpus": e.charge.gpus,
-              "expires": round(e.expires, 3)}
-        for key, e in entries.items()
-    }
+    out = {}
+    for key, e in entries.items():
+        item: dict[str, Any] = {
+            "ns": e.charge.namespace, "owner": e.charge.owner, "product": e.charge.product,
+            "resources": dict(e.charge.resources), "gpus": e.charge.gpus,
+            "expires": round(e.expires, 3)}
+        if e.name is not None:
+            item["name"] = e.name
+        if e.charge.pods != 1:
+            item["pods"] = e.charge.pods  # a DRA claim counts no GPU pod
+        out[key] = item
     return {"reservations": orjson.dumps(out, option=orjson.OPT_SORT_KEYS).decode()}
 
 
-def decode(tenant: str, data: dict[str, str]) -> dict[str, Entry]:
-    """Entries of a ledger; an unreadable ledger reads as empty rather than blocking the
-    tenant forever (it is rewritten by the next commit)."""
+class Corrupt(ValueError):
+    """One ledger entry (or the whole ledger) that this webhook did not write."""
+
+
+def _amount(v: object, what: str) -> float:
+    # bool is an int to Python, never an amount in a ledger this webhook wrote.
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise Corrupt(f"{what} is {type(v).__name__}, not a number")
+    n = float(v)
+    if not math.isfinite(n) or n < 0 or n > MAX_AMOUNT:
+        raise Corrupt(f"{what} is {v!r}: outside 0-{MAX_AMOUNT:g}")
+    return n
+
+
+def _pods(v: object) -> int:
+    if v not in (0, 1) or isinstance(v, bool):
+        raise Corrupt(f"pods is {v!r}: a reservation counts 0 or 1 GPU pod")
+    return int(v)
+
+
+def _text(v: object, what: str) -> str:
+    if not isinstance(v, str) or not v or len(v) > 512:
+        raise Corrupt(f"{what} is not a name")
+    return v
+
+
+def _entry(tenant: str, v: object, now: float) -> Entry:
+    if not isinstance(v, dict):
+        raise Corrupt(f"the entry is {type(v).__name__}, not an object")
+    product = v.get("product")
+    if product is not None:
+        product = _text(product, "product")
+    resources = v.get("resources")
+    if not isinstance(resources, dict):
+        raise Corrupt("resources is not an object")
+    charge = Charge(tenant, _text(v.get("ns"), "ns"), _text(v.get("owner"), "owner"),
+                    product, {_text(r, "a resource name"): _amount(n, f"resources[{r!r}]")
+                              for r, n in resources.items()},
+                    _amount(v.get("gpus"), "gpus"), _pods(v.get("pods", 1)))
+    if charge.resources and charge.gpus == 0:
+        raise Corrupt("gpus is 0 for a pod with GPU resources")
+    expires = v.get("expires")
+    if isinstance(expires, bool) or not isinstance(expires, (int, float)) \
+            or not math.isfinite(expires):
+        raise Corrupt(f"expires is {expires!r}, not a time")
+    if expires > now + MAX_TTL + 60:  # + a minute of clock skew between replicas
+        raise Corrupt(f"expires {expires - now:.0f}s from now, beyond the longest TTL")
+    name = v.get("name")
+    if name is not None:
+        name = _text(name, "name")
+        if not name.startswith(charge.namespace + "/"):
+            raise Corrupt(f"name {name!r} is not in namespace {charge.namespace!r}")
+    return Entry(charge, float(expires), name)
+
+
+def decode(tenant: str, data: dict[str, str], now: float | None = None,
+           ledger: str = "") -> dict[str, Entry]:
+    """The valid entries of a ledger. Each invalid one is logged and dropped; a ledger
+    that is not JSON at all reads as empty (and is rewritten by the next commit) rather
+    than blocking the tenant forever."""
+    now = time.time() if now is None else now
+    where = ledger or LEDGER_PREFIX + tenant
     try:
         raw: Any = orjson.loads(data.get("reservations") or "{}")
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        _corrupt(where, None, f"not JSON ({exc})")
+        return {}
+    if not isinstance(raw, dict):
+        _corrupt(where, None, f"reservations is {type(raw).__name__}, not an object")
         return {}
     out: dict[str, Entry] = {}
-    if not isinstance(raw, dict):
-        return out
     for key, v in raw.items():
         try:
-            charge = Charge(tenant, str(v["ns"]), str(v["owner"]), v.get("product"),
-                            {str(r): float(n) for r, n in v["resources"].items()},
-                            float(v["gpus"]))
-            out[str(key)] = Entry(charge, float(v["expires"]))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
+            out[str(key)] = _entry(tenant, v, now)
+        except Corrupt as exc:
+            _corrupt(where, str(key), str(exc))
     return out
+
+
+def _corrupt(ledger: str, key: str | None, problem: str) -> None:
+    logs.event("quota ledger entry is invalid and ignored; the next commit rewrites the "
+               "ledger without it" if key else
+               "quota ledger is unreadable and read as empty; the next commit rewrites it",
+               logging.ERROR, ledger=ledger, entry=key, problem=problem)
 
 
 class LedgerStore:
@@ -94,51 +185,95 @@ class LedgerStore:
     def ready(self) -> bool:
         return self.state.synced()
 
-    def _unseen(self, tenants: dict[str, dict[str, Entry]]) -> Usage:
+    def _unseen(self, tenants: Iterable[dict[str, Entry]]) -> Usage:
+        """Reservations to count on top of the pods this replica sees: live, for pods
+        not seen yet, and of each name only the one that covers the rest (see the
+        module docstring)."""
         now = self.wall()
         usage = Usage()
-        for entries in tenants.values():
+        for entries in tenants:
+            by_name: dict[str, list[tuple[str, Entry]]] = {}
             for key, e in entries.items():
-                if e.expires > now and not self.state.seen(key):
+                if e.expires <= now or self.state.seen(key):
+                    continue
+                if e.name is None:
+                    usage.put(key, e.charge)
+                else:
+                    by_name.setdefault(e.name, []).append((key, e))
+            for name, pending in by_name.items():
+                for key, e in self._counted(name, pending):
                     usage.put(key, e.charge)
         return usage
 
+    def _counted(self, name: str, pending: list[tuple[str, Entry]]
+                 ) -> list[tuple[str, Entry]]:
+        holder = self.state.holder(name)
+        if holder is not None and holder[1] is not None and all(
+                covers(holder[1], e.charge) for _, e in pending):
+            return []  # the pod holding the name is counted, and is at least as big
+        for key, e in pending:
+            if all(covers(e.charge, o.charge) for _, o in pending):
+                return [(key, e)]
+        return pending  # no one covers the rest: count them all, never too little
+
     def view(self) -> UsageView:
-        return Combined(self.state.pods, self._unseen(self._known))
+        return Combined(self.state.pods, self._unseen(self._known.values()))
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      budget: float) -> bool:
+                      budget: float, name: str | None = None) -> bool:
         deadline = time.monotonic() + budget
         lock = self._locks.setdefault(charge.tenant, asyncio.Lock())
         try:
             async with asyncio.timeout(budget):
                 async with lock:
-                    return await self._commit(key, charge, fits, deadline)
+                    return await self._commit(key, charge, fits, deadline, name)
         except TimeoutError:
             raise ReservationUnavailable(
                 f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
 
+    def _unavailable(self, ledger: str, exc: KubeError) -> ReservationUnavailable:
+        # The developer reads ``reason`` in product words; the client library's text
+        # (exception chain, the API server's address) goes to the log only.
+        logs.event("quota ledger unavailable", logging.WARNING, ledger=ledger,
+                   error=str(exc), detail=exc.detail)
+        return ReservationUnavailable(exc.reason)
+
     async def _commit(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      deadline: float) -> bool:
-        name = LEDGER_PREFIX + charge.tenant
+                      deadline: float, name: str | None) -> bool:
+        ledger = LEDGER_PREFIX + charge.tenant
+        if not self.state.synced():
+            # A cache that is not known to be current would count expired reservations
+            # as free for pods it has not seen (a stalled watch): refuse to decide.
+            raise ReservationUnavailable(
+                "the webhook's view of the cluster's pods is not up to date")
         attempt = 0
         while True:
             try:
-                stored: StoredMap = await asyncio.to_thread(self.maps.read, name)
+                stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
             except KubeError as exc:
-                raise ReservationUnavailable(str(exc)) from None
+                raise self._unavailable(ledger, exc) from None
             now = self.wall()
-            stored_entries = decode(charge.tenant, stored.data)
+            stored_entries = decode(charge.tenant, stored.data, now, ledger)
             entries = {k: e for k, e in stored_entries.items() if e.expires > now}
             self._known[charge.tenant] = entries
             if key in entries or self.state.seen(key):
                 return True  # a retried review of a pod already counted
-            view = Combined(self.state.pods, self._unseen({charge.tenant: entries}))
-            if not fits(view):
+            if name is not None and any(
+                    e.name == name and not self.state.seen(k) and covers(e.charge, charge)
+                    for k, e in entries.items()):
+                return True  # the same pod created again (a retry): one charge for a name
+            holder = self.state.holder(name) if name is not None else None
+            taken = (holder is not None and holder[0] != key and holder[1] is not None
+                     and covers(holder[1], charge))
+            # A name held by a pod at least as big: this create fails (AlreadyExists) or
+            # follows that pod's deletion into the room it leaves, so it needs no room
+            # now. It is still recorded, to count once the holder is gone.
+            if not taken and not fits(
+                    Combined(self.state.pods, self._unseen([entries]))):
                 return False
-            entries[key] = Entry(charge, now + self.ttl)
+            entries[key] = Entry(charge, now + self.ttl, name)
             try:
-                await asyncio.to_thread(self.maps.write, name, encode(entries),
+                await asyncio.to_thread(self.maps.write, ledger, encode(entries),
                                         stored.resource_version, LABELS)
             except Conflict:
                 self.conflicts += 1
@@ -151,7 +286,7 @@ class LedgerStore:
                 await asyncio.sleep(pause)
                 continue
             except KubeError as exc:
-                raise ReservationUnavailable(str(exc)) from None
+                raise self._unavailable(ledger, exc) from None
             self._known[charge.tenant] = entries
             self.commits += 1
             # Counted once the write that drops them has won, so a retry never recounts.

@@ -20,10 +20,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from webhook.engine.charge import Charge
 from webhook.quota.check import UsageView
-from webhook.quota.usage import Charge, Totals, Usage
+from webhook.quota.gang import Gang, slots_of
+from webhook.quota.usage import Totals, Usage
 
 
 class ReservationUnavailable(Exception):
@@ -36,12 +38,25 @@ class UsageStore(Protocol):
         ...
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      budget: float) -> bool:
+                      budget: float, name: str | None = None) -> bool:
         """Atomically: if ``fits(view)`` then record the reservation. Returns whether it
-        was recorded; raises ReservationUnavailable when the state cannot be reached."""
+        was recorded (or need not be: a retry of a pod already reserved under ``name``,
+        its "namespace/name"); raises ReservationUnavailable when the state cannot be
+        reached."""
         ...
 
     def ready(self) -> bool: ...
+
+
+@runtime_checkable
+class GangStore(Protocol):
+    """A store that can reserve a gang whole and let its pods draw from it."""
+
+    async def reserve_gang(self, key: str, ids: tuple[str, ...],
+                           charges: list[tuple[Charge, int]],
+                           fits: Callable[[UsageView], bool], ttl: float) -> bool: ...
+
+    def draw(self, key: str, charge: Charge, ids: tuple[str, ...]) -> bool: ...
 
 
 class Combined:
@@ -67,8 +82,15 @@ class Combined:
         return sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
 
+def covers(a: Charge, b: Charge) -> bool:
+    """Whether ``a`` counts at least as much as ``b`` in every scope a cap can name."""
+    return (a.tenant == b.tenant and a.namespace == b.namespace and a.product == b.product
+            and a.gpus >= b.gpus
+            and all(a.resources.get(r, 0.0) >= n for r, n in b.resources.items()))
+
+
 def _sum(x: Totals, y: Totals) -> Totals:
-    if not y.pods:
+    if not y.pods and not y.gpus and not y.resources:  # nothing reserved in this scope
         return x
     out = x.copy()
     out.gpus += y.gpus
@@ -84,6 +106,7 @@ def _sum(x: Totals, y: Totals) -> Totals:
 class _Reservation:
     charge: Charge
     expires: float
+    name: str | None = None
 
 
 class MemoryStore:
@@ -97,6 +120,7 @@ class MemoryStore:
         self.clock = clock
         self.commits = 0  # reservations made, and dropped unseen: read by /metrics
         self.expired = 0
+        self.gangs: dict[str, Gang] = {}  # workload uid -> its gang reservation
 
     def ready(self) -> bool:
         return True
@@ -116,17 +140,73 @@ class MemoryStore:
             self.pods.put(key, charge)
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      budget: float = 1.0) -> bool:
+                      budget: float = 1.0, name: str | None = None) -> bool:
         if key in self.pods:
             return True  # already counted as a running pod
-        if not fits(self.view()):
+        view = self.view()
+        if name is not None and any(r.name == name and covers(r.charge, charge)
+                                    for r in self._reservations.values()):
+            return True  # the same pod created again (a retry): one charge per name
+        if not fits(view):
             return False
-        self._reservations[key] = _Reservation(charge, self.clock() + self.ttl)
+        self._reservations[key] = _Reservation(charge, self.clock() + self.ttl, name)
         self.reserved.put(key, charge)
         self.commits += 1
         return True
 
+    # --- gang reservations (webhook.quota.gang) -------------------------------------
+
+    async def reserve_gang(self, key: str, ids: tuple[str, ...],
+                           charges: list[tuple[Charge, int]],
+                           fits: Callable[[UsageView], bool], ttl: float) -> bool:
+        """Atomically: if ``fits(view)``, reserve the gang's slots under ``key`` (the
+        workload's uid) for ``ttl`` seconds. A retried review finds it reserved."""
+        if key in self.gangs:
+            return True
+        if not fits(self.view()):
+            return False
+        gang = Gang(key, ids, slots_of(key, charges), self.clock() + ttl)
+        for slot, charge in gang.slots.items():
+            self.reserved.put(slot, charge)
+        self.gangs[key] = gang
+        self.commits += 1
+        return True
+
+    def draw(self, key: str, charge: Charge, ids: tuple[str, ...]) -> bool:
+        """A pod of a reserved gang takes a slot of its shape (its reservation replaces
+        the slot's, so usage does not change). False when it belongs to no gang with a
+        free slot of its shape: it is then checked and reserved as any pod."""
+        self._expire()
+        if key in self.pods or key in self._reservations:
+            return True  # a retried review of a pod already counted
+        for gang in self.gangs.values():
+            if not set(ids) & set(gang.ids):
+                continue
+            slot = gang.slot_for(charge)
+            if slot is None:
+                continue
+            gang.taken[key] = slot
+            self.reserved.put(slot, None)
+            self._reservations[key] = _Reservation(charge, self.clock() + self.ttl)
+            self.reserved.put(key, charge)
+            return True
+        return False
+
+    def release_gang(self, key: str) -> None:
+        """The workload is gone (or its bound passed): its untaken slots are freed."""
+        gang = self.gangs.pop(key, None)
+        if gang is None:
+            return
+        taken = set(gang.taken.values())
+        for slot in gang.slots:
+            if slot not in taken:
+                self.reserved.put(slot, None)
+
     def _expire(self) -> None:
+        if self.gangs:
+            now = self.clock()
+            for key in [k for k, g in self.gangs.items() if g.expires <= now]:
+                self.release_gang(key)
         if not self._reservations:
             return
         now = self.clock()

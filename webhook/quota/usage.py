@@ -9,30 +9,10 @@ looks at one tenant's owners.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import neg
-from typing import Any
 
-from webhook.engine.placement import restriction
-from webhook.policy.compiled import CompiledPolicy
-from webhook.quantity import QuantityError, gpu_count
-from webhook.resources import effective_request, gpu_containers
-from webhook.workloads import pod_template
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """What one GPU pod counts against its tenant's quota."""
-
-    tenant: str
-    namespace: str
-    owner: str  # "job/llm-pretrain", "deployment/web", "pod/notebook-x"
-    product: str | None
-    resources: Mapping[str, float]  # effective request, devices per resource
-    gpus: float  # GPU-equivalents (weights applied)
+from webhook.engine.charge import Charge
 
 
 @dataclass(slots=True)
@@ -46,7 +26,7 @@ class Totals:
 
     def add(self, c: Charge, sign: int = 1) -> None:
         self.gpus += sign * c.gpus
-        self.pods += sign
+        self.pods += sign * c.pods
         for r, n in c.resources.items():
             self.resources[r] = self.resources.get(r, 0.0) + sign * n
         if c.product is not None:
@@ -116,63 +96,3 @@ class Usage:
 
     def owners_in(self, scope: tuple[str, ...]) -> bool:
         return bool(self._owners.get(scope))
-
-    def charges(self) -> Iterable[tuple[str, Charge]]:
-        return self._by_key.items()
-
-
-def owner_of(pod: Mapping[str, Any]) -> str:
-    """A readable owner for messages: the Deployment behind a ReplicaSet, else the
-    controller's kind/name, else the pod itself."""
-    meta = pod.get("metadata") or {}
-    for ref in meta.get("ownerReferences") or ():
-        if not isinstance(ref, dict) or not ref.get("controller"):
-            continue
-        kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
-        pth = (meta.get("labels") or {}).get("pod-template-hash")
-        if kind == "ReplicaSet" and pth and name.endswith("-" + pth):
-            return "deployment/" + name[: -len(pth) - 1]
-        return f"{kind.lower()}/{name}"
-    return "pod/" + str(meta.get("name") or meta.get("generateName", "") + "*")
-
-
-def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
-                  labels: Mapping[str, str] | None = None) -> Charge | None:
-    """The charge of a pod seen in the cluster, or None when it holds no GPU quota (no
-    GPU, terminal phase, no tenant, malformed)."""
-    if not isinstance(pod, dict):
-        return None
-    status = pod.get("status") or {}
-    if isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES:
-        return None
-    meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "")
-    tenant = policy.tenant_for(namespace, labels)
-    if tenant is None:
-        return None
-    try:
-        template = pod_template("", "Pod", pod)
-        if template is None:
-            return None
-        containers = gpu_containers(template.spec, "/spec", policy.is_gpu)
-    except ValueError:
-        return None
-    per: list[tuple[Any, dict[str, float]]] = []
-    for c in containers:
-        counts: dict[str, float] = {}
-        for r in c.names:
-            raw = (c.limits or {}).get(r, (c.requests or {}).get(r))
-            try:
-                counts[r] = float(gpu_count(raw))
-            except QuantityError:
-                continue
-        per.append((c.kind, counts))
-    resources = effective_request(per)
-    if not resources:
-        return None
-    product = None
-    own = restriction(template.spec, "/spec", policy.product_label)
-    if own is not None and len(own.values) == 1:
-        product = policy.product_name(next(iter(own.values)))
-    gpus = sum(n * policy.weight(r) for r, n in resources.items())
-    return Charge(tenant.name, namespace, owner_of(pod), product, resources, gpus)

@@ -1,0 +1,38 @@
+"""The Makefile's two front doors: ``make run`` installs only what ``serve`` needs (no
+dev, bench or plotting extras, no load generator), ``make test`` the extras on top.
+Read from ``make -n`` (what make would run) for a virtualenv that does not exist yet,
+i.e. a fresh clone."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+
+
+def _planned(target: str, venv: Path) -> list[str]:
+    done = subprocess.run(["make", "-n", f"VENV={venv}", target], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_make_run_installs_the_package_without_extras(tmp_path: Path) -> None:
+    lines = _planned("run", tmp_path / "venv")
+    installs = [line for line in lines if " install " in line]
+    assert [line.split(" install ", 1)[1] for line in installs] == [
+        "-q --upgrade pip", "-q -e ."]
+    assert not [line for line in lines if "apt-get" in line or "wrk" in line]
+    assert lines[-1] == f"{tmp_path / 'venv'}/bin/gpu-webhook serve"
+
+
+def test_make_unit_adds_the_dev_and_bench_extras(tmp_path: Path) -> None:
+    lines = _planned("unit", tmp_path / "venv")
+    installs = [line.split(" install ", 1)[1] for line in lines if "/pip install " in line]
+    assert installs == ["-q --upgrade pip", "-q -e .", "-q -e '.[dev,bench]'"]

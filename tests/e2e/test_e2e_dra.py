@@ -1,0 +1,166 @@
+"""GPUs asked through Dynamic Resource Allocation, against the real API server with two
+webhook replicas: claims and templates are pinned to the tenant's product at creation,
+a pod using a template is charged its devices, a shared claim is charged once however
+many pods use it, and DRA and device-plugin GPUs racing for one cap admit exactly the cap.
+
+No scheduler or resourceclaim controller runs here (the simulated GPU cluster's suite
+has them): what is checked is what the API server admits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+import pytest
+from controlplane.cluster import ControlPlane
+from e2ekit import (
+    Deployment,
+    NamespaceFactory,
+    apply,
+    denial_prefix,
+    get,
+    gpu_pod,
+    wait_until,
+)
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+pytestmark = pytest.mark.e2e
+
+E2E_REPLICAS = 2  # two replicas behind a round-robin proxy (the `webhook` fixture)
+A100 = "NVIDIA-A100-SXM4-80GB"
+
+
+@pytest.fixture(scope="module")
+def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(control_plane.kubeconfig),
+                            client_configuration=cfg)
+    cfg.connection_pool_maxsize = 40
+    api = client.ApiClient(cfg)
+    yield client.CoreV1Api(api)
+    api.close()
+
+
+def spec(count: int) -> dict[str, Any]:
+    return {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "count": count}}]}}
+
+
+def template(name: str, count: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name}, "spec": {"spec": spec(count)}}
+
+
+def claim(name: str, count: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name}, "spec": spec(count)}
+
+
+def dra_pod(name: str, *, template_name: str | None = None, claim_name: str | None = None,
+            ) -> dict[str, Any]:
+    """A pod asking for GPUs through a claim, carrying the GPU toleration as NVIDIA's
+    own DRA examples do."""
+    entry: dict[str, Any] = {"name": "gpu"}
+    if template_name:
+        entry["resourceClaimTemplateName"] = template_name
+    if claim_name:
+        entry["resourceClaimName"] = claim_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "containers": [{"name": "train", "image": "registry.local/train:1",
+                        "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [entry],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                         "effect": "NoSchedule"}]}}
+
+
+def create(core: client.CoreV1Api, ns: str, obj: dict[str, Any]) -> str | None:
+    """Create a pod; None when admitted, else the refusal's message."""
+    try:
+        core.create_namespaced_pod(ns, obj)
+    except ApiException as exc:
+        body = orjson.loads(exc.body) if exc.body else {}
+        return f"{exc.status}: {body.get('message', exc.reason)}"
+    return None
+
+
+def known_to_both(core: client.CoreV1Api, ns: str, template_name: str) -> None:
+    """Wait until both replicas' watches hold the template: a dry-run create of a pod
+    using it is no longer refused as unseen, through each replica in turn."""
+    def known() -> bool:
+        for _ in range(4):  # the proxy alternates between the two replicas
+            try:
+                core.create_namespaced_pod(ns, dra_pod("probe", template_name=template_name),
+                                           dry_run="All")
+            except ApiException as exc:
+                if "has not seen" in str(exc.body):
+                    return False
+                raise
+        return True
+
+    wait_until(f"both replicas to know template {template_name}", known, timeout=30,
+               every=0.2)
+
+
+def test_a_template_is_pinned_and_its_pod_charged_and_kept_on_gpu_nodes(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+    core: client.CoreV1Api,
+) -> None:
+    ns = namespace("dra")  # 6 GPUs, a100 only
+    apply(control_plane, ns, template("two", 2), check=True)
+    stored = get(control_plane, ns, "resourceclaimtemplate", "two")
+    exactly = stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert exactly["selectors"] == [{"cel": {"expression": (
+        "device.attributes['gpu.nvidia.com'].productName.replace(' ', '-') "
+        f"in ['{A100}']")}}]
+    known_to_both(core, ns, "two")
+
+    assert create(core, ns, dra_pod("a", template_name="two")) is None
+    pod = core.read_namespaced_pod("a", ns).to_dict()
+    # A DRA GPU pod keeps its GPU toleration: it must reach the tainted GPU nodes.
+    assert [t["key"] for t in pod["spec"]["tolerations"] or []
+            if t["key"] == "nvidia.com/gpu"] == ["nvidia.com/gpu"]
+
+    # 2 + 2 + 2 = the cap of 6; the fourth pod is refused, with the numbers.
+    for name in ("b", "c"):
+        assert create(core, ns, dra_pod(name, template_name="two")) is None
+    refused = create(core, ns, dra_pod("d", template_name="two"))
+    assert refused is not None
+    assert refused.startswith(f"403: {denial_prefix(webhook.validating)}")
+    assert "tenant dra would use 8 of its 6 GPUs" in refused
+
+
+def test_a_shared_claim_is_charged_once_and_its_pods_add_nothing(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+    core: client.CoreV1Api,
+) -> None:
+    ns = namespace("dra-shared")
+    apply(control_plane, ns, claim("shared", 4), check=True)  # 4 of the tenant's 6
+    for i in range(3):
+        assert create(core, ns, dra_pod(f"user-{i}", claim_name="shared")) is None
+    # 2 left: a 3-GPU device-plugin pod does not fit, a 2-GPU one does.
+    refused = create(core, ns, gpu_pod("big", limits="3"))
+    assert refused is not None and "tenant dra-shared would use 7 of its 6 GPUs" in refused
+    assert create(core, ns, gpu_pod("fits", limits="2")) is None
+    out = apply(control_plane, ns, claim("another", 1))
+    assert out.returncode != 0 and "tenant dra-shared would use 7 of its 6 GPUs" in out.stderr
+
+
+def test_dra_and_device_plugin_pods_racing_across_replicas_admit_exactly_the_cap(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+    core: client.CoreV1Api,
+) -> None:
+    ns = namespace("dra-race")  # 10 GPUs
+    apply(control_plane, ns, template("one", 1), check=True)
+    known_to_both(core, ns, "one")
+    pods = [dra_pod(f"dra-{i:02d}", template_name="one") if i % 2 else
+            gpu_pod(f"dp-{i:02d}", limits="1") for i in range(40)]
+    with ThreadPoolExecutor(40) as pool:
+        results = list(pool.map(lambda p: create(core, ns, p), pods))
+    admitted = [p["metadata"]["name"] for p, r in zip(pods, results, strict=True) if r is None]
+    assert len(admitted) == 10, results
+    assert all("would use 11 of its 10 GPUs" in r for r in results if r is not None)
+    assert {p.metadata.name for p in core.list_namespaced_pod(ns).items} == set(admitted)

@@ -1,0 +1,113 @@
+"""The shipped RBAC against the real API server's authorizer: what the webhook's
+ServiceAccount may do, and, as much, what it may not.
+
+The manifests of deploy/base (and of the self-managed overlay) are applied as they
+ship; ``kubectl auth can-i --as=system:serviceaccount:gpu-webhook:gpu-webhook`` asks the
+API server, which evaluates the Roles exactly as it would for the running webhook.
+Every grant the code uses is a "yes"; its own policy ConfigMap, other ConfigMaps,
+Leases and Secrets are a "no".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from controlplane.cluster import ControlPlane
+from e2ekit import LEDGER_NAMESPACE
+
+pytestmark = pytest.mark.e2e
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ACCOUNT = f"system:serviceaccount:{LEDGER_NAMESPACE}:gpu-webhook"
+RBAC_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+
+def _apply_rbac(cp: ControlPlane, path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in RBAC_KINDS]
+    assert docs, path
+    cp.kubectl("apply", "-n", LEDGER_NAMESPACE, "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def can(cp: ControlPlane, verb: str, resource: str, namespace: str | None = None) -> bool:
+    args = ["auth", "can-i", verb, resource, f"--as={ACCOUNT}"]
+    args += ["-n", namespace] if namespace else ["--all-namespaces"]
+    out = cp.kubectl(*args, check=False)
+    answer = out.stdout.strip()
+    assert answer in ("yes", "no"), (args, out.stdout, out.stderr)
+    return answer == "yes"
+
+
+@pytest.fixture(scope="module")
+def base(control_plane: ControlPlane) -> ControlPlane:
+    _apply_rbac(control_plane, DEPLOY / "base" / "rbac.yaml")
+    return control_plane
+
+
+NS = LEDGER_NAMESPACE
+LEDGERS = ["gpu-webhook-ledger-research", "gpu-webhook-ledger-inference",
+           "gpu-webhook-ledger-notebooks"]
+
+
+@pytest.mark.parametrize(("verb", "resource", "namespace"), [
+    # the watch caches
+    ("list", "pods", None), ("watch", "pods", None),
+    ("list", "namespaces", None), ("watch", "namespaces", None),
+    # a scale-up's workload
+    ("get", "deployments.apps", "team-a"), ("get", "statefulsets.apps", "team-a"),
+    ("get", "replicasets.apps", "team-a"),
+    # the quota ledgers, by name, and creating one the first time
+    *[(v, f"configmaps/{name}", NS) for name in LEDGERS for v in ("get", "update")],
+    ("create", "configmaps", NS),
+])
+def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resource: str,
+                                          namespace: str | None) -> None:
+    assert can(base, verb, resource, namespace)
+
+
+@pytest.mark.parametrize(("verb", "resource", "namespace"), [
+    # its own policy, other ConfigMaps, and ConfigMaps beyond read-modify-write
+    ("get", "configmaps/gpu-webhook-policy", NS),
+    ("update", "configmaps/gpu-webhook-policy", NS),
+    ("patch", "configmaps/gpu-webhook-ledger-research", NS),
+    ("delete", "configmaps/gpu-webhook-ledger-research", NS),
+    ("get", "configmaps/kube-root-ca.crt", NS),
+    ("list", "configmaps", NS), ("watch", "configmaps", NS),
+    ("create", "configmaps", "team-a"),
+    ("get", "configmaps/gpu-webhook-ledger-research", "team-a"),
+    # Leases: never used
+    ("get", "leases.coordination.k8s.io", NS), ("create", "leases.coordination.k8s.io", NS),
+    ("update", "leases.coordination.k8s.io", NS),
+    # the base install has no certificate duties (cert-manager's overlay), and no writes
+    ("get", "secrets/gpu-webhook-tls", NS), ("create", "secrets", NS),
+    ("patch", "mutatingwebhookconfigurations.admissionregistration.k8s.io/gpu-webhook", None),
+    ("update", "pods", None), ("delete", "pods", None), ("get", "pods", None),
+    ("list", "deployments.apps", "team-a"), ("update", "deployments.apps", "team-a"),
+    ("get", "daemonsets.apps", "team-a"),
+])
+def test_nothing_else_is_granted(base: ControlPlane, verb: str, resource: str,
+                                 namespace: str | None) -> None:
+    assert not can(base, verb, resource, namespace)
+
+
+def test_the_self_managed_overlay_adds_its_secret_and_ca_bundles_only(base: ControlPlane
+                                                                      ) -> None:
+    _apply_rbac(base, DEPLOY / "overlays" / "self-managed" / "rbac.yaml")
+    try:
+        for verb in ("get", "update"):
+            assert can(base, verb, "secrets/gpu-webhook-tls", NS)
+        assert can(base, "create", "secrets", NS)
+        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+            resource = f"{kind}.admissionregistration.k8s.io/gpu-webhook"
+            assert can(base, "get", resource) and can(base, "patch", resource)
+            assert not can(base, "patch", f"{kind}.admissionregistration.k8s.io/other")
+            assert not can(base, "delete", resource)
+        assert not can(base, "get", "secrets/other", NS)
+        assert not can(base, "list", "secrets", NS)
+        assert not can(base, "get", "secrets/gpu-webhook-tls", "team-a")
+    finally:
+        for kind, name in (("role", "gpu-webhook-certs"), ("rolebinding", "gpu-webhook-certs"),
+                           ("clusterrole", "gpu-webhook-ca-bundle"),
+                           ("clusterrolebinding", "gpu-webhook-ca-bundle")):
+            base.kubectl("delete", kind, name, "-n", NS, "--ignore-not-found")

@@ -1,0 +1,207 @@
+"""``ClusterState`` (the watch-fed pod cache) and ``kube.Watcher`` that feeds it.
+
+The state is driven by the events a watch delivers; the watcher runs the real
+Kubernetes client against a fake pods list/watch API over HTTP (``fakeapi``), whose
+stream can end cleanly, send a bookmark, or go silent without closing (a stalled
+connection). Tests wait for delivered events, never for time: each wait has a generous
+guard so a broken watcher fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fakeapi import FakeAPI, running
+from quotakit import pod, policy
+
+from webhook.libs.kube import Watcher
+from webhook.quota.cache import ClusterState
+
+GUARD = 30.0  # seconds: only ever reached when the code under test is broken
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def synced_state() -> tuple[ClusterState, Clock]:
+    p = policy()
+    clock = Clock()
+    state = ClusterState(lambda: p, clock=clock)
+    state.pod_event("SYNCED", {})
+    state.namespace_event("SYNCED", {})
+    return state, clock
+
+
+def test_gpu_pods_count_until_they_end_or_go() -> None:
+    state, _ = synced_state()
+    state.pod_event("ADDED", pod("a", gpus=2))
+    state.pod_event("ADDED", pod("b", gpus=1))
+    state.pod_event("ADDED", pod("cpu", gpus=0))
+    assert state.pods.tenant("team-a").gpus == 3
+    state.pod_event("MODIFIED", pod("a", gpus=2, phase="Succeeded"))
+    state.pod_event("DELETED", pod("b", gpus=1))
+    assert state.pods.tenant("team-a").gpus == 0
+    # Ended pods stay "seen", so a reservation for them is not counted again.
+    assert state.seen("uid-a") and state.seen("uid-b")
+    assert not state.seen("uid-never")
+
+
+def test_the_holder_of_a_name_is_known_until_it_goes() -> None:
+    state, _ = synced_state()
+    state.pod_event("ADDED", pod("x", gpus=2))
+    assert state.holder("team-a/x") == ("uid-x", state.pods._by_key["uid-x"])
+    state.pod_event("MODIFIED", pod("x", gpus=2, phase="Failed"))
+    assert state.holder("team-a/x") == ("uid-x", None)  # ended, the name still taken
+    state.pod_event("DELETED", pod("x", gpus=2))
+    assert state.holder("team-a/x") is None
+
+
+def test_a_relist_replaces_the_pods_in_one_step() -> None:
+    # While a relist refills the cache, the old pods still count: a half-filled cache
+    # would admit against too little usage.
+    state, _ = synced_state()
+    state.pod_event("ADDED", pod("a", gpus=2))
+    state.pod_event("ADDED", pod("b", gpus=2))
+    state.pod_event("RESET", {})
+    state.pod_event("ADDED", pod("b", gpus=2))
+    assert state.pods.tenant("team-a").gpus == 4  # still the old view
+    state.pod_event("ADDED", pod("c", gpus=1))
+    state.pod_event("SYNCED", {})
+    assert state.pods.tenant("team-a").gpus == 3  # b + c: a is gone
+    assert state.holder("team-a/a") is None and state.holder("team-a/c") is not None
+
+
+def test_liveness_follows_the_last_sign_of_each_watch() -> None:
+    state, clock = synced_state()
+    window = state.watch_window()
+    assert window == 15.0  # a quarter of the 60 s TTL, capped
+    clock.now += 2 * window
+    assert state.live() and state.synced()
+    clock.now += 0.5
+    assert not state.live() and not state.synced()
+    state.pod_event("PROGRESS", {})
+    assert not state.live()  # the namespace watch is silent too
+    state.namespace_event("PROGRESS", {})
+    assert state.synced()
+
+
+def test_not_synced_until_both_lists_arrived() -> None:
+    p = policy()
+    state = ClusterState(lambda: p)
+    state.pod_event("SYNCED", {})
+    assert not state.synced()
+    state.namespace_event("SYNCED", {})
+    assert state.synced()
+
+
+# -- the watcher, against the fake API ----------------------------------------------------
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAPI]:
+    with running() as fake:
+        yield fake
+
+
+class Events:
+    """What a Watcher delivered, in order, with a way to wait for the next one."""
+
+    def __init__(self) -> None:
+        self.q: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.seen: list[str] = []
+
+    def __call__(self, typ: str, obj: dict[str, Any]) -> None:
+        self.q.put((typ, obj))
+
+    def next(self) -> tuple[str, dict[str, Any]]:
+        typ, obj = self.q.get(timeout=GUARD)
+        self.seen.append(typ)
+        return typ, obj
+
+    def until(self, typ: str) -> list[str]:
+        got = []
+        while True:
+            t, _ = self.next()
+            got.append(t)
+            if t == typ:
+                return got
+
+
+def _watcher(api: FakeAPI, events: Events, window: float = 0.3) -> Watcher:
+    w = Watcher(api.api_client(), "pods", events, window=lambda: window)
+    w.start()
+    return w
+
+
+def test_the_watcher_lists_then_streams_and_shows_progress(api: FakeAPI) -> None:
+    api.pods = [pod("a", gpus=1)]
+    events = Events()
+    w = _watcher(api, events)
+    try:
+        assert events.until("SYNCED") == ["ADDED", "SYNCED"]
+        api.watch_events.put({"type": "ADDED", "object": pod("b", gpus=1)})
+        api.watch_events.put({"type": "BOOKMARK", "object": {
+            "kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "200"}}})
+        api.watch_events.put("close")  # the server's watch timeout
+        assert [events.next()[0] for _ in range(3)] == ["ADDED", "PROGRESS", "PROGRESS"]
+        # It watches again from where it was: the next event arrives on a new request.
+        api.watch_events.put({"type": "DELETED", "object": pod("b", gpus=1)})
+        typ, obj = events.next()
+        assert (typ, obj["metadata"]["uid"]) == ("DELETED", "uid-b")
+    finally:
+        w.stop()
+        api.watch_events.put("close")
+
+
+def test_a_stalled_watch_is_given_up_and_listed_again(api: FakeAPI) -> None:
+    # The stream goes silent without closing. The watcher must not wait for it forever:
+    # its read times out (three windows) and it lists again on a new connection, which
+    # the consumer sees as RESET + the list + SYNCED.
+    api.pods = [pod("a", gpus=1)]
+    events = Events()
+    w = _watcher(api, events)
+    try:
+        events.until("SYNCED")
+        api.watch_events.put("stall")
+        assert events.until("SYNCED") == ["RESET", "ADDED", "SYNCED"]
+    finally:
+        w.stop()
+        api.released.set()
+
+
+def test_a_stalled_watch_makes_the_state_not_live_until_it_recovers(api: FakeAPI) -> None:
+    # Between the stall and the relist, no progress arrives: with a clock the test
+    # moves, the state goes not-live exactly when two windows pass without a sign.
+    state, clock = synced_state()
+    done = threading.Event()
+    seen: list[str] = []
+
+    def deliver(typ: str, obj: dict[str, Any]) -> None:
+        seen.append(typ)
+        state.pod_event(typ, obj)
+        if typ == "SYNCED" and seen.count("SYNCED") == 2:
+            done.set()
+
+    api.pods = [pod("a", gpus=1)]
+    w = Watcher(api.api_client(), "pods", deliver, window=lambda: 0.3)
+    w.start()
+    try:
+        assert w.synced.wait(GUARD)  # listed: the clock is moved only after this sign
+        api.watch_events.put("stall")
+        clock.now += 2 * state.watch_window() + 1  # no sign of life for too long
+        state.namespace_event("PROGRESS", {})
+        assert not state.synced()
+        assert done.wait(GUARD)  # the relist on a new connection
+        assert state.synced()
+    finally:
+        w.stop()
+        api.released.set()

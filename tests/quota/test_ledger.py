@@ -1,0 +1,307 @@
+"""``LedgerStore``: quota reservations committed to a ConfigMap with compare-and-swap.
+
+Runs the real store, the real ``kube.ConfigMaps`` and the real Kubernetes client against
+a fake of the ConfigMaps API over HTTP (``fakeapi``), with faults injected on the wire:
+another replica committing between a read and a write (409), the API server failing
+(503) or not answering (read timeout), a ledger edited by hand. Each test says which
+promise it keeps: the cap is never exceeded, and what cannot be decided is refused
+(``onUnavailable: deny``) or admitted with a warning (``allow``), never silently.
+The same store against a real kube-apiserver: tests/e2e/test_e2e_ledger.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from fakeapi import FakeAPI, running
+from quotakit import POLICY, admit, pod, policy
+
+from webhook.libs.kube import ConfigMaps
+from webhook.policy.compiled import CompiledPolicy, compile_policy
+from webhook.policy.load import load_text
+from webhook.quota import ledger
+from webhook.quota.cache import ClusterState
+from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore, decode, encode
+from webhook.quota.store import ReservationUnavailable
+from webhook.quota.usage import Charge
+
+NS = "gpu-webhook"
+LEDGER = LEDGER_PREFIX + "team-a"
+NOW = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAPI]:
+    with running() as fake:
+        yield fake
+
+
+def make_store(api: FakeAPI, p: CompiledPolicy | None = None, *, wall: float = NOW,
+               timeout: float = 1.0) -> tuple[LedgerStore, ClusterState, Clock]:
+    p = p or policy()
+    clock = Clock()
+    state = ClusterState(lambda: p, clock=clock)
+    state.pod_event("SYNCED", {})
+    state.namespace_event("SYNCED", {})
+    store = LedgerStore(state, ConfigMaps(api.api_client(), NS, timeout=timeout), ttl=60,
+                        wall=lambda: wall)
+    return store, state, clock
+
+
+def entries(api: FakeAPI) -> dict[str, Any]:
+    out: dict[str, Any] = orjson.loads(api.data(NS, LEDGER)["reservations"])
+    return out
+
+
+def entry(gpus: float, *, ns: str = "team-a", expires: float = NOW + 30, **extra: Any
+          ) -> dict[str, Any]:
+    return {"ns": ns, "owner": "pod/other", "product": "a100",
+            "resources": {"nvidia.com/gpu": gpus}, "gpus": gpus, "expires": expires, **extra}
+
+
+def test_pods_reserve_up_to_the_cap_and_the_ledger_holds_each(api: FakeAPI) -> None:
+    store, _, _ = make_store(api)
+    decisions = [admit(store, policy(), pod(f"p{i}", gpus=2)) for i in range(4)]
+    assert [d.allowed for d in decisions] == [True, True, True, False]  # a100 cap: 6
+    assert sorted(entries(api)) == ["uid-p0", "uid-p1", "uid-p2"]
+    assert entries(api)["uid-p0"]["name"] == "team-a/p0"
+    assert "would use 8 of its 6 a100 GPUs: 6 in use" in decisions[3].message
+
+
+def test_a_write_conflict_re_decides_on_the_ledger_another_replica_wrote(api: FakeAPI) -> None:
+    # Between this replica's read and its write, another replica commits 6 GPUs: the
+    # write fails with 409, and the re-read shows no room. Counting the conflict as a
+    # success would admit 8 of 6.
+    store, _, _ = make_store(api)
+    api.put_configmap(NS, LEDGER, encode({}))
+    api.before_write = lambda: api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps(
+        {"uid-other": entry(6)}).decode()})
+    d = admit(store, policy(), pod("mine", gpus=2))
+    assert not d.allowed
+    assert "6 in use" in d.message
+    assert store.conflicts == 1
+    assert sorted(entries(api)) == ["uid-other"]
+
+
+def test_a_conflict_that_still_fits_commits_on_the_second_try(api: FakeAPI) -> None:
+    store, _, _ = make_store(api)
+    api.before_write = lambda: api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps(
+        {"uid-other": entry(2)}).decode()})
+    assert admit(store, policy(), pod("mine", gpus=2)).allowed
+    assert sorted(entries(api)) == ["uid-mine", "uid-other"]  # both kept: nothing lost
+    assert (store.conflicts, store.commits) == (1, 1)
+
+
+def test_expired_reservations_stop_counting_and_are_dropped(api: FakeAPI) -> None:
+    api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps({
+        "uid-old": entry(6, expires=NOW - 1), "uid-live": entry(2)}).decode()})
+    store, _, _ = make_store(api)
+    assert admit(store, policy(), pod("mine", gpus=4)).allowed  # 2 live + 4 = 6
+    assert sorted(entries(api)) == ["uid-live", "uid-mine"]
+    assert store.expired == 1
+    assert entries(api)["uid-mine"]["expires"] == NOW + 60
+
+
+def test_a_reservation_for_a_pod_the_cache_has_seen_counts_once(api: FakeAPI) -> None:
+    api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps({
+        "uid-seen": entry(4, name="team-a/seen")}).decode()})
+    store, state, _ = make_store(api)
+    state.pod_event("ADDED", pod("seen", gpus=4))
+    assert admit(store, policy(), pod("mine", gpus=2)).allowed  # 4 + 2, not 4 + 4 + 2
+
+
+@pytest.mark.parametrize(("bad", "problem"), [
+    ({**entry(2), "gpus": -4}, "gpus is -4"),
+    ({**entry(2), "gpus": float("nan")}, "gpus is NoneType"),  # orjson writes NaN as null
+    (entry(1e300), "is 1e+300: outside"),
+    ({**entry(2), "gpus": "2"}, "gpus is str"),
+    ({**entry(2), "gpus": True}, "gpus is bool"),
+    ({**entry(2), "resources": {"nvidia.com/gpu": -8}}, "resources['nvidia.com/gpu'] is -8"),
+    ({**entry(2), "resources": ["nvidia.com/gpu"]}, "resources is not an object"),
+    ({**entry(2), "ns": 7}, "ns is not a name"),
+    (entry(2, expires=NOW + 10 * 3600), "beyond the longest TTL"),
+    ({**entry(2), "expires": "tomorrow"}, "not a time"),
+    (entry(2, name="other-ns/x"), "is not in namespace 'team-a'"),
+    ("4 GPUs", "the entry is str"),
+])
+def test_an_invalid_entry_is_logged_and_never_adds_room(
+        api: FakeAPI, caplog: pytest.LogCaptureFixture, bad: Any, problem: str) -> None:
+    # Six GPUs reserved by a valid entry fill the a100 cap; the invalid one beside it
+    # must neither free room (a negative amount) nor be silently taken as valid.
+    api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps(
+        {"uid-full": entry(6), "uid-bad": bad}).decode()})
+    store, _, _ = make_store(api)
+    with caplog.at_level(logging.ERROR, logger="gpu_webhook"):
+        d = admit(store, policy(), pod("mine", gpus=1))
+    assert not d.allowed
+    assert "6 in use" in d.message
+    [record] = [r for r in caplog.records if "ledger entry is invalid" in r.getMessage()]
+    fields = record.fields  # type: ignore[attr-defined]
+    assert (fields["ledger"], fields["entry"]) == (LEDGER, "uid-bad")
+    assert problem in fields["problem"]
+
+
+def test_decode_keeps_valid_entries_beside_invalid_ones() -> None:
+    data = {"reservations": orjson.dumps({"a": entry(1), "b": entry(-1)}).decode()}
+    assert list(decode("team-a", data, NOW)) == ["a"]
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '"text"'])
+def test_an_unreadable_ledger_is_logged_and_rewritten(
+        api: FakeAPI, caplog: pytest.LogCaptureFixture, text: str) -> None:
+    api.put_configmap(NS, LEDGER, {"reservations": text})
+    store, _, _ = make_store(api)
+    with caplog.at_level(logging.ERROR, logger="gpu_webhook"):
+        assert admit(store, policy(), pod("mine", gpus=1)).allowed
+    assert any("ledger is unreadable" in r.getMessage() for r in caplog.records)
+    assert sorted(entries(api)) == ["uid-mine"]
+
+
+# -- the ledger cannot be reached ---------------------------------------------------------
+
+ALLOW = compile_policy(load_text(POLICY.replace("spec:\n", "spec:\n  quotaLedger: "
+                                                           "{onUnavailable: allow}\n", 1)))
+
+
+@pytest.mark.parametrize("fault", ["503", "hang", "refused"])
+def test_an_unreachable_ledger_denies_with_words_a_developer_can_read(
+        api: FakeAPI, caplog: pytest.LogCaptureFixture, fault: str) -> None:
+    store, _, _ = make_store(api, timeout=0.2)
+    if fault == "refused":
+        store.maps = ConfigMaps(_refusing_client(), NS, timeout=0.2)
+    else:
+        api.faults.append(fault)
+    with caplog.at_level(logging.WARNING, logger="gpu_webhook"):
+        d = admit(store, policy(), pod("mine", gpus=1))
+    assert not d.allowed
+    words = {"503": "the API server failed (HTTP 503)",
+             "hang": "the API server did not answer within 0.2s",
+             "refused": "cannot connect to the API server"}[fault]
+    assert f"the GPU quota ledger cannot be reached ({words})" in d.message
+    for internal in ("MaxRetryError", "HTTPConnectionPool", "127.0.0.1", "urllib3"):
+        assert internal not in d.message
+    [record] = [r for r in caplog.records if r.getMessage() == "quota ledger unavailable"]
+    assert record.fields["detail"]  # type: ignore[attr-defined]  # the library's text, logged
+
+
+def test_on_unavailable_allow_admits_with_a_warning_and_reserves_nothing(api: FakeAPI) -> None:
+    store, _, _ = make_store(api, ALLOW)
+    api.faults.append("503")
+    d = admit(store, ALLOW, pod("mine", gpus=1))
+    assert d.allowed
+    assert any("the GPU quota ledger cannot be reached" in w for w in d.warnings)
+    assert (NS, LEDGER) not in api.configmaps
+
+
+def test_a_write_that_fails_is_not_a_commit(api: FakeAPI) -> None:
+    store, _, _ = make_store(api)
+    api.put_configmap(NS, LEDGER, encode({}))
+    api.before_write = lambda: api.faults.append("500")
+    d = admit(store, policy(), pod("mine", gpus=1))
+    assert not d.allowed
+    assert store.commits == 0
+    assert entries(api) == {}
+
+
+def test_conflicts_until_the_budget_is_spent_deny(api: FakeAPI) -> None:
+    store, _, _ = make_store(api)
+    api.put_configmap(NS, LEDGER, encode({}))
+
+    def another_replica_always_first() -> None:
+        api.put_configmap(NS, LEDGER, encode({}))
+        api.before_write = another_replica_always_first
+
+    api.before_write = another_replica_always_first
+    charge = Charge("team-a", "team-a", "pod/mine", "a100", {"nvidia.com/gpu": 1.0}, 1.0)
+    with pytest.raises(ReservationUnavailable, match="conflicts"):
+        asyncio.run(store.reserve("uid-mine", charge, lambda view: True, budget=0.5))
+    api.before_write = None
+    assert store.commits == 0 and store.conflicts >= 1
+
+
+def test_a_cache_not_known_live_refuses_to_decide(api: FakeAPI) -> None:
+    # A stalled watch: expired reservations would be counted as free for pods this
+    # cache never saw. The commit refuses (onUnavailable applies) and readiness drops.
+    store, state, clock = make_store(api)
+    clock.now += 2 * state.watch_window() + 1
+    assert not store.ready()
+    d = admit(store, policy(), pod("mine", gpus=1))
+    assert not d.allowed
+    assert "view of the cluster's pods is not up to date" in d.message
+    assert api.requests == []  # not even read: nothing to decide with
+    state.pod_event("PROGRESS", {})
+    state.namespace_event("PROGRESS", {})
+    assert store.ready()
+    assert admit(store, policy(), pod("mine", gpus=1)).allowed
+
+
+# -- one pod name, one charge ---------------------------------------------------------------
+
+
+def test_re_creating_a_name_another_pod_holds_needs_no_room(api: FakeAPI) -> None:
+    # The issue's case: at 5 of 6, three creates of a name that exists. The API server
+    # answers AlreadyExists to each; none may hold GPUs or be refused for quota.
+    store, state, _ = make_store(api)
+    state.pod_event("ADDED", pod("a", gpus=4))
+    state.pod_event("ADDED", pod("x", gpus=1))
+    retries = [pod("x", gpus=1, uid=f"uid-x-retry-{i}") for i in range(3)]
+    assert [admit(store, policy(), p).allowed for p in retries] == [True, True, True]
+    assert admit(store, policy(), pod("free", gpus=1)).allowed  # the 6th is still free
+    assert not admit(store, policy(), pod("over", gpus=1)).allowed
+
+
+def test_when_the_holder_goes_its_successor_is_counted(api: FakeAPI) -> None:
+    store, state, _ = make_store(api)
+    old = pod("x", gpus=2)
+    state.pod_event("ADDED", old)
+    assert admit(store, policy(), pod("x", gpus=2, uid="uid-x-new")).allowed
+    state.pod_event("DELETED", old)  # the old pod went; the new one may now exist
+    assert admit(store, policy(), pod("y", gpus=4)).allowed  # 2 (new x) + 4 = 6
+    assert not admit(store, policy(), pod("z", gpus=1)).allowed
+
+
+def test_a_bigger_pod_under_a_held_name_needs_its_room(api: FakeAPI) -> None:
+    store, state, _ = make_store(api)
+    state.pod_event("ADDED", pod("x", gpus=1))
+    state.pod_event("ADDED", pod("a", gpus=4))
+    assert not admit(store, policy(), pod("x", gpus=2, uid="uid-x-big")).allowed
+
+
+def test_a_retried_create_of_a_pending_pod_is_one_charge(api: FakeAPI) -> None:
+    store, _, _ = make_store(api)
+    assert admit(store, policy(), pod("x", gpus=3, uid="uid-1")).allowed
+    assert admit(store, policy(), pod("x", gpus=3, uid="uid-2")).allowed  # a retry
+    assert sorted(entries(api)) == ["uid-1"]
+    assert admit(store, policy(), pod("y", gpus=3)).allowed  # 3 + 3 = 6, not 9
+
+
+def _refusing_client() -> Any:
+    import socket
+
+    from kubernetes import client
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    cfg.retries = 0
+    return client.ApiClient(cfg)
+
+
+def test_ledger_module_has_no_unused_limit() -> None:
+    assert ledger.MAX_TTL >= 3600  # the schema's largest reservationTTLSeconds

@@ -1,0 +1,196 @@
+"""The admission pipeline: the one sequence of steps every caller runs.
+
+The HTTPS server, the offline tools (``review``, ``review --replay``, ``test``) and the
+tests all decide a review here, so what is tested is what runs:
+
+- :func:`mutating`: the mutating webhook (pure: the engine alone);
+- :func:`validating`: the validating webhook, then its quota step against a usage
+  store: a workload or a dry run is checked against the usage this replica sees; a real
+  pod creation is checked *inside* the store's atomic reservation, so two pods that each
+  fit alone can never both be admitted when together they do not;
+- :func:`scaling`: a scale subresource request, with the read of the workload it scales.
+
+:func:`admit` picks one of them for a webhook path. Each returns a final
+:class:`~webhook.engine.decision.Decision`; the callers only carry it (to the reply
+:func:`reply` builds, a report, an assertion) and count what it says.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from webhook.engine import messages
+from webhook.engine.charge import Charge, QuotaStep, Validation
+from webhook.engine.decision import Checker, Decision, Finding
+from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.gang import GangAsk
+from webhook.engine.mutate import mutate
+from webhook.engine.scale import check_scale, scale_up, unchecked_scale
+from webhook.engine.target import NamespaceLabels, no_labels
+from webhook.engine.validate import OWNED, validate
+from webhook.k8s.reply import response
+from webhook.k8s.review import API_VERSION, AdmissionRequest
+from webhook.libs import logs
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.model import Mode, Rule
+from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
+from webhook.quota.gang import GANG_BOUND_SECONDS
+from webhook.quota.store import GangStore, ReservationUnavailable, UsageStore
+
+
+class Phase(StrEnum):
+    """Which webhook a review was sent to (its path, its metrics label)."""
+
+    MUTATE = "mutate"
+    VALIDATE = "validate"
+
+
+class WorkloadUnreadable(Exception):
+    """The workload a scale request is for could not be read; the message says why."""
+
+
+# (resource, namespace, name, timeout in seconds) -> the workload as a plain dict, e.g.
+# ("deployments", "team-a", "trainer", 2.0); raises WorkloadUnreadable.
+WorkloadReader = Callable[[str, str, str, float], Awaitable[dict[str, Any]]]
+
+# At most this long for reading the workload of a scale request: an API server that
+# takes longer is struggling, and the check is only an early answer (see engine.scale).
+SCALE_READ_SECONDS = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """What the pipeline reads besides the review and the policy."""
+
+    labels: NamespaceLabels = no_labels
+    store: UsageStore | None = None  # None: quota is not checked
+    read_workload: WorkloadReader | None = None  # None: scale-ups are not checked
+    claims: ClaimLookup = no_claims  # DRA claims and templates seen (a watch cache)
+
+
+def mutating(req: AdmissionRequest, policy: CompiledPolicy,
+             labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims
+             ) -> Decision:
+    """The mutating webhook. The request's object is edited in place while the patch is
+    recorded: pass a copy to keep the original."""
+    return mutate(req, policy, labels, claims)
+
+
+async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
+                     budget: float = 1.0) -> Decision:
+    """The validating webhook, quota included."""
+    return await _with_quota(validate(req, policy, cluster.labels, cluster.claims), policy,
+                             cluster.store, budget)
+
+
+async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
+                  budget: float = 1.0) -> Decision:
+    """A scale subresource request: read the workload only for a scale-up that quota
+    applies to, then decide on its pod template."""
+    up = scale_up(req, policy, cluster.labels)
+    if isinstance(up, Decision):
+        return up
+    read = cluster.read_workload
+    try:
+        if read is None:
+            raise WorkloadUnreadable("the webhook is not connected to a cluster")
+        workload = await read(up.resource, up.namespace, up.name,
+                              min(budget, SCALE_READ_SECONDS))
+    except WorkloadUnreadable as exc:
+        logs.event("scale not checked: the workload could not be read", logging.WARNING,
+                   uid=req.uid, resource=up.resource, namespace=up.namespace,
+                   name=up.name, error=str(exc))
+        return unchecked_scale(up, policy, str(exc)).adding([], ["scale-unchecked"])
+    return await _with_quota(check_scale(up, workload, policy, cluster.labels), policy,
+                             cluster.store, budget)
+
+
+async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
+                cluster: Cluster, budget: float = 1.0) -> Decision:
+    """The decision of the webhook at ``phase`` for one parsed review."""
+    if phase is Phase.MUTATE:
+        return mutating(req, policy, cluster.labels, cluster.claims)
+    if req.sub_resource:
+        return await scaling(req, policy, cluster, budget)
+    return await validating(req, policy, cluster, budget)
+
+
+def reply(phase: Phase, uid: str, d: Decision, api_version: str = API_VERSION
+          ) -> dict[str, Any]:
+    """The AdmissionReview reply that carries a decision; the validating webhook's never
+    has a patch."""
+    return response(uid, d.allowed, d.message, d.warnings,
+                    d.patch if phase is Phase.MUTATE else (), api_version=api_version)
+
+
+async def _with_quota(v: Validation, policy: CompiledPolicy, store: UsageStore | None,
+                      budget: float) -> Decision:
+    if v.quota is None or store is None:
+        return v.decision
+    findings, faults = await quota(v.quota, policy, store, budget)
+    return v.decision.adding(findings, faults)
+
+
+async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budget: float
+                ) -> tuple[list[Finding], list[str]]:
+    """The quota step's findings (and faults): checked against the store's usage, or,
+    for a real pod creation, checked and reserved in one atomic step."""
+    check = Checker(policy, step.tenant, step.subject, OWNED)
+    if step.gang is not None:
+        return await _gang(step, step.gang, check, store)
+    assert step.ask is not None  # a QuotaStep holds an ask or a gang
+    ask = step.ask
+    if step.reservation is None:
+        view = store.view()
+        if ask.is_pod:
+            check_pod(check, step.tenant, ask, view)  # a dry run: checked, not kept
+        else:
+            check_workload(check, step.tenant, ask, view)
+        return check.findings, []
+
+    res = step.reservation
+    if res.gangs and isinstance(store, GangStore) and store.draw(res.key, res.charge,
+                                                                 res.gangs):
+        return [], []  # admitted from its gang's reservation: counted there already
+
+    def fits(view: UsageView) -> bool:
+        # Run on every attempt of the store's compare-and-swap loop, against fresh state:
+        # only the last attempt's findings stand.
+        check.findings.clear()
+        return check_pod(check, step.tenant, ask, view)
+
+    try:
+        await store.reserve(res.key, res.charge, fits, budget, name=res.name)
+    except ReservationUnavailable as exc:
+        check.findings.clear()
+        check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
+                     at_most=Mode.WARN if policy.quota_fail_open else None)
+        return check.findings, ["ledger-unavailable"]
+    return check.findings, []
+
+
+async def _gang(step: QuotaStep, gang: GangAsk, check: Checker, store: UsageStore
+                ) -> tuple[list[Finding], list[str]]:
+    """A gang workload's quota: checked; and when it is being created and its gang fits
+    what is free now, its GPUs reserved whole in the same atomic step."""
+    if step.gang_key is None or not isinstance(store, GangStore):
+        # A dry run, an update, or a store without gang reservations (the shared
+        # ledger): checked only, and its pods are reserved one by one as they come.
+        check_gang(check, step.tenant, gang, store.view())
+        return check.findings, []
+    charges = [(Charge(gang.tenant, gang.namespace, step.gang_owner, r.cost.product,
+                       dict(r.cost.resources), r.cost.gpus), n)
+               for r, n in zip(gang.roles, gang.members(), strict=True)
+               if n and r.cost.resources]
+
+    def fits(view: UsageView) -> bool:
+        check.findings.clear()  # only the last attempt's findings stand
+        return check_gang(check, step.tenant, gang, view, reservable=True)
+
+    await store.reserve_gang(step.gang_key, step.gang_ids, charges, fits,
+                             GANG_BOUND_SECONDS)
+    return check.findings, []

@@ -1,0 +1,244 @@
+"""What a pod costs, computed in one place: the GPUs it holds against its tenant's quota.
+
+Admission (a pod, a workload's template, a scale-up) and the cluster cache (a pod seen by
+the watch) both charge a pod through :func:`pod_cost`, so what admission counts and what
+the cluster later shows can never disagree: the effective request per GPU resource (as
+ResourceQuota counts it: the larger of the app containers with restartable init
+"sidecars" and the largest plain init container), the GPU-equivalents the policy's
+weights make of it, and the one product the pod is pinned to, if it is pinned to one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from webhook.engine import devices, messages
+from webhook.engine.decision import Checker, Decision, Quiet
+from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.gpu import check_maximums, check_requests, weighted
+from webhook.engine.pinning import check_pinned
+from webhook.engine.target import Target, read_target
+from webhook.k8s import claims as claims_wire
+from webhook.k8s.objects import MalformedObject
+from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.model import Rule
+
+if TYPE_CHECKING:  # gang.py builds on this module's Cost
+    from webhook.engine.gang import GangAsk
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one pod of a template costs."""
+
+    product: str | None  # the product it is pinned to, when exactly one
+    resources: Mapping[str, float]  # effective request, devices per GPU resource
+    gpus: float  # GPU-equivalents (weights applied)
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one GPU pod counts against its tenant's quota, and who holds it."""
+
+    tenant: str
+    namespace: str
+    owner: str  # "job/llm-pretrain", "deployment/web", "pod/notebook-x"
+    product: str | None
+    resources: Mapping[str, float]
+    gpus: float
+    pods: int = 1  # GPU pods it counts as (a shared ResourceClaim: 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What admitting one object would add to its tenant's usage (for quota)."""
+
+    tenant: str
+    namespace: str
+    cost: Cost  # per pod
+    pods: int  # pods of this template at once (replicas / parallelism; 1 for a Pod)
+    is_pod: bool
+    pods_added: int  # pods this request adds (an UPDATE that scales 2 -> 5 adds 3)
+    kind: str
+    counts_pods: bool = True  # False for a ResourceClaim: not a pod, not under a pods cap
+
+    @property
+    def product(self) -> str | None:
+        return self.cost.product
+
+    @property
+    def resources(self) -> Mapping[str, float]:
+        return self.cost.resources
+
+    @property
+    def gpus(self) -> float:
+        return self.cost.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A pod creation's quota, to be reserved atomically under ``key`` (its uid)."""
+
+    key: str
+    charge: Charge
+    gangs: tuple[str, ...] = ()  # the gangs the pod may belong to (its owners, labels)
+    # "namespace/name": a retry of the same create is one charge, and a create that
+    # fails because the name is taken holds nothing (see quota.ledger).
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaStep:
+    """The quota check the engine leaves to the pipeline: it needs the usage store."""
+
+    tenant: TenantRules
+    subject: str
+    ask: Ask | None  # a Pod, or a workload of one unnamed template; None: see ``gang``
+    reservation: Reservation | None  # a real pod creation; None: check, never reserve
+    gang: GangAsk | None = None  # a workload with roles
+    # A gang workload's real creation or update (not a dry run): its uid and owner, for
+    # the gang reservation the pipeline makes when the gang fits now.
+    gang_key: str | None = None
+    gang_owner: str = ""
+    gang_ids: tuple[str, ...] = ()  # what its pods find it by (uid, controller's label)
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    decision: Decision  # every rule but quota
+    quota: QuotaStep | None = None
+
+
+def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
+    """Check the template's GPU requests, maximums and pinning (reporting to ``check``)
+    and return what one of its pods costs: its containers' GPUs and the devices of the
+    claims made for it alone from ResourceClaimTemplates. A claim it shares
+    (``resourceClaimName``) is charged once, when the claim is created, not with each pod."""
+    counts = check_requests(check, target.containers, None)
+    claimed: dict[str, float] = {}
+    claimed_gpus = 0.0
+    products: set[str | None] = set()
+    for use in target.gpu_claims:
+        if not use.per_pod or use.requests is None:
+            continue
+        dc = devices.cost(check, policy, use.requests, f'resource claim "{use.entry.name}"')
+        for r, n in dc.resources.items():
+            claimed[r] = claimed.get(r, 0.0) + n
+        claimed_gpus += dc.gpus
+        products.add(dc.product)
+    effective = check_maximums(check, policy, target.containers, counts, claimed_gpus)
+    product = check_pinned(check, policy, target.template, target.gpu_containers)
+    gpus = weighted(policy, effective) + claimed_gpus
+    if not target.gpu_containers and len(products) == 1:
+        product = products.pop()  # DRA alone: the product its claims are pinned to
+    for r, n in claimed.items():
+        effective[r] = effective.get(r, 0.0) + n
+    return Cost(product, effective, gpus)
+
+
+def unknown_templates(check: Checker, target: Target) -> None:
+    """A tenant's pod naming a ResourceClaimTemplate the webhook has not seen: what it
+    costs is unknown, so it is not admitted blind (rule unknown-claim)."""
+    if target.tenant is None:
+        return
+    for name in target.unknown_templates:
+        check.report(Rule.UNKNOWN_CLAIM, messages.template_unknown(name))
+
+
+def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
+                  labels: Mapping[str, str] | None = None,
+                  claims: ClaimLookup = no_claims) -> Charge | None:
+    """The charge of a pod seen in the cluster, or None when it holds no GPU quota (no
+    GPU, terminal phase, no tenant, malformed). The same :func:`pod_cost` as admission,
+    with the findings dropped: the rules ran when the pod was admitted."""
+    if not isinstance(pod, dict):
+        return None
+    status = pod.get("status") or {}
+    if isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES:
+        return None
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
+    try:
+        target = read_target("", "Pod", namespace, pod, "", policy, lambda _: labels,
+                             claims)
+    except MalformedObject:
+        return None
+    if target is None or not target.has_gpu or target.tenant is None:
+        return None
+    try:
+        cost = pod_cost(Quiet(policy, target.tenant, "", frozenset()), policy, target)
+    except MalformedObject:
+        return None
+    if not cost.resources:
+        return None
+    return Charge(target.tenant.name, namespace, owner_of(pod), cost.product, cost.resources,
+                  cost.gpus)
+
+
+def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,
+                    labels: Mapping[str, str] | None = None) -> Charge | None:
+    """The charge of a ResourceClaim seen in the cluster, or None when it holds no GPU
+    quota: not a claim of GPU classes, no tenant, malformed, or made for a pod that was
+    charged instead (a template's claim for one pod, the scheduler's claim for a plain
+    nvidia.com/gpu request). Those two are told by annotation and by who wrote the
+    object (``metadata.managedFields``): the kube-controller-manager or the scheduler;
+    admission charges the same annotations from anyone else, and so does this."""
+    if kind != claims_wire.CLAIM or not isinstance(claim, dict):
+        return None
+    meta = claim.get("metadata") or {}
+    if not isinstance(meta, dict):
+        return None
+    namespace = str(meta.get("namespace") or "")
+    tenant = policy.tenant_for(namespace, labels) if namespace else None
+    if tenant is None or _made_for_a_pod(meta):
+        return None
+    try:
+        found = claims_wire.claim_spec(kind, claim)
+        requests = claims_wire.device_requests(*found) if found is not None else []
+    except MalformedObject:
+        return None
+    dc = devices.cost(Quiet(policy, tenant, "", frozenset()), policy, requests)
+    if not dc.resources:
+        return None
+    return Charge(tenant.name, namespace, f"resourceclaim/{meta.get('name')}", dc.product,
+                  dc.resources, dc.gpus, pods=0)
+
+
+# The field managers of the control plane: the resourceclaim controller creates a
+# template's claim for a pod, the scheduler creates an extended-resource claim and writes
+# every claim's allocation. Any other manager means a user wrote the claim.
+_CONTROL_PLANE = frozenset({"kube-controller-manager", "kube-scheduler"})
+
+
+def _made_for_a_pod(meta: Mapping[str, Any]) -> bool:
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        return False
+    managers = {str(m.get("manager")) for m in meta.get("managedFields") or ()
+                if isinstance(m, dict) and m.get("operation") in ("Update", "Apply")}
+    if not managers <= _CONTROL_PLANE:
+        return False
+    if claims_wire.EXTENDED_RESOURCE_ANNOTATION in annotations:
+        return "kube-scheduler" in managers
+    if claims_wire.POD_CLAIM_ANNOTATION in annotations:
+        return "kube-controller-manager" in managers
+    return False
+
+
+def owner_of(pod: Mapping[str, Any]) -> str:
+    """A readable owner for messages: the Deployment behind a ReplicaSet, else the
+    controller's kind/name, else the pod itself."""
+    meta = pod.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or ():
+        if not isinstance(ref, dict) or not ref.get("controller"):
+            continue
+        kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
+        pth = (meta.get("labels") or {}).get("pod-template-hash")
+        if kind == "ReplicaSet" and pth and name.endswith("-" + pth):
+            return "deployment/" + name[: -len(pth) - 1]
+        return f"{kind.lower()}/{name}"
+    return "pod/" + str(meta.get("name") or meta.get("generateName", "") + "*")

@@ -1,0 +1,49 @@
+"""Reading an object that arrived as JSON: the mapping or list a pod spec needs at a
+JSON Pointer, or :class:`MalformedObject` naming the pointer and what it must be.
+
+Admission reviews come from the API server, but a validating webhook sees objects
+other webhooks changed, and the offline tools read files people wrote: every step that
+walks an object goes through these helpers, so a wrong type always becomes the same
+clear denial rather than a TypeError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def escape(token: str) -> str:
+    """Escape one reference token for a JSON Pointer."""
+    if "~" in token:
+        token = token.replace("~", "~0")
+    if "/" in token:
+        token = token.replace("/", "~1")
+    return token
+
+
+class MalformedObject(ValueError):
+    """The object has the wrong JSON type where the pod spec needs a mapping or list."""
+
+    def __init__(self, pointer: str, expected: str) -> None:
+        self.pointer = pointer or "/"
+        self.expected = expected
+        super().__init__(f"{self.pointer} must be {expected}")
+
+
+def child_map(parent: dict[str, Any], key: str, ptr: str) -> dict[str, Any] | None:
+    """``parent[key]`` when it is a mapping, None when absent/null; raise if another type."""
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise MalformedObject(ptr + "/" + escape(key), "a mapping")
+    return value
+
+
+def child_list(parent: dict[str, Any], key: str, ptr: str) -> list[Any] | None:
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise MalformedObject(ptr + "/" + escape(key), "a list")
+    return value

@@ -1,0 +1,185 @@
+"""Run the webhook: the `gpu-webhook serve` command's body. The policy, the certificates
+(``webhook.server.tls``), the cluster (``webhook.server.cluster``) and the app are made
+in that order, each refusing to start with one line naming what is wrong; then the
+server listens (``webhook.server.listen``) until SIGTERM, which drains and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import uvloop
+
+from webhook.engine.devices import no_claims
+from webhook.engine.target import no_labels
+from webhook.libs import certs, logs
+from webhook.libs.kube import Unreachable
+from webhook.policy.load import PolicyError
+from webhook.quota.store import MemoryStore
+from webhook.server import metrics, selfcerts
+from webhook.server.app import AdmissionApp, Runtime
+from webhook.server.cluster import attach, configured, ledger_namespace
+from webhook.server.listen import (
+    KEEP_ALIVE_TIMEOUT,
+    AdmissionProtocol,
+    BoundedServer,
+    cannot_listen,
+)
+from webhook.server.reload import PolicySource, resolve
+from webhook.server.settings import Settings
+from webhook.server.tls import CertReloader, ClientCertGate, ssl_context, tls_files
+
+
+def self_managed(settings: Settings) -> selfcerts.SelfManagedCerts | None:
+    """--self-managed-certs: get a serving pair from the Secret (issued if need be) into
+    the files :func:`tls_files` names, before serving; None when there is no cluster.
+
+    The renewals that follow write the same files, and :class:`CertReloader` loads them
+    as it would a mounted Secret's update: one path for every way a certificate changes.
+    """
+    d = Path(settings.cert_dir)
+    cert = settings.tls_cert or str(d / certs.CERT_FILE)
+    key = settings.tls_key or str(d / certs.KEY_FILE)
+    namespace = ledger_namespace(settings.namespace)
+    try:
+        renewer = selfcerts.connect(
+            settings.kubeconfig, namespace, settings.cert_secret, settings.service,
+            settings.certificate_targets(), settings.cert_host_list(),
+            settings.cert_validity_hours, settings.ca_validity_hours, cert, key)
+    except Unreachable as exc:
+        logs.event("cannot start: --self-managed-certs needs the cluster", logging.ERROR,
+                   error=str(exc))
+        print(f"gpu-webhook: cannot start, --self-managed-certs needs the cluster: {exc}")
+        return None
+    logs.event("self-managed certificates", secret=f"{namespace}/{settings.cert_secret}",
+               names=[*renewer.wanted.dns_names, *renewer.wanted.ip_addresses],
+               configurations=settings.certificate_targets(),
+               validity_hours=settings.cert_validity_hours,
+               ca_validity_hours=settings.ca_validity_hours)
+    renewer.first_sync()
+    return renewer
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def run(settings: Settings) -> int:
+    logs.setup(settings.log_level)
+    if settings.kubeconfig and not os.path.isfile(settings.kubeconfig):
+        # A missing file is a typo, not a cluster that is down: without this, the replica
+        # would start and stay not-ready, retrying a file that will never appear.
+        logs.event("cannot start: --kubeconfig names no file", logging.ERROR,
+                   kubeconfig=settings.kubeconfig)
+        print(f"gpu-webhook: cannot start, --kubeconfig {settings.kubeconfig}: no such file")
+        return 2
+    source = PolicySource(resolve(settings.policy))
+    try:
+        active = source.load()
+    except PolicyError as exc:
+        logs.event("cannot start: the policy is invalid", logging.ERROR, error=str(exc))
+        print(f"gpu-webhook: cannot start, the policy is invalid:\n{exc}")
+        return 2
+    renewer = None
+    if settings.self_managed_certs:
+        renewer = self_managed(settings)
+        if renewer is None:
+            return 2
+    try:
+        cert, key = tls_files(settings)
+        context = ssl_context(settings, cert, key)
+        reloader = CertReloader(context, cert, key)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        msg = (f"cannot start: TLS files unusable ({exc}); check --tls-cert/--tls-key or "
+               "--cert-dir (and --client-ca), or regenerate them with "
+               "`gpu-webhook certs --force`")
+        logs.event(msg, logging.ERROR)
+        print(f"gpu-webhook: {msg}")
+        return 2
+    if reloader.serving.expired():
+        logs.event("the TLS certificate has expired; the API server will refuse it until it "
+                   "is renewed (the new files are picked up without a restart)",
+                   logging.ERROR, not_after=reloader.serving.not_after.isoformat())
+    # Read at scrape time, so it follows certificate reloads.
+    metrics.CERT_EXPIRY.set_function(lambda: reloader.serving.not_after.timestamp())
+    client_cns = settings.client_cn_list()
+    logs.event("starting", host=settings.host, port=settings.port,
+               policy=active.policy.name, policy_source=active.source,
+               tls_min=settings.tls_min_version, mtls=bool(settings.client_ca),
+               client_cns=client_cns, cert_serial=f"{reloader.serving.serial:x}",
+               cert_names=reloader.serving.names,
+               cert_not_after=reloader.serving.not_after.isoformat(),
+               usage_store="cluster ledger" if configured(settings.kubeconfig)
+               else "in-memory (no cluster configured)", pid=os.getpid())
+    problem = cannot_listen(settings.host, settings.port)
+    if problem:
+        logs.event(f"cannot start: {problem}", logging.ERROR)
+        print(f"gpu-webhook: cannot start, {problem}")
+        return 2
+
+    async def main() -> None:
+        # The cluster first, then the app built on it once: nothing is swapped into a
+        # running server.
+        cluster = None
+        ready: dict[str, Callable[[], bool]] = {}
+        if configured(settings.kubeconfig):
+            try:
+                cluster = attach(source, settings.kubeconfig, settings.namespace,
+                                 asyncio.get_running_loop())
+                ready["caches-synced"] = cluster.state.synced
+            except Unreachable as exc:
+                logs.event("cannot use the cluster; not ready until it can", logging.ERROR,
+                           error=str(exc))
+                ready["cluster"] = lambda: False
+        runtime = Runtime(
+            policy=source,
+            namespace_labels=cluster.state.namespace_labels if cluster else no_labels,
+            # read at each scrape: a relist replaces the dict
+            namespaces=(lambda: cluster.state.labels) if cluster else metrics.no_namespaces,
+            store=cluster.store if cluster else MemoryStore(ttl=active.policy.reservation_ttl),
+            read_workload=cluster.read_workload if cluster else None,
+            claims=cluster.state.claim_lookup if cluster else no_claims,
+            ready_checks=ready,
+            max_inflight=settings.max_inflight,
+            request_timeout=settings.request_timeout)
+        app: Any = AdmissionApp(runtime)
+        if settings.client_ca:
+            app = ClientCertGate(app, client_cns)
+        # No ssl= here: Acceptor starts TLS itself (see the module docstring).
+        config = uvicorn.Config(
+            app, host=settings.host, port=settings.port, loop="uvloop",
+            http=AdmissionProtocol, lifespan="off", access_log=False, log_config=None,
+            timeout_keep_alive=KEEP_ALIVE_TIMEOUT, timeout_graceful_shutdown=20,
+        )
+        server = BoundedServer(config, context, settings.max_connections)
+        watchers = [asyncio.ensure_future(source.watch(settings.policy_poll_seconds)),
+                    asyncio.ensure_future(reloader.watch(settings.cert_poll_seconds))]
+        if renewer is not None:
+            watchers.append(asyncio.ensure_future(
+                renewer.keep_renewed(settings.cert_check_seconds)))
+        try:
+            await server.serve()
+        finally:
+            for w in watchers:
+                w.cancel()
+            if cluster is not None:
+                cluster.stop()
+            # uvicorn re-raises SIGTERM after its shutdown, which skips atexit: write the
+            # buffered log lines now.
+            logs.flush()
+
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal so that the
+    # default action ends the process "killed by SIGTERM" (143). A drained, orderly stop
+    # is a success: this handler turns the re-raised signal (or one that arrives before
+    # uvicorn listens) into exit status 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    uvloop.run(main())
+    return 0

@@ -1,0 +1,242 @@
+"""Server settings: every flag of ``gpu-webhook serve``, with its environment variable.
+
+Flags win over environment variables (``GPU_WEBHOOK_<NAME>``), which win over the
+defaults. With no flags at all the server runs on a laptop: dev certificates under
+``certs/``, the embedded example policy, no cluster.
+
+Every value is checked here, before anything starts, and a bad one ends ``serve`` with
+one line naming the flag, the value and what it may be (``SystemExit`` with that text):
+never a traceback from deep inside uvicorn or logging. There is no ``--workers``: one
+process per replica is the design (quota reservations of one process queue on one
+lock; scale by replicas, each with its own watch cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from dataclasses import dataclass, fields
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "0.0.0.0"
+    port: int = 8443
+    cert_dir: str = "certs"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_min_version: str = "1.2"
+    client_ca: str | None = None
+    client_cn: str | None = None
+    cert_poll_seconds: float = 2.0
+    policy: str | None = None
+    policy_poll_seconds: float = 2.0
+    log_level: str = "info"
+    kubeconfig: str | None = None
+    namespace: str | None = None
+    max_inflight: int = 256
+    max_connections: int = 1024
+    request_timeout: float = 8.0
+    self_managed_certs: bool = False
+    cert_secret: str = "gpu-webhook-tls"
+    service: str = "gpu-webhook"
+    webhook_configurations: str = "mutating=gpu-webhook,validating=gpu-webhook"
+    cert_hosts: str | None = None
+    cert_validity_hours: float = 2160.0
+    ca_validity_hours: float = 87600.0
+    cert_check_seconds: float = 3600.0
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        for f in fields(Settings):
+            flag = "--" + f.name.replace("_", "-")
+            env = "GPU_WEBHOOK_" + f.name.upper()
+            if isinstance(f.default, bool):  # a switch: --flag, or the env var set to true
+                parser.add_argument(flag, dest=f.name, action="store_true", default=None,
+                                    help=f"{_doc(f.name)} [env {env}=true]")
+                continue
+            kind = {int: int, float: float}.get(type(f.default), str)
+            parser.add_argument(flag, dest=f.name, type=kind, default=None,
+                                choices=LOG_LEVELS if f.name == "log_level" else None,
+                                help=f"{_doc(f.name)} [env {env}; default {f.default}]")
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> Settings:
+        values: dict[str, object] = {}
+        for f in fields(Settings):
+            v = getattr(args, f.name, None)
+            if v is None:
+                env = os.environ.get("GPU_WEBHOOK_" + f.name.upper())
+                if env is not None and isinstance(f.default, bool):
+                    if env.lower() not in _BOOLS:
+                        raise SystemExit(f"GPU_WEBHOOK_{f.name.upper()}={env!r} is not a "
+                                         "boolean (true or false)")
+                    v = _BOOLS[env.lower()]
+                elif env is not None:
+                    kind = {int: int, float: float}.get(type(f.default), str)
+                    try:
+                        v = kind(env)
+                    except ValueError:
+                        raise SystemExit(f"GPU_WEBHOOK_{f.name.upper()}={env!r} is not a "
+                                         f"valid {kind.__name__}") from None
+            if v is not None:
+                values[f.name] = v
+        s = Settings(**values)  # type: ignore[arg-type]
+        s._check_values()
+        if s.tls_min_version not in ("1.2", "1.3"):
+            raise SystemExit(f"--tls-min-version must be 1.2 or 1.3, not {s.tls_min_version!r}")
+        if s.max_connections < 1:
+            raise SystemExit(f"--max-connections must be at least 1, not {s.max_connections}")
+        if s.max_inflight < 1:
+            raise SystemExit(f"--max-inflight must be at least 1, not {s.max_inflight}")
+        if not 0 < s.request_timeout <= 30:
+            raise SystemExit(f"--request-timeout must be more than 0 and at most 30 seconds "
+                             f"(the API server's limit), not {s.request_timeout}")
+        if (s.tls_cert is None) != (s.tls_key is None):
+            raise SystemExit("--tls-cert and --tls-key go together: give both or neither")
+        if s.client_cn is not None and not s.client_ca:
+            raise SystemExit("--client-cn needs --client-ca: without a CA to verify client "
+                             "certificates there is no common name to check")
+        if s.client_cn is not None and not s.client_cn_list():
+            raise SystemExit("--client-cn is empty: give one or more names, comma-separated")
+        if s.self_managed_certs:
+            s.certificate_targets()  # named errors for a bad value
+            if not s.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+                raise SystemExit("--self-managed-certs keeps the certificate in a Secret: "
+                                 "give --kubeconfig (or run in a pod)")
+            if s.cert_validity_hours < 0.01:
+                raise SystemExit(f"--cert-validity-hours must be at least 0.01, not "
+                                 f"{s.cert_validity_hours}")
+            if s.ca_validity_hours < 3 * s.cert_validity_hours:
+                raise SystemExit(
+                    f"--ca-validity-hours ({s.ca_validity_hours:g}) must be at least 3 times "
+                    f"--cert-validity-hours ({s.cert_validity_hours:g}): the CA is renewed "
+                    "when a third of its life is left, and should outlive the serving "
+                    "certificates it signs")
+            if s.cert_check_seconds <= 0:
+                raise SystemExit(f"--cert-check-seconds must be more than 0, not "
+                                 f"{s.cert_check_seconds}")
+        return s
+
+    def _check_values(self) -> None:
+        """Range and shape of each value on its own (flag or environment variable alike)."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise SystemExit(f"--{_flag(f.name)} must be a finite number, not {v}")
+        if self.log_level not in LOG_LEVELS:
+            raise SystemExit(f"--log-level must be one of {', '.join(LOG_LEVELS)}, "
+                             f"not {self.log_level!r}")
+        if not 0 <= self.port <= 65535:
+            raise SystemExit(f"--port must be 0-65535, not {self.port}")
+        for name in ("cert_poll_seconds", "policy_poll_seconds"):
+            if getattr(self, name) <= 0:
+                raise SystemExit(f"--{_flag(name)} must be more than 0 seconds, not "
+                                 f"{getattr(self, name)}")
+        if not self.host.strip():
+            raise SystemExit("--host is empty: give an address, e.g. 0.0.0.0 or 127.0.0.1")
+        if self.namespace is not None and not _DNS_LABEL.fullmatch(self.namespace):
+            raise SystemExit(f"--namespace {self.namespace!r} is not a namespace name "
+                             "(lowercase letters, digits and '-', at most 63)")
+        for name in ("service", "cert_secret"):
+            value = getattr(self, name)
+            pattern = _DNS_LABEL if name == "service" else _DNS_SUBDOMAIN
+            if not pattern.fullmatch(value):
+                raise SystemExit(f"--{_flag(name)} {value!r} is not a valid object name "
+                                 "(lowercase letters, digits and '-')")
+        for name in ("cert_dir", "tls_cert", "tls_key", "client_ca", "policy", "kubeconfig"):
+            if getattr(self, name) == "":
+                raise SystemExit(f"--{_flag(name)} is empty: give a path, or leave it out")
+
+    def certificate_targets(self) -> dict[str, str]:
+        """--webhook-configurations as {"mutating": NAME, "validating": NAME}."""
+        targets: dict[str, str] = {}
+        for item in (i.strip() for i in self.webhook_configurations.split(",")):
+            if not item:
+                continue
+            kind, _, name = item.partition("=")
+            kind, name = kind.strip(), name.strip()
+            if kind not in ("mutating", "validating") or not name or kind in targets:
+                raise SystemExit(
+                    f"--webhook-configurations: {item!r} is not KIND=NAME with KIND mutating "
+                    "or validating (each once), e.g. mutating=gpu-webhook,validating=gpu-webhook")
+            targets[kind] = name
+        if not targets:
+            raise SystemExit("--webhook-configurations is empty: give "
+                             "mutating=NAME,validating=NAME")
+        return targets
+
+    def cert_host_list(self) -> list[str]:
+        """--cert-hosts as a list of extra DNS names and IP addresses."""
+        return [h.strip() for h in (self.cert_hosts or "").split(",") if h.strip()]
+
+    def client_cn_list(self) -> list[str]:
+        """The allowed client certificate common names (empty: any the CA signed)."""
+        return [n.strip() for n in (self.client_cn or "").split(",") if n.strip()]
+
+
+_DOCS = {
+    "host": "Address to listen on.",
+    "port": "HTTPS port.",
+    "cert_dir": "Directory with tls.crt and tls.key; dev certificates are generated there "
+                "if both are missing.",
+    "tls_cert": "Serving certificate file (overrides --cert-dir).",
+    "tls_key": "Private key of the serving certificate.",
+    "tls_min_version": "Lowest TLS version accepted: 1.2 or 1.3.",
+    "client_ca": "CA for client certificates; when set, every path but /healthz and /readyz "
+                 "answers 403 to a caller without a certificate it signed (mTLS).",
+    "client_cn": "Comma-separated common names a client certificate must carry, e.g. "
+                 "kube-apiserver (needs --client-ca; default: any name the CA signed).",
+    "cert_poll_seconds": "How often tls.crt/tls.key are checked for a new certificate.",
+    "policy": "Policy file (the embedded example policy when unset).",
+    "policy_poll_seconds": "How often the policy file is checked for changes.",
+    "log_level": "debug, info, warning or error.",
+    "kubeconfig": "kubeconfig of the cluster whose pods count against quota (in a pod, the "
+                  "service account is used; with neither, usage is kept in memory).",
+    "max_inflight": "Admission requests handled at once; beyond it a request is answered "
+                    "429 (Retry-After) at once, and the webhook's failurePolicy applies.",
+    "max_connections": "Connections open at once (in TLS handshake or after); beyond it a "
+                       "new connection is closed at once. Each costs up to ~50 KB.",
+    "request_timeout": "Seconds a review may take from its first byte to its answer (also "
+                       "cut to 80%% of the API server's ?timeout=); a review that waited "
+                       "longer gets 503 instead of an answer the API server stopped "
+                       "waiting for.",
+    "namespace": "Namespace of the quota ledger objects and of the --cert-secret (default: "
+                 "the pod's own namespace).",
+    "self_managed_certs": "Issue and renew the serving certificate in the --cert-secret "
+                          "Secret (a CA kept in it), serve it from --cert-dir (or "
+                          "--tls-cert/--tls-key) and patch the CA into the caBundle of the "
+                          "--webhook-configurations; for clusters without cert-manager. "
+                          "Needs a cluster (--kubeconfig or in a pod).",
+    "cert_secret": "Secret (in --namespace) holding ca.crt, ca.key, tls.crt and tls.key, with "
+                   "--self-managed-certs.",
+    "service": "Service name the API server calls; the serving certificate is for its DNS "
+               "names in --namespace (with --self-managed-certs).",
+    "webhook_configurations": "mutating=NAME,validating=NAME: the webhook configurations "
+                              "whose caBundle --self-managed-certs keeps in step.",
+    "cert_hosts": "Extra DNS names and IP addresses for the self-managed serving certificate, "
+                  "comma-separated (a webhook called by URL).",
+    "cert_validity_hours": "Validity of the self-managed serving certificate (renewed with a "
+                           "third left: 30 days before expiry by default); fractions allowed.",
+    "ca_validity_hours": "Validity of the self-managed CA (rolled over with a third left); at "
+                         "least 3 times --cert-validity-hours.",
+    "cert_check_seconds": "With --self-managed-certs: longest time between two reads of the "
+                          "Secret (renewals due sooner are done when due).",
+}
+
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False, "": False}
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _doc(name: str) -> str:
+    return _DOCS.get(name, "")

@@ -1,0 +1,466 @@
+"""The webhook configurations the API server needs, rendered from the policy.
+
+``gpu-webhook manifests`` prints a MutatingWebhookConfiguration and a
+ValidatingWebhookConfiguration (admissionregistration.k8s.io/v1). They are derived from
+the policy so that the API server sends only what the webhook acts on:
+
+- ``matchConditions`` (CEL, evaluated in the API server) pass only pods and pod templates
+  with a GPU resource (by the policy's names and patterns) in any container's or init
+  container's limits or requests. When ``nonGpuPodsToleratingGpuTaints`` is ``strip`` the
+  mutating webhook (``deny``: the validating one) also gets pods that tolerate a GPU taint
+  key. Requests from exempt users, groups and service accounts are not sent.
+- ``namespaceSelector`` leaves out kube-system, the webhook's own namespace and the
+  policy's exempt namespaces, so a webhook that is down can never block the pods that
+  would bring it back.
+
+Training workloads (Volcano Jobs, JobSets, Kubeflow jobs, TrainJobs, LeaderWorkerSets,
+Ray clusters and jobs, Argo workflows) and the kinds the policy's ``workloadKinds`` adds
+are sent on CREATE and UPDATE, each with a matchCondition that walks its own templates
+(every task, replicated job, replica type, ...), so a training job without GPUs is never
+sent either. A rule for a kind whose CRD is not installed matches nothing.
+
+The ValidatingWebhookConfiguration holds a second webhook, ``scale.gpu-webhook.dev``:
+the ``scale`` subresource of Deployments, StatefulSets and ReplicaSets (``kubectl
+scale``, an HPA), so a scale-up past the GPU quota is refused or warned about at once.
+A Scale object holds only replica counts, so its matchCondition passes scale-ups only
+(more replicas than before); whether the workload asks for GPUs is known only once the
+webhook has read it. Its failurePolicy is always ``Ignore``: it is sent scale-ups of
+workloads without GPUs too, which a webhook that is down must not block, and quota
+holds without it (each pod is still checked when it is created). The mutating webhook
+is never sent scale requests: there is nothing to mutate.
+
+The ValidatingWebhookConfiguration also holds ``policies.gpu-webhook.dev``: GPUPolicy
+objects (the CRD ``gpu-webhook policy crd`` renders) are sent to ``/validate-policy`` on
+CREATE and UPDATE, where the policy loader checks them (``webhook.policy.review``), so an
+edit the webhook could not load is refused at ``kubectl apply`` with the message
+``gpu-webhook policy check`` gives. It is in the same configuration as the GPU webhooks
+so that the caBundle reaches it by the same path (self-managed or cert-manager), and it
+follows the validating failurePolicy. Without the CRD installed its rule matches nothing.
+
+failurePolicy, per webhook (both default to Fail):
+
+- ``Fail``: while no replica answers, every GPU pod or GPU workload create/update that
+  matches is rejected ("failed calling webhook"). Nothing escapes quota or pinning; pods
+  without GPUs are unaffected because they are never sent.
+- ``Ignore``: while no replica answers, matching requests are admitted as they are: no
+  GPU requests completed, no tolerations or node affinity injected, no quota charged.
+
+The configurations must be rendered again when the policy's GPU resources, toleration
+keys, ``nonGpuPodsToleratingGpuTaints``, exemptions or ``workloadKinds`` change.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+
+from webhook.k8s.workloads import CRD_KINDS, parse_pointer
+from webhook.policy.model import GPUPolicy, TolerationPolicy, WorkloadKind
+
+FailurePolicy = Literal["Fail", "Ignore"]
+GROUP = "gpu-webhook.dev"
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
+
+RULES: list[dict[str, Any]] = [
+    # A pod's resources and placement are immutable: only its creation matters.
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["pods"], "scope": "Namespaced"},
+    # Workloads are checked at `kubectl apply`, so a developer sees the problem there and
+    # not as an event on a ReplicaSet.
+    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"],
+     "scope": "Namespaced"},
+    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["jobs", "cronjobs"], "scope": "Namespaced"},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["replicationcontrollers"], "scope": "Namespaced"},
+]
+
+
+# DRA claims and templates: their spec is immutable, so only their creation matters.
+# Registered for v1; with matchPolicy Equivalent the API server converts a request made
+# through another version (v1beta1's flat request fields) to v1 before sending it.
+CLAIM_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"},
+]
+
+
+def workload_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any]]:
+    """Rules for the training kinds and the configured ones: one per group and versions."""
+    by: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for b in CRD_KINDS:
+        by.setdefault((b.group, b.versions), []).append(b.resource)
+    for w in configured:
+        resources = by.setdefault((w.group, tuple(w.versions)), [])
+        if w.resource not in resources:
+            resources.append(w.resource)
+    return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["CREATE", "UPDATE"],
+             "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
+
+
+# GPUPolicy objects (cluster-scoped): what the loader refuses is refused at apply.
+POLICY_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [GROUP], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["gpupolicies"], "scope": "Cluster"},
+]
+
+
+# The scale subresource: only the replica count changes, and only the validating webhook
+# (quota) cares. The pods a scale-up adds are checked when they are created either way.
+SCALE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["deployments/scale", "statefulsets/scale", "replicasets/scale"],
+     "scope": "Namespaced"},
+]
+
+# CEL over a Scale object (autoscaling/v1): more replicas than before. An absent
+# spec.replicas is 0 (the field is omitted when empty).
+SCALE_UP = ("(has(object.spec) && has(object.spec.replicas) ? object.spec.replicas : 0) > "
+            "(has(oldObject.spec) && has(oldObject.spec.replicas) ? "
+            "oldObject.spec.replicas : 0)")
+
+
+@dataclass(frozen=True)
+class Options:
+    name: str = "gpu-webhook"
+    """Name of both configurations (and the prefix of the webhooks' names)."""
+    namespace: str = "gpu-webhook"
+    service: str = "gpu-webhook"
+    port: int = 443
+    url: str | None = None
+    """Call this base URL (``https://host:port``) instead of the Service."""
+    ca_bundle: bytes | None = None
+    """PEM of the CA that signed the serving certificate."""
+    timeout_seconds: int = 5
+    mutating_failure_policy: FailurePolicy = "Fail"
+    validating_failure_policy: FailurePolicy = "Fail"
+
+
+def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, Any]]:
+    """The MutatingWebhookConfiguration and ValidatingWebhookConfiguration."""
+    if not 1 <= options.timeout_seconds <= 30:
+        raise ValueError("timeoutSeconds must be between 1 and 30 (the API server's limit)")
+    if options.url is not None and not options.url.startswith("https://"):
+        raise ValueError(f"--url must start with https:// (got {options.url!r})")
+    spec = policy.spec
+    # A pod asking through DRA claims is sent too: whether a claim is a GPU's is known
+    # only to the webhook (its watch of claims and templates).
+    gpu = (gpu_pod_expression(spec.gpu_resources.names, [
+        *spec.gpu_resources.patterns,
+        *(f"deviceclass.resource.kubernetes.io/{c}" for c in sorted(spec.device_classes))])
+        + f" || {claims_expression()}")
+    keys = sorted({t.key for t in spec.tolerations if t.key})
+    tolerating = tolerates_expression(keys) if keys else None
+    choice = spec.non_gpu_pods_tolerating_gpu_taints
+    wanted = {
+        "mutate": gpu if choice is not TolerationPolicy.STRIP or not tolerating
+        else f"{gpu} || {tolerating}",
+        "validate": gpu if choice is not TolerationPolicy.DENY or not tolerating
+        else f"{gpu} || {tolerating}",
+    }
+    exempt = exemption_expression(spec.exemptions.users, spec.exemptions.groups,
+                                  [f"system:serviceaccount:{sa.replace('/', ':')}"
+                                   for sa in spec.exemptions.service_accounts])
+    excluded = sorted({"kube-system", options.namespace, *spec.exemptions.namespaces})
+    rules = [*RULES, *workload_rules(spec.workload_kinds)]
+
+    def webhook(kind: str, failure: FailurePolicy) -> dict[str, Any]:
+        conditions = [{"name": "gpu-pods" if wanted[kind] == gpu
+                       else "gpu-pods-or-gpu-tolerations",
+                       "expression": for_pod_spec(lambda s: _or_terms(wanted[kind], s),
+                                                  spec.workload_kinds)}]
+        if exempt:
+            conditions.append({"name": "not-exempt", "expression": exempt})
+        hook: dict[str, Any] = {
+            "name": f"{kind}.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config(kind, options),
+            "rules": rules,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": {"matchExpressions": [
+                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}]},
+            "matchConditions": conditions,
+            "sideEffects": "NoneOnDryRun",  # quota reservations are skipped for dry runs
+            "timeoutSeconds": options.timeout_seconds,
+            "failurePolicy": failure,
+        }
+        if kind == "mutate":
+            # Another mutating webhook may add a GPU container after ours ran.
+            hook["reinvocationPolicy"] = "IfNeeded"
+        return hook
+
+    def claim(kind: str, failure: FailurePolicy) -> dict[str, Any]:
+        conditions = [{"name": "gpu-device-classes",
+                       "expression": claim_expression(sorted(spec.device_classes))}]
+        if exempt:
+            conditions.append({"name": "not-exempt", "expression": exempt})
+        return {
+            "name": f"claims.{kind}.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config(kind, options),
+            "rules": CLAIM_RULES,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": {"matchExpressions": [
+                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}]},
+            "matchConditions": conditions,
+            "sideEffects": "NoneOnDryRun",  # a claim's quota is reserved, except dry runs
+            "timeoutSeconds": options.timeout_seconds,
+            "failurePolicy": failure,
+        }
+
+    def scale() -> dict[str, Any]:
+        conditions = [{"name": "scale-up", "expression": SCALE_UP}]
+        if exempt:
+            conditions.append({"name": "not-exempt", "expression": exempt})
+        return {
+            "name": f"scale.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config("validate", options),
+            "rules": SCALE_RULES,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": {"matchExpressions": [
+                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(excluded)}]},
+            "matchConditions": conditions,
+            "sideEffects": "None",  # it only reads the workload
+            "timeoutSeconds": options.timeout_seconds,
+            # Never Fail: see the module's docstring.
+            "failurePolicy": "Ignore",
+        }
+
+    def policies(failure: FailurePolicy) -> dict[str, Any]:
+        return {
+            "name": f"policies.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config("validate-policy", options),
+            "rules": POLICY_RULES,
+            "matchPolicy": "Equivalent",
+            "sideEffects": "None",  # it only runs the loader
+            "timeoutSeconds": options.timeout_seconds,
+            "failurePolicy": failure,
+        }
+
+    labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": options.name, "labels": labels},
+         "webhooks": [webhook("mutate", options.mutating_failure_policy),
+                      *([claim("mutate", options.mutating_failure_policy)]
+                        if spec.device_classes else [])]},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingWebhookConfiguration",
+         "metadata": {"name": options.name, "labels": labels},
+         "webhooks": [webhook("validate", options.validating_failure_policy), scale(),
+                      *([claim("validate", options.validating_failure_policy)]
+                        if spec.device_classes else []),
+                      policies(options.validating_failure_policy)]},
+    ]
+
+
+def to_yaml(objects: Iterable[dict[str, Any]], header: str = "") -> str:
+    docs = [yaml.safe_dump(o, sort_keys=False, width=100) for o in objects]
+    return header + "---\n".join(docs)
+
+
+# --- CEL -------------------------------------------------------------------------------
+# The expressions are built from placeholders: "S" stands for the pod spec, and is
+# replaced by the path to it for each kind (see for_pod_spec).
+
+_SPEC = "{S}"
+
+
+def _quote(s: str) -> str:
+    # Policy names and patterns are restricted to [-A-Za-z0-9_./*] by the schema; the
+    # check keeps a future schema change from producing an expression that means
+    # something else.
+    if any(c in s for c in "'\\\n"):
+        raise ValueError(f"{s!r} cannot be put in a CEL string")
+    return f"'{s}'"
+
+
+def _list(values: Iterable[str]) -> str:
+    return "[" + ", ".join(_quote(v) for v in values) + "]"
+
+
+def resource_test(var: str, names: Iterable[str], patterns: Iterable[str]) -> str:
+    """CEL that is true when the resource name ``var`` is a GPU resource."""
+    terms = []
+    names = list(names)
+    if names:
+        terms.append(f"{var} in {_list(names)}")
+    for p in patterns:
+        parts = p.split("*")
+        if len(parts) == 1:
+            terms.append(f"{var} == {_quote(p)}")
+        elif p == "*":
+            return "true"
+        elif len(parts) == 2 and parts[1] == "":
+            terms.append(f"{var}.startsWith({_quote(parts[0])})")
+        elif len(parts) == 2 and parts[0] == "":
+            terms.append(f"{var}.endsWith({_quote(parts[1])})")
+        else:  # RE2 through matches(); "." is the only regex character a name can hold
+            regex = "^" + ".*".join(part.replace(".", "[.]") for part in parts) + "$"
+            terms.append(f"{var}.matches({_quote(regex)})")
+    return " || ".join(terms) if terms else "false"
+
+
+def gpu_pod_expression(names: Iterable[str], patterns: Iterable[str]) -> str:
+    """CEL over the pod spec placeholder: any container or init container asks for a GPU."""
+    gpu = resource_test("r", names, patterns)
+    container = (f"has(c.resources) && ("
+                 f"(has(c.resources.limits) && c.resources.limits.exists(r, {gpu})) || "
+                 f"(has(c.resources.requests) && c.resources.requests.exists(r, {gpu})))")
+    return (f"(has({_SPEC}.containers) && {_SPEC}.containers.exists(c, {container})) || "
+            f"(has({_SPEC}.initContainers) && {_SPEC}.initContainers.exists(c, {container}))")
+
+
+def claims_expression() -> str:
+    """CEL over the pod spec placeholder: it names DRA claims or claim templates."""
+    return f"(has({_SPEC}.resourceClaims) && size({_SPEC}.resourceClaims) > 0)"
+
+
+def claim_expression(classes: list[str]) -> str:
+    """CEL over a ResourceClaim or ResourceClaimTemplate: a device request (or one of its
+    firstAvailable alternatives) asks one of ``classes``."""
+    listed = _list(classes)
+    request = (f"(has(r.exactly) && r.exactly.deviceClassName in {listed}) || "
+               f"(has(r.firstAvailable) && r.firstAvailable.exists(f, "
+               f"f.deviceClassName in {listed}))")
+    specs = ("(request.kind.kind == 'ResourceClaimTemplate' ? "
+             "(has(object.spec.spec) ? [object.spec.spec] : []) : [object.spec])")
+    return (f"{specs}.exists(s, has(s.devices) && has(s.devices.requests) && "
+            f"s.devices.requests.exists(r, {request}))")
+
+
+def tolerates_expression(keys: list[str]) -> str:
+    """CEL over the pod spec placeholder: a toleration names a GPU taint key."""
+    return (f"(has({_SPEC}.tolerations) && {_SPEC}.tolerations.exists(t, "
+            f"has(t.key) && t.key in {_list(keys)}))")
+
+
+def _or_terms(expr: str, spec: str) -> str:
+    return expr.replace(_SPEC, spec)
+
+
+def for_pod_spec(test: Callable[[str], str], configured: Iterable[WorkloadKind] = ()) -> str:
+    """Apply ``test`` to the pod spec(s) of whichever kind the request is about.
+
+    For a built-in kind the spec is picked once into a one-element list so the test is
+    written once and binds it as ``s``; a training kind's templates are gathered into a
+    list the same way (a list's items, a map's values). A template missing on the way gives
+    false, never an evaluation error, which failurePolicy Fail would turn into a
+    rejection.
+    """
+    template = ("has(object.spec.template) && has(object.spec.template.spec) ? "
+                "[object.spec.template.spec] : []")
+    cron = ("has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec) && "
+            "has(object.spec.jobTemplate.spec.template) && "
+            "has(object.spec.jobTemplate.spec.template.spec) ? "
+            "[object.spec.jobTemplate.spec.template.spec] : []")
+    specs = (f"(request.kind.kind == 'Pod' ? [object.spec] : "
+             f"request.kind.kind == 'CronJob' ? ({cron}) : ({template}))")
+    for group, kind, listed in reversed([*((b.group, b.kind, _crd_specs(b.group, b.kind))
+                                            for b in CRD_KINDS),
+                                          *((w.group, w.kind, _configured_specs(w))
+                                            for w in configured)]):
+        specs = (f"(request.kind.group == {_quote(group)} && request.kind.kind == "
+                 f"{_quote(kind)}) ? ({listed}) : {specs}")
+    if configured or CRD_KINDS:
+        specs = f"({specs})"  # a conditional binds looser than .exists
+    return f"{specs}.exists(s, {test('s')})"
+
+
+def _has(expr: str) -> str:
+    """``has()`` of every field on the way to ``expr`` (after its root variable)."""
+    head, *keys = expr.split(".")
+    out, cur = [], head
+    for k in keys:
+        cur = f"{cur}.{k}"
+        out.append(f"has({cur})")
+    return " && ".join(out)
+
+
+def _specs(*path: str, shape: str = "list") -> str:
+    """CEL for the list of pod specs at ``path`` (from ``object``), where one ``*``
+    stands for every item of a list (``shape`` list), the values of a map (map), or
+    either (any: told apart when evaluated). Empty when a level is missing."""
+    if "*" not in path:
+        at = ".".join(("object", *path))
+        return f"({_has(at + '.spec')} ? [{at}.spec] : [])"
+    i = path.index("*")
+    items = ".".join(("object", *path[:i]))
+    rest = ".".join(("v", *path[i + 1:]))
+    values = {"list": items, "map": f"{items}.map(k, {items}[k])",
+              "any": f"(type({items}) == map ? {items}.map(k, {items}[k]) : {items})"}[shape]
+    keep = _has(rest + ".spec")
+    return (f"({_has(items)} ? {values}.filter(v, {keep}).map(v, {rest}.spec) : [])")
+
+
+def _configured_specs(w: WorkloadKind) -> str:
+    return " + ".join(_specs(*parse_pointer(r.template), shape="any") for r in w.roles)
+
+
+def _crd_specs(group: str, kind: str) -> str:
+    """CEL for the pod specs of a built-in training kind (as ``webhook.k8s.workloads``
+    reads it); a TrainJob's and an Argo step's are made up of their containers."""
+    if group == "batch.volcano.sh":
+        return _specs("spec", "tasks", "*", "template")
+    if group == "jobset.x-k8s.io":
+        return _specs("spec", "replicatedJobs", "*", "template", "spec", "template")
+    if group == "kubeflow.org":
+        key = {"PyTorchJob": "pytorchReplicaSpecs", "TFJob": "tfReplicaSpecs",
+               "MPIJob": "mpiReplicaSpecs", "XGBoostJob": "xgbReplicaSpecs",
+               "PaddleJob": "paddleReplicaSpecs", "JAXJob": "jaxReplicaSpecs"}[kind]
+        return _specs("spec", key, "*", "template", shape="map")
+    if group == "leaderworkerset.x-k8s.io":
+        return " + ".join(_specs("spec", "leaderWorkerTemplate", t)
+                          for t in ("leaderTemplate", "workerTemplate"))
+    if group == "ray.io":
+        at = {"RayCluster": ("spec",), "RayJob": ("spec", "rayClusterSpec"),
+              "RayService": ("spec", "rayClusterConfig")}[kind]
+        parts = [_specs(*at, "headGroupSpec", "template"),
+                 _specs(*at, "workerGroupSpecs", "*", "template")]
+        if kind == "RayJob":
+            parts.append(_specs("spec", "submitterPodTemplate"))
+        return " + ".join(parts)
+    if group == "trainer.kubeflow.org":
+        res = "object.spec.trainer.resourcesPerNode"
+        return f"({_has(res)} ? [{{'containers': [{{'resources': {res}}}]}}] : [])"
+    if group == "argoproj.io":
+        spec = "object.spec.workflowSpec" if kind == "CronWorkflow" else "object.spec"
+        containers = ("(has(t.container) ? [t.container] : []) + "
+                      "(has(t.script) ? [t.script] : []) + "
+                      "(has(t.containerSet) && has(t.containerSet.containers) ? "
+                      "t.containerSet.containers : [])")
+        return (f"({_has(spec + '.templates')} ? {spec}.templates.map(t, "
+                f"{{'containers': {containers}}}) : [])")
+    raise ValueError(f"no match condition for {kind}.{group}")
+
+
+def exemption_expression(users: list[str], groups: list[str], accounts: list[str]) -> str:
+    """CEL that is false for a request the policy exempts by user, group or account."""
+    terms = []
+    if users or accounts:
+        terms.append(f"(has(request.userInfo.username) && request.userInfo.username in "
+                     f"{_list([*users, *accounts])})")
+    if groups:
+        terms.append(f"(has(request.userInfo.groups) && "
+                     f"request.userInfo.groups.exists(g, g in {_list(groups)}))")
+    return f"!({' || '.join(terms)})" if terms else ""
+
+
+def _client_config(kind: str, options: Options) -> dict[str, Any]:
+    config: dict[str, Any]
+    if options.url:
+        config = {"url": f"{options.url.rstrip('/')}/{kind}"}
+    else:
+        config = {"service": {"name": options.service, "namespace": options.namespace,
+                              "path": f"/{kind}", "port": options.port}}
+    if options.ca_bundle:
+        config["caBundle"] = base64.b64encode(options.ca_bundle).decode()
+    return config

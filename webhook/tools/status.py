@@ -1,0 +1,198 @@
+"""``gpu-webhook status``: each tenant's GPU quota as the webhook counts it, read from
+the cluster once: per tenant, namespace and cap (GPUs, a resource, a product, pods),
+used / reserved / limit / free, and the biggest consumers.
+
+The numbers are the webhook's own: pods are charged by :func:`charge_of_pod` (what
+admission and the watch cache charge), reservations are the live entries of the
+ledger ConfigMaps for pods not created yet, as :class:`LedgerStore` counts them. The
+report is pure (:func:`report`, over plain objects); :func:`read_cluster` is the one
+read, through the kubeconfig, and what it may not read (a developer's account sees its
+own namespace, not the ledger) is said in the report, not guessed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.engine import messages
+from webhook.engine.charge import charge_of_pod
+from webhook.libs import kube
+from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
+from webhook.quota.ledger import LABELS as LEDGER_LABELS
+from webhook.quota.ledger import LEDGER_PREFIX, decode
+from webhook.quota.usage import Totals, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    tenant: str
+    scope: str  # "tenant" or "namespace <name>"
+    cap: str  # gpus, a resource name, product:<name>, pods
+    used: float  # running pods (not reservations)
+    reserved: float  # live reservations for pods not seen yet
+    limit: float
+
+    @property
+    def free(self) -> float:
+        return max(self.limit - self.used - self.reserved, 0.0)
+
+
+@dataclass(slots=True)
+class Cluster:
+    """What status reads: pods, namespace labels, ledger ConfigMaps' data by tenant, and
+    what could not be read (said in the report)."""
+
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    ledgers: dict[str, dict[str, str]] = field(default_factory=dict)
+    unread: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Report:
+    rows: list[Row]
+    pods: dict[str, int]  # tenant -> GPU pods running
+    top: dict[str, list[tuple[str, float]]]  # tenant -> biggest holders (GPU-equivalents)
+    unread: list[str]
+
+
+def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = None,
+           tenant: str | None = None, now: float | None = None) -> Report:
+    """The quota of the tenants asked for (all; the one owning ``namespace``; ``tenant``),
+    from the cluster's pods and ledger reservations."""
+    now = time.time() if now is None else now
+    if namespace is not None and tenant is not None and namespace not in cluster.namespaces:
+        # Told the tenant of a namespace whose labels could not be read (a developer's
+        # account): take the namespace to carry the labels that select that tenant.
+        labels = policy.labels_selecting(tenant)
+        if labels is not None:
+            cluster.namespaces[namespace] = labels
+    seen, held = Usage(), Usage()
+    uids = set()
+    for pod in cluster.pods:
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace") or "")
+        charge = charge_of_pod(pod, policy, cluster.namespaces.get(ns))
+        uid = str(meta.get("uid") or "")
+        uids.add(uid)
+        seen.put(uid, charge)
+    for name, data in cluster.ledgers.items():
+        for key, entry in decode(name, data).items():
+            if entry.expires > now and key not in uids:
+                held.put(key, entry.charge)
+    tenants = _chosen(policy, cluster, namespace, tenant)
+    rows: list[Row] = []
+    for t in tenants:
+        scopes: list[tuple[str, Limits | None, Totals, Totals]] = [
+            ("tenant", t.quota, seen.tenant(t.name), held.tenant(t.name))]
+        scopes += [(f"namespace {ns}", q, seen.namespace(ns), held.namespace(ns))
+                   for ns, q in sorted(t.namespace_quota.items())
+                   if namespace is None or ns == namespace]
+        for scope, limits, used, reserved in scopes:
+            if limits is None:
+                continue
+            for cap, limit, u, r in _caps(limits, used, reserved):
+                rows.append(Row(t.name, scope, cap, u, r, limit))
+    return Report(rows, {t.name: seen.tenant(t.name).pods for t in tenants},
+                  {t.name: seen.top_owners(("tenant", t.name)) for t in tenants},
+                  list(cluster.unread))
+
+
+def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
+            tenant: str | None) -> list[TenantRules]:
+    if tenant is not None:
+        found = policy.by_name.get(tenant)
+        if found is None:
+            raise ValueError(f'no tenant "{tenant}" in policy {policy.name}; its tenants: '
+                             f"{messages.one_of(t.name for t in policy.tenants)}")
+        return [found]
+    if namespace is not None:
+        owner = policy.tenant_for(namespace, cluster.namespaces.get(namespace))
+        if owner is None:
+            unread = namespace not in cluster.namespaces and any(
+                u.startswith("namespace labels") for u in cluster.unread)
+            raise ValueError(
+                f'namespace "{namespace}" belongs to no GPU tenant of policy {policy.name}'
+                + (" that it names; its labels (which may select a tenant) could not be "
+                   "read: pass --tenant" if unread else ""))
+        return [owner]
+    return list(policy.tenants)
+
+
+def _caps(limits: Limits, used: Totals, reserved: Totals
+          ) -> Iterator[tuple[str, float, float, float]]:
+    if limits.gpus is not None:
+        yield "gpus", limits.gpus, used.gpus, reserved.gpus
+    for r, devices in sorted(limits.resources.items()):
+        yield r, float(devices), used.resources.get(r, 0.0), reserved.resources.get(r, 0.0)
+    for p, n in sorted(limits.products.items()):
+        yield (f"product:{p}", n, used.products.get(p, 0.0), reserved.products.get(p, 0.0))
+    if limits.pods is not None:
+        yield "pods", float(limits.pods), float(used.pods), float(reserved.pods)
+
+
+def table(r: Report) -> str:
+    """The report as the table `gpu-webhook status` prints."""
+    head = ("TENANT", "SCOPE", "CAP", "USED", "RESERVED", "LIMIT", "FREE")
+    body = [(x.tenant, x.scope, x.cap, messages.num(x.used), messages.num(x.reserved),
+             messages.num(x.limit), messages.num(x.free)) for x in r.rows]
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in [head, *body]]
+    if not body:
+        lines.append("(no quota caps for these tenants)")
+    lines.append("")
+    for t, n in r.pods.items():
+        top = messages.owners(r.top.get(t, [])) or "none"
+        lines.append(f"{t}: {n} GPU {'pod' if n == 1 else 'pods'} running; "
+                     f"top consumers: {top}")
+    for what in r.unread:
+        lines.append(f"note: {what}")
+    return "\n".join(lines) + "\n"
+
+
+def read_cluster(api: Any, ledger_namespace: str, namespace: str | None) -> Cluster:
+    """Pods (of ``namespace``, or all), namespace labels and the ledger ConfigMaps. A
+    list the account may not make is noted, and the rest is still reported: a developer
+    who may read only their namespace sees its pods, without reservations."""
+    out = Cluster()
+    try:
+        out.pods = kube.list_objects(api, "pods")
+    except kube.KubeError as exc:
+        if namespace is None:
+            raise  # without pods there is no report
+        # A developer's account: its own namespace only. The tenant's other namespaces
+        # then count as empty: say so rather than show a tenant less used than it is.
+        out.pods = kube.list_objects(api, "pods", namespace)
+        out.unread.append(f"pods of other namespaces not read ({exc}): tenant-wide USED "
+                          f"counts only namespace {namespace}'s pods")
+    try:
+        out.namespaces = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
+                          for n in kube.list_objects(api, "namespaces")}
+    except kube.KubeError as exc:
+        out.unread.append(f"namespace labels not read ({exc}): tenants chosen by label "
+                          "selector are not found")
+    selector = ",".join(f"{k}={v}" for k, v in sorted(LEDGER_LABELS.items()))
+    try:
+        for cm in kube.list_objects(api, "configmaps", ledger_namespace, selector):
+            name = str(cm["metadata"]["name"])
+            if name.startswith(LEDGER_PREFIX):
+                out.ledgers[name.removeprefix(LEDGER_PREFIX)] = dict(cm.get("data") or {})
+    except kube.KubeError as exc:
+        out.unread.append(f"quota reservations not read ({exc}): RESERVED shows 0; pods "
+                          "admitted in the last minute may not be counted yet")
+    return out
+
+
+def policy_from_cluster(api: Any, namespace: str, name: str) -> str:
+    """The text of the policy the webhook serves, from its ConfigMap."""
+    stored = kube.ConfigMaps(api, namespace, timeout=10.0).read(name)
+    texts = [v for k, v in sorted(stored.data.items()) if k.endswith((".yaml", ".yml"))]
+    if not texts:
+        raise ValueError(f"configmap {namespace}/{name} holds no policy (*.yaml key): "
+                         "pass --policy FILE")
+    return texts[0]
+
