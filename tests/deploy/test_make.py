@@ -5,6 +5,7 @@ i.e. a fresh clone."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,8 +18,11 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
 
 def _planned(target: str, venv: Path) -> list[str]:
-    done = subprocess.run(["make", "-n", f"VENV={venv}", target], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    # As a user runs it, not as a sub-make of `make test` (whose MAKEFLAGS/MAKELEVEL would
+    # add "Entering directory" lines to what is planned).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    done = subprocess.run(["make", "--no-print-directory", "-n", f"VENV={venv}", target],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
