@@ -294,8 +294,13 @@ class Deployment:
         raise AssertionError("no scale webhook in the rendered manifests")
 
     def logs(self) -> str:
+        """The tail of each replica's log, for a failure message."""
         return "\n".join(f"--- replica {i} ---\n{r.log()[-4000:]}"
                          for i, r in enumerate(self.replicas))
+
+    def logged(self, text: str) -> bool:
+        """Whether any replica ever logged ``text`` (its whole log, not the tail)."""
+        return any(text in r.log() for r in self.replicas)
 
     # -- the configurations the API server calls us by --------------------------------
 
