@@ -460,36 +460,35 @@ current-context: e2e
         return self._write_kubeconfig(self.work_dir / f"{component}.kubeconfig", user,
                                       cert, key)
 
+    def _serving_args(self, component: str, user: str, port: int) -> list[str]:
+        """The flags kube-scheduler and kube-controller-manager share: their identity
+        towards the API server, their own HTTPS endpoint, and no leader election (one
+        of each runs)."""
+        kc = self._component_kubeconfig(component, user)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={port}",
+            f"--cert-dir={self.work_dir / (component + '-certs')}",
+            "--leader-elect=false",
+        ]
+
     def _start_components(self) -> None:
         for name in self.components:
             port = self.component_ports[name] = free_port()
             if name == SCHEDULER:
-                kc = self._component_kubeconfig(name, "system:kube-scheduler")
-                args = [
-                    f"--kubeconfig={kc}",
-                    f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}",
-                    f"--bind-address={LOOPBACK}",
-                    f"--secure-port={port}",
-                    f"--cert-dir={self.work_dir / 'scheduler-certs'}",
-                    "--leader-elect=false",
-                ]
+                args = self._serving_args(name, "system:kube-scheduler", port)
             elif name == CONTROLLER_MANAGER:
-                kc = self._component_kubeconfig(name, "system:kube-controller-manager")
                 args = [
-                    f"--kubeconfig={kc}",
-                    f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}",
-                    f"--bind-address={LOOPBACK}",
-                    f"--secure-port={port}",
-                    f"--cert-dir={self.work_dir / 'controller-manager-certs'}",
+                    *self._serving_args(name, "system:kube-controller-manager", port),
                     f"--service-account-private-key-file={self.sa_key}",
                     f"--root-ca-file={self.ca_cert}",
                     f"--cluster-signing-cert-file={self.ca_cert}",
                     f"--cluster-signing-key-file={self.ca_key}",
                     "--use-service-account-credentials=true",
                     "--cluster-name=gpu-sim",
-                    "--leader-elect=false",
                     # The default set: ReplicaSet, Deployment, Job, namespace, garbage
                     # collector, node lifecycle, resourceclaim (DRA), ...
                     "--controllers=*",
