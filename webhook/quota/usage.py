@@ -23,17 +23,20 @@ class Totals:
     pods: int = 0
     resources: dict[str, float] = field(default_factory=dict)
     products: dict[str, float] = field(default_factory=dict)
+    spot: float = 0.0  # GPU-equivalents on spot nodes
 
     def add(self, c: Charge, sign: int = 1) -> None:
         self.gpus += sign * c.gpus
         self.pods += sign * c.pods
+        self.spot += sign * c.spot
         for r, n in c.resources.items():
             self.resources[r] = self.resources.get(r, 0.0) + sign * n
         if c.product is not None:
             self.products[c.product] = self.products.get(c.product, 0.0) + sign * c.gpus
 
     def copy(self) -> Totals:
-        return Totals(self.gpus, self.pods, dict(self.resources), dict(self.products))
+        return Totals(self.gpus, self.pods, dict(self.resources), dict(self.products),
+                      self.spot)
 
 
 class Usage:
