@@ -10,25 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
+import jsonpatch
+import kubernetes_validate
 import pytest
+import yaml
 from enginekit import (
+    K8S_VERSION,
     container,
     deployment,
     expr,
     gpus,
     job,
     mutate_checked,
+    namespace_labels,
     node_terms,
     pod,
     pod_spec,
     required_affinity,
+    review,
     spot_policy,
     validated,
 )
 
+from webhook.admission import mutating as mutate
 from webhook.engine.charge import Charge, charge_of_pod
+from webhook.k8s.workloads import read_workload
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, load_text
 from webhook.policy.model import Rule
@@ -326,3 +335,32 @@ def test_a_spot_mistake_is_named(text: str, says: str) -> None:
                   "metadata: {name: t}\nspec:\n" + text, "p.yaml")
     assert says in str(err.value)
 
+
+
+@pytest.mark.parametrize(("namespace", "want"), [("sweeps", ON_SPOT), ("research", OFF_SPOT)])
+def test_a_training_jobs_every_gpu_template_is_placed_as_a_pod_is(namespace: str,
+                                                                  want: dict[str, Any]) -> None:
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / \
+        "pytorchjob-mnist-nccl.yaml"
+    job_obj = next(d for d in yaml.safe_load_all(fixture.read_text()) if d)
+    job_obj["metadata"]["namespace"] = namespace
+    # A custom resource: each template is checked as a PodTemplate (the Kubernetes schema
+    # has no PyTorchJob), the patch must apply and a second run must add nothing.
+    decision = mutate(review(job_obj), spot_policy(), namespace_labels)
+    assert decision.allowed, decision.message
+    patched = jsonpatch.apply_patch(job_obj, decision.patch, in_place=False)
+    assert mutate(review(patched), spot_policy(), namespace_labels).patch == []
+    w = read_workload("kubeflow.org", "PyTorchJob", patched)
+    assert w is not None
+    for r in w.roles:
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+             "template": r.template.holder}, K8S_VERSION, strict=True)
+    gpu_roles = [r for r in w.roles if "nvidia.com/gpu" in str(r.template.spec)]
+    assert gpu_roles
+    for r in gpu_roles:
+        terms = r.template.spec["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert [[e for e in t["matchExpressions"] if e["key"] == LABEL] for t in terms] == [
+            [want]]
+    assert validated(patched, spot_policy()).allowed
