@@ -364,3 +364,19 @@ def test_a_training_jobs_every_gpu_template_is_placed_as_a_pod_is(namespace: str
         assert [[e for e in t["matchExpressions"] if e["key"] == LABEL] for t in terms] == [
             [want]]
     assert validated(patched, spot_policy()).allowed
+
+
+def test_gpu_pods_of_no_tenant_follow_the_policys_default_placement() -> None:
+    policy = compile_policy(load_text("""
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {name: t}
+spec:
+  unassignedNamespaces: allow
+  spot: {provider: eks}
+  tenants: [{name: research, namespaces: [research]}]
+""", "p.yaml"))
+    m = mutate_checked(pod(namespace="sandbox", nodeSelector={
+        "eks.amazonaws.com/capacityType": "SPOT"}), policy)
+    assert not m.decision.allowed
+    assert "GPU pods of no tenant may not use spot capacity" in m.decision.message

@@ -378,7 +378,9 @@ def spot_not_fault_tolerant(how: str) -> str:
             f"capacity; a pod that survives losing its node says so with {how})")
 
 
-def spot_tenant_never(tenant: str) -> str:
+def spot_tenant_never(tenant: str | None) -> str:
+    if tenant is None:
+        return "GPU pods of no tenant may not use spot capacity"
     return f"tenant {tenant} may not use spot capacity"
 
 
@@ -404,9 +406,10 @@ def spot_unguarded(label: str, values: Iterable[str], why: str) -> str:
     )
 
 
-def spot_only(tenant: str, said: str) -> str:
+def spot_only(tenant: str | None, said: str) -> str:
+    who = f"tenant {tenant} runs its GPU pods" if tenant else "GPU pods of no tenant run"
     return (
-        f"says it is not fault tolerant ({said}), but tenant {tenant} runs its GPU pods on "
+        f"says it is not fault tolerant ({said}), but {who} on "
         "spot capacity only, which can be reclaimed at any time. Drop that label or "
         "annotation (and make the work survive losing its node), or run it in another "
         "tenant's namespace."

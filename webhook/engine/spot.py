@@ -73,13 +73,13 @@ def verdict(policy: CompiledPolicy, check: Checker, template: PodTemplate) -> Ve
     tenant = check.tenant
     rules = (tenant.spot if tenant is not None and tenant.spot is not None
              else TenantSpotRules(spot.placement, False, spot.affinity, 1.0))
-    name = tenant.name if tenant is not None else "-"
     said, where = _said(spot, template)
     if rules.placement == "never":
-        return Verdict(False, False, messages.spot_tenant_never(name))
+        return Verdict(False, False, messages.spot_tenant_never(
+            tenant.name if tenant is not None else None))
     if rules.placement == "required":
-        return Verdict(True, True, "", messages.spot_only(name, where) if said is False
-                       else None)
+        return Verdict(True, True, "", messages.spot_only(
+            tenant.name if tenant is not None else None, where) if said is False else None)
     tolerant = said
     if tolerant is None:
         pc = template.spec.get("priorityClassName")
