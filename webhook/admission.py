@@ -183,7 +183,7 @@ async def _gang(step: QuotaStep, gang: GangAsk, check: Checker, store: UsageStor
         check_gang(check, step.tenant, gang, store.view())
         return check.findings, []
     charges = [(Charge(gang.tenant, gang.namespace, step.gang_owner, r.cost.product,
-                       dict(r.cost.resources), r.cost.gpus), n)
+                       dict(r.cost.resources), r.cost.gpus, spot=r.cost.spot), n)
                for r, n in zip(gang.roles, gang.members(), strict=True)
                if n and r.cost.resources]
 

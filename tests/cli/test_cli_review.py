@@ -302,3 +302,26 @@ def test_review_refuses_a_pod_whose_template_it_has_not_seen(
     done = gpu_webhook("review", "-f", str(path))
     assert done.returncode == 1
     assert "ResourceClaimTemplate two-gpus, which the webhook has not seen" in done.stdout
+
+
+def test_spot_placement_is_reviewed_with_the_spot_example(gpu_webhook: Run,
+                                                          tmp_path: Path) -> None:
+    policy = str(ROOT / "policies" / "examples" / "spot.yaml")
+    tolerant = TRAINER.replace("  namespace: research\n", "  namespace: research\n"
+                               "  labels: {gpu-webhook.dev/fault-tolerant: \"true\"}\n")
+    done = gpu_webhook("review", "-f", _write(tmp_path, "ft.yaml", tolerant),
+                       "--policy", policy, "-o", "json")
+    assert done.returncode == 0, done.stdout
+    [r] = _json(done)
+    assert r["changes"][-2:] == ["spot-tolerations", "spot-node-affinity"]
+    [term] = r["object"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}]
+    # Another tenant's pod asking for spot nodes is refused, saying why.
+    asks = TRAINER.replace("namespace: research", "namespace: serving").replace(
+        "spec:\n", "spec:\n  nodeSelector: {karpenter.sh/capacity-type: spot}\n", 1)
+    done = gpu_webhook("review", "-f", _write(tmp_path, "asks.yaml", asks), "--policy", policy)
+    assert done.returncode == 1
+    assert "tenant serving may not use spot capacity" in done.stdout
+    assert "[rule spot-placement, tenant serving]" in done.stdout

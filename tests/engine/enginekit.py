@@ -33,6 +33,7 @@ from webhook.policy.load import load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = ROOT / "policies" / "multi-tenant.yaml"
+SPOT_POLICY = ROOT / "policies" / "examples" / "spot.yaml"
 
 # The newest Kubernetes schema the validation library ships: mutated objects must be
 # valid for the API server a cluster runs today.
@@ -81,6 +82,17 @@ def example_variant(*edits: tuple[str, str]) -> CompiledPolicy:
         assert text.count(old) == 1, f"{old!r} must occur once in the example policy"
         text = text.replace(old, new)
     return compile_policy(load_text(text, "example-variant"))
+
+
+@cache
+def spot_policy(*edits: tuple[str, str]) -> CompiledPolicy:
+    """The spot example policy (``policies/examples/spot.yaml``), with text replacements
+    that must each match exactly once."""
+    text = SPOT_POLICY.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, f"{old!r} must occur once in the spot example"
+        text = text.replace(old, new)
+    return compile_policy(load_text(text, str(SPOT_POLICY)))
 
 
 # --- manifests ------------------------------------------------------------------------

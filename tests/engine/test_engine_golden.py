@@ -25,14 +25,18 @@ from enginekit import (
     claim,
     container,
     cronjob,
+    deployment,
     device_request,
     example_policy,
     example_variant,
+    expr,
     gpus,
     job,
     mutate_checked,
     pod,
+    required_affinity,
     review,
+    spot_policy,
     validated,
 )
 
@@ -43,6 +47,8 @@ from webhook.policy.model import Rule
 DENY_TOLERATIONS = example_variant(("nonGpuPodsToleratingGpuTaints: strip",
                                     "nonGpuPodsToleratingGpuTaints: deny"))
 ON_RACK_A = {PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", RACK_LABEL: "rack-a"}
+SPOT_LABEL = "karpenter.sh/capacity-type"
+SPOT_TOLERATION = {"key": SPOT_LABEL, "operator": "Exists"}
 
 
 def mutating(manifest: dict[str, Any], policy: Any = None) -> Callable[[], Decision]:
@@ -100,6 +106,20 @@ MESSAGE_CASES: dict[str, tuple[Callable[[], Decision], list[Rule]]] = {
         validating(pod(container(limits={"cpu": "1"}), resourceClaims=[
             {"name": "gpu", "resourceClaimTemplateName": "single-gpu"}])),
         [Rule.UNKNOWN_CLAIM]),
+    # Spot capacity (policies/examples/spot.yaml)
+    "spot-tolerated": (
+        mutating(pod(tolerations=[SPOT_TOLERATION]),
+                 spot_policy(("podsToleratingSpot: strip", "podsToleratingSpot: deny"))),
+        [Rule.SPOT_PLACEMENT]),
+    "spot-asked-never": (
+        mutating(pod(namespace="serving", nodeSelector={SPOT_LABEL: "spot"}), spot_policy()),
+        [Rule.SPOT_PLACEMENT]),
+    "spot-only": (
+        mutating(pod(namespace="sweeps", labels={"gpu-webhook.dev/fault-tolerant": "false"}),
+                 spot_policy()), [Rule.SPOT_PLACEMENT]),
+    "spot-unguarded": (validating(pod(), spot_policy()), [Rule.SPOT_PLACEMENT]),
+    "spot-unpinned": (validating(pod(namespace="sweeps"), spot_policy()),
+                      [Rule.SPOT_PLACEMENT]),
 }
 
 # A sentence that tells the developer what to do starts with one of these verbs.
@@ -173,6 +193,13 @@ PATCH_CASES: dict[str, tuple[dict[str, Any], Any]] = {
     "strip-gpu-toleration": (
         pod(container(), tolerations=[{"key": "dedicated", "operator": "Exists"},
                                       GPU_TOLERATION]), None),
+    "spot-fault-tolerant-deployment": (
+        deployment(pod(labels={"gpu-webhook.dev/fault-tolerant": "true"}, name="sweep")),
+        spot_policy()),
+    "spot-strip-and-exclude": (
+        pod(tolerations=[SPOT_TOLERATION], affinity=required_affinity(
+            [expr("topology.kubernetes.io/zone", "z1")],
+            [expr("topology.kubernetes.io/zone", "z2")])), spot_policy()),
 }
 
 

@@ -109,3 +109,20 @@ def test_a_directory_without_suites_is_a_usage_error(gpu_webhook: Run, tmp_path:
     r = gpu_webhook("test", str(tmp_path))
     assert r.returncode == 2
     assert "no policy test suites (kind GPUPolicyTest)" in r.stderr
+
+
+def test_a_spot_usage_pod_under_a_policy_without_spot_is_an_error(gpu_webhook: Run,
+                                                                   tmp_path: Path) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicyTest\nmetadata: {name: s}\n"
+        f"policy: {ROOT / 'policies' / 'multi-tenant.yaml'}\n"
+        "usage: [{namespace: research, gpus: 1, spot: true}]\n"
+        "cases:\n"
+        "  - name: c\n"
+        "    resource: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {}}\n"
+        "    expect: {outcome: allowed}\n")
+    r = gpu_webhook("test", str(suite))
+    assert r.returncode == 2
+    assert "usage[0].spot: policy shared-gpu-cluster has no spot capacity (spec.spot)" \
+        in r.stdout

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from webhook.engine import devices, messages
+from webhook.engine import spot as spot_engine
 from webhook.engine.decision import Checker, Decision, Quiet
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.pinning import check_pinned
+from webhook.engine.placement import Placement
 from webhook.engine.target import Target, read_target
 from webhook.k8s import claims as claims_wire
 from webhook.k8s.objects import MalformedObject
@@ -38,6 +40,7 @@ class Cost:
     product: str | None  # the product it is pinned to, when exactly one
     resources: Mapping[str, float]  # effective request, devices per GPU resource
     gpus: float  # GPU-equivalents (weights applied)
+    spot: float = 0.0  # GPU-equivalents held on spot nodes (before the tenant's spot weight)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class Charge:
     resources: Mapping[str, float]
     gpus: float
     pods: int = 1  # GPU pods it counts as (a shared ResourceClaim: 0)
+    spot: float = 0.0  # GPU-equivalents on spot nodes, for the tenant's spot cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +141,17 @@ def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
         product = products.pop()  # DRA alone: the product its claims are pinned to
     for r, n in claimed.items():
         effective[r] = effective.get(r, 0.0) + n
-    return Cost(product, effective, gpus)
+    on_spot = 0.0
+    if policy.spot is not None and spot_engine.checked(
+            check, policy, target.template,
+            Placement(target.template.spec, target.template.spec_pointer)):
+        # Spot GPUs count apart: in full against the spot cap, and weighted against the
+        # tenant's other GPU caps.
+        on_spot = gpus
+        tenant = check.tenant
+        if tenant is not None and tenant.spot is not None:
+            gpus *= tenant.spot.weight
+    return Cost(product, effective, gpus, on_spot)
 
 
 def unknown_templates(check: Checker, target: Target) -> None:
@@ -176,7 +190,7 @@ def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
     if not cost.resources:
         return None
     return Charge(target.tenant.name, namespace, owner_of(pod), cost.product, cost.resources,
-                  cost.gpus)
+                  cost.gpus, spot=cost.spot)
 
 
 def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,

@@ -15,7 +15,7 @@ completed and pinned when they are created.
 from __future__ import annotations
 
 from webhook.engine import claims as claims_engine
-from webhook.engine import messages
+from webhook.engine import messages, spot
 from webhook.engine.charge import unknown_templates
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import (
@@ -41,6 +41,7 @@ from webhook.policy.model import Mode, Rule, TolerationPolicy
 OWNED = frozenset({
     Rule.TENANT_REQUIRED, Rule.GPU_QUANTITY, Rule.REQUESTS_MATCH_LIMITS,
     Rule.ALLOWED_RESOURCES, Rule.ALLOWED_PRODUCTS, Rule.TOPOLOGY, Rule.NON_GPU_TOLERATIONS,
+    Rule.SPOT_PLACEMENT,
 })
 
 
@@ -106,6 +107,8 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patc
             changed |= placement.pin(r.key, r.values, patch, r.keep)
     if changed:
         changes.append("gpu-node-affinity")
+    if policy.spot is not None:
+        changes.extend(spot.place(check, policy, target.template, placement, patch))
 
 
 def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,

@@ -247,6 +247,54 @@ class Placement:
             changed = True
         return changed
 
+    def excludes(self, key: str, values: frozenset[str]) -> bool:
+        """Whether the pod can land on no node whose ``key`` is one of ``values``: its
+        nodeSelector names another value, or every required term rules them all out."""
+        sel = self.selector()
+        if sel is not None and isinstance(sel.get(key), str):
+            return sel[key] not in values
+        terms = self._required()
+        return bool(terms) and all(_keeps_off(t, key, values) for t in terms)
+
+    def exclude(self, key: str, values: list[str], patch: Patch) -> bool:
+        """AND ``key NotIn values`` into every required node-affinity term that does not
+        already keep the pod off those values (a new term when the pod has none).
+        Returns True if anything changed."""
+        banned = frozenset(values)
+        if self.excludes(key, banned):
+            return False
+        sel = self.selector()
+        if sel is not None and isinstance(sel.get(key), str):
+            return False  # a nodeSelector on one of the values: the caller reports it
+        expr = {"key": key, "operator": "NotIn", "values": list(values)}
+        terms = self._required()
+        if not terms:
+            new: dict[str, Any] = {"matchExpressions": [expr]}
+            patch.put(self.spec, self.ptr,
+                      ("affinity", "nodeAffinity", _REQUIRED, "nodeSelectorTerms"), [new])
+            self._terms = [_Term(new, {key: _KeyRule(banned=banned)})]
+            return True
+        base = f"{self.ptr}/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
+        for i, term in enumerate(terms):
+            if _keeps_off(term, key, banned):
+                continue
+            patch.append(term.raw, "matchExpressions", f"{base}/{i}", dict(expr))
+            rule = term.keys.get(key)
+            if rule is None:
+                rule = term.keys[key] = _KeyRule()
+            rule.banned |= banned
+        return True
+
+
+def _keeps_off(term: _Term, key: str, values: frozenset[str]) -> bool:
+    """Whether a term admits no node whose ``key`` is one of ``values``."""
+    rule = term.keys.get(key)
+    if rule is None:
+        return False
+    if rule.absent or values <= rule.banned:
+        return True
+    return rule.within is not None and not (rule.within - rule.banned) & values
+
 
 def restriction(spec: dict[str, Any], ptr: str, key: str) -> Restriction | None:
     """:meth:`Placement.restriction` for a caller that asks about one key only."""

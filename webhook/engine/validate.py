@@ -106,7 +106,8 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         name = f"{req.namespace}/{meta.get('name') or req.name}"
         key = str(meta.get("uid") or name)
         reservation = Reservation(key, Charge(tenant.name, req.namespace, owner_of(req.object),
-                                              cost.product, dict(cost.resources), cost.gpus),
+                                              cost.product, dict(cost.resources), cost.gpus,
+                                              spot=cost.spot),
                                   pod_ids(req.object), name)
     return QuotaStep(tenant, target.subject, ask, reservation)
 

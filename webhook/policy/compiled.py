@@ -23,6 +23,7 @@ from webhook.policy.model import (
     WorkloadKind,
     pattern_regex,
 )
+from webhook.policy.spot import SpotRules, TenantSpotRules, compile_spot, compile_tenant_spot
 
 # Every DeviceClass is also requestable as this prefix + its name (KEP-5004).
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
@@ -36,10 +37,11 @@ class Limits:
     resources: Mapping[str, int]
     products: Mapping[str, float]
     pods: int | None
+    spot: float | None = None  # GPU-equivalents on spot (tenants[].spot.gpus)
 
     @classmethod
-    def of(cls, q: QuotaLimits) -> Limits:
-        return cls(q.gpus, dict(q.resources), dict(q.products), q.pods)
+    def of(cls, q: QuotaLimits, spot: float | None = None) -> Limits:
+        return cls(q.gpus, dict(q.resources), dict(q.products), q.pods, spot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class TenantRules:
     # pod is charged to a product only when it can land on that one alone, so such a
     # tenant's GPU pods are pinned to exactly one product.
     capped_products: tuple[str, ...] = ()
+    spot: TenantSpotRules | None = None  # None: the policy has no spot capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,7 @@ class CompiledPolicy:
     _is_gpu: dict[str, bool] = field(default_factory=dict)
     # Workload kinds the policy adds to the built-in ones: (group, kind) -> paths.
     workload_kinds: Mapping[tuple[str, str], KindPaths] = field(default_factory=dict)
+    spot: SpotRules | None = None  # spec.spot: None when the policy names no spot nodes
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -211,7 +215,9 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
     by_ns: dict[str, TenantRules] = {}
     by_sel: list[tuple[_Selector, TenantRules]] = []
     for t in spec.tenants:
-        quota = Limits.of(t.quota) if t.quota else None
+        spot_cap = t.spot.gpus if t.spot else None
+        quota = (Limits.of(t.quota, spot_cap) if t.quota else
+                 Limits(None, {}, {}, None, spot_cap) if spot_cap is not None else None)
         namespace_quota = ({ns: Limits.of(q) for ns, q in t.quota.namespaces.items()}
                            if t.quota else {})
         capped = set(quota.products) if quota is not None else set()
@@ -234,6 +240,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             namespace_quota=namespace_quota,
             mode=t.mode,
             capped_products=tuple(sorted(capped)),
+            spot=compile_tenant_spot(spec.spot, t.spot),
         )
         tenants.append(rules)
         for ns in t.namespaces:
@@ -273,6 +280,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         _by_selector=tuple(by_sel),
         device_classes=dict(spec.device_classes),
         workload_kinds={(w.group, w.kind): kind_paths(w) for w in spec.workload_kinds},
+        spot=compile_spot(spec.spot),
     )
 
 

@@ -71,6 +71,9 @@ def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
             out.append(Line(scope, f"{ask.product} GPUs", limits.products[ask.product],
                             totals.products.get(ask.product, 0.0), ask.gpus,
                             product_holders, ask.product))
+        if limits.spot is not None and ask.cost.spot:
+            out.append(Line(scope, messages.SPOT_GPUS, limits.spot, totals.spot,
+                            ask.cost.spot, ("spot", tenant.name)))
         if limits.pods is not None and ask.counts_pods:
             out.append(Line(scope, messages.PODS, limits.pods, totals.pods, 1.0, holders))
     return out

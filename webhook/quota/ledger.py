@@ -77,6 +77,8 @@ def encode(entries: dict[str, Entry]) -> dict[str, str]:
             item["name"] = e.name
         if e.charge.pods != 1:
             item["pods"] = e.charge.pods  # a DRA claim counts no GPU pod
+        if e.charge.spot:
+            item["spot"] = e.charge.spot  # GPU-equivalents on spot nodes
         out[key] = item
     return {"reservations": orjson.dumps(out, option=orjson.OPT_SORT_KEYS).decode()}
 
@@ -119,7 +121,8 @@ def _entry(tenant: str, v: object, now: float) -> Entry:
     charge = Charge(tenant, _text(v.get("ns"), "ns"), _text(v.get("owner"), "owner"),
                     product, {_text(r, "a resource name"): _amount(n, f"resources[{r!r}]")
                               for r, n in resources.items()},
-                    _amount(v.get("gpus"), "gpus"), _pods(v.get("pods", 1)))
+                    _amount(v.get("gpus"), "gpus"), _pods(v.get("pods", 1)),
+                    _amount(v.get("spot", 0), "spot"))
     if charge.resources and charge.gpus == 0:
         raise Corrupt("gpus is 0 for a pod with GPU resources")
     expires = v.get("expires")

@@ -23,17 +23,20 @@ class Totals:
     pods: int = 0
     resources: dict[str, float] = field(default_factory=dict)
     products: dict[str, float] = field(default_factory=dict)
+    spot: float = 0.0  # GPU-equivalents on spot nodes
 
     def add(self, c: Charge, sign: int = 1) -> None:
         self.gpus += sign * c.gpus
         self.pods += sign * c.pods
+        self.spot += sign * c.spot
         for r, n in c.resources.items():
             self.resources[r] = self.resources.get(r, 0.0) + sign * n
         if c.product is not None:
             self.products[c.product] = self.products.get(c.product, 0.0) + sign * c.gpus
 
     def copy(self) -> Totals:
-        return Totals(self.gpus, self.pods, dict(self.resources), dict(self.products))
+        return Totals(self.gpus, self.pods, dict(self.resources), dict(self.products),
+                      self.spot)
 
 
 class Usage:
@@ -46,7 +49,7 @@ class Usage:
         self._tenant: dict[str, Totals] = {}
         self._namespace: dict[str, Totals] = {}
         # Who holds what, per scope a message may name: ("tenant", t), ("product", t, p),
-        # ("namespace", ns) -> owner -> GPU-equivalents.
+        # ("namespace", ns), ("spot", t) -> owner -> GPU-equivalents.
         self._owners: dict[tuple[str, ...], dict[str, float]] = {}
 
     def __len__(self) -> int:
@@ -67,12 +70,15 @@ class Usage:
     def _apply(self, c: Charge, sign: int) -> None:
         self._tenant.setdefault(c.tenant, Totals()).add(c, sign)
         self._namespace.setdefault(c.namespace, Totals()).add(c, sign)
-        scopes: list[tuple[str, ...]] = [("tenant", c.tenant), ("namespace", c.namespace)]
+        scopes: list[tuple[tuple[str, ...], float]] = [
+            (("tenant", c.tenant), c.gpus), (("namespace", c.namespace), c.gpus)]
         if c.product is not None:
-            scopes.append(("product", c.tenant, c.product))
-        for scope in scopes:
+            scopes.append((("product", c.tenant, c.product), c.gpus))
+        if c.spot:  # spot GPUs are held in full, whatever weight the other caps give them
+            scopes.append((("spot", c.tenant), c.spot))
+        for scope, amount in scopes:
             owners = self._owners.setdefault(scope, {})
-            left = owners.get(c.owner, 0.0) + sign * c.gpus
+            left = owners.get(c.owner, 0.0) + sign * amount
             if left > 1e-9:
                 owners[c.owner] = left
             else:

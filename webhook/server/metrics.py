@@ -147,7 +147,7 @@ class StateCollector(Collector):
 
     ``gpu_webhook_quota_used`` / ``gpu_webhook_quota_limit`` have one series per cap in
     the policy (labels: tenant; scope tenant or namespace; namespace, empty for tenant
-    scope; name: gpus, a resource name, product:<short name> or pods), so their number is
+    scope; name: gpus, a resource name, product:<short name>, spot or pods), so their number is
     bounded by the policy, not by the cluster.
     """
 
@@ -220,6 +220,8 @@ def _caps(caps: Limits, totals: Totals) -> Iterator[tuple[str, float, float]]:
         yield r, devices, totals.resources.get(r, 0.0)
     for p, equivalents in sorted(caps.products.items()):
         yield f"product:{p}", equivalents, totals.products.get(p, 0.0)
+    if caps.spot is not None:
+        yield "spot", caps.spot, totals.spot
     if caps.pods is not None:
         yield "pods", caps.pods, totals.pods
 

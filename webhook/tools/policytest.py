@@ -127,7 +127,7 @@ class Case(_Strict):
 
 class RunningPod(_Strict):
     """A GPU pod already running: a full Pod manifest, or the compact form
-    ``{namespace, name, gpus, resource, product, owner}``."""
+    ``{namespace, name, gpus, resource, product, owner, spot}``."""
 
     api_version: str | None = None
     kind: Literal["Pod"] | None = None
@@ -143,6 +143,9 @@ class RunningPod(_Strict):
     """Product short name (or node label value) the pod is pinned to."""
     owner: str | None = None
     """``job/pretrain``, ``deployment/web``: named in quota messages."""
+    spot: bool = False
+    """The pod runs on spot nodes (pinned there by a nodeSelector on the policy's spot
+    label), so it holds spot GPUs."""
 
     @model_validator(mode="after")
     def _one_form(self) -> RunningPod:
@@ -151,7 +154,7 @@ class RunningPod(_Strict):
         if manifest and compact:
             raise ValueError("a running pod is either a Pod manifest (apiVersion, kind, "
                              "metadata, spec) or compact (namespace, name, gpus, resource, "
-                             "product, owner), not both")
+                             "product, owner, spot), not both")
         if manifest and (self.kind is None or self.spec is None or self.metadata is None):
             raise ValueError("a Pod manifest needs kind: Pod, metadata and spec")
         if not manifest and (self.namespace is None or self.gpus is None):
@@ -321,6 +324,13 @@ class _Runner:
                     f"(defined: {', '.join(sorted(self.policy.product_value)) or 'none'})")))
                 return {}
             spec["nodeSelector"] = {self.policy.product_label: self.policy.product_value[short]}
+        if pod.spot:
+            if self.policy.spot is None:
+                self.problems.append(Problem(f"{where}.spot", None, (
+                    f"policy {self.policy.name} has no spot capacity (spec.spot)")))
+                return {}
+            spec.setdefault("nodeSelector", {})[self.policy.spot.label] = \
+                self.policy.spot.values[0]
         meta: dict[str, Any] = {"name": name, "namespace": pod.namespace}
         if pod.owner and "/" in pod.owner:
             kind, _, owner = pod.owner.partition("/")

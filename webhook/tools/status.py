@@ -30,7 +30,7 @@ from webhook.quota.usage import Totals, Usage
 class Row:
     tenant: str
     scope: str  # "tenant" or "namespace <name>"
-    cap: str  # gpus, a resource name, product:<name>, pods
+    cap: str  # gpus, a resource name, product:<name>, spot, pods
     used: float  # running pods (not reservations)
     reserved: float  # live reservations for pods not seen yet
     limit: float
@@ -130,6 +130,8 @@ def _caps(limits: Limits, used: Totals, reserved: Totals
         yield r, float(devices), used.resources.get(r, 0.0), reserved.resources.get(r, 0.0)
     for p, n in sorted(limits.products.items()):
         yield (f"product:{p}", n, used.products.get(p, 0.0), reserved.products.get(p, 0.0))
+    if limits.spot is not None:
+        yield "spot", limits.spot, used.spot, reserved.spot
     if limits.pods is not None:
         yield "pods", float(limits.pods), float(used.pods), float(reserved.pods)
 

@@ -164,6 +164,8 @@ def node_object(cluster: Cluster, info: NodeInfo) -> dict[str, Any]:
             "nvidia.com/gpu.family": str(model["family"]),
         })
         taints.append(cluster.gpu_taint)
+    # A group's own taints (spot capacity, say), besides the GPU taint.
+    taints.extend(dict(t) for t in group.get("taints") or [])
     labels.update({str(k): str(v) for k, v in (group.get("labels") or {}).items()})
     capacity = {str(k): str(v) for k, v in spec["nodeCapacity"].items()}
     capacity.update({k: str(v) for k, v in info.resources.items()})
@@ -251,8 +253,9 @@ def not_ready(cp: Kubectl, cluster: Cluster) -> list[str]:
             continue
         conditions = {c["type"]: c["status"]
                       for c in (node.get("status") or {}).get("conditions") or []}
-        extra = [t["key"] for t in node["spec"].get("taints") or []
-                 if t["key"] != cluster.gpu_taint["key"]]
+        own = {cluster.gpu_taint["key"]} | {
+            t["key"] for t in _group(cluster.spec, info.group).get("taints") or []}
+        extra = [t["key"] for t in node["spec"].get("taints") or [] if t["key"] not in own]
         if conditions.get("Ready") != "True":
             waiting.append(f"{info.name} (Ready={conditions.get('Ready')})")
         elif extra:
