@@ -356,3 +356,41 @@ def role_pod_never_fits(scope: str, what: str, role: str, per_pod: float, cap: f
                         ) -> str:
     return (f"{role} asks for {num(per_pod)} {what} per pod, but {scope}'s quota is "
             f"{num(cap)} {what}: its pod can never run. Ask for {num(cap)} or fewer.")
+
+
+# --- borrowing in a cohort (webhook.quota.borrow) ---------------------------------------
+
+
+def borrowed(tenant: str, cohort: str, asked: float, used: float, cap: float,
+             priority_class: str) -> str:
+    """The warning on a pod admitted on GPUs its tenant borrows from its cohort."""
+    return (f"this pod runs on {num(asked)} GPUs borrowed from cohort {cohort}: tenant "
+            f"{tenant}'s own quota has {num(max(cap - used, 0))} of its {num(cap)} GPUs "
+            f"free. It runs at PriorityClass {priority_class} (label "
+            f"gpu-webhook.dev/borrowed=true) and may be preempted when the tenants that "
+            f"lent the GPUs need them back.")
+
+
+_BOUNDS = {
+    "borrowingLimit": "its borrowing limit of {limit} GPUs has {left} left",
+    "lenders": "the other tenants of the cohort have {left} idle GPUs to lend it",
+    "cohort": "the cohort has {left} idle GPUs left to lend",
+}
+
+
+def borrow_refused(tenant: str, cohort: str, asked: float, bound: str, left: float,
+                   limit: float | None) -> str:
+    """A pod marked as borrowed for which the cohort has no room."""
+    why = _BOUNDS[bound].format(limit=num(limit) if limit is not None else "?",
+                                left=num(max(left, 0)))
+    return (f"{EXCEEDED_QUOTA}: tenant {tenant} would borrow {num(asked)} GPUs from cohort "
+            f"{cohort} for this pod, but {why}. Wait for running pods to finish, ask for "
+            f"fewer, or ask the platform team for more quota.")
+
+
+def borrowed_priority_changed(priority_class: str, problem: str) -> str:
+    """A marked pod whose priority is not the borrowed class's."""
+    return (f"a pod on borrowed GPUs (label gpu-webhook.dev/borrowed=true) must run at "
+            f"PriorityClass {priority_class}, so that the tenants that lent the GPUs can "
+            f"take them back: {problem}. Remove the label (the pod then uses its tenant's "
+            f"own quota), or leave the pod's priority to the webhook.")

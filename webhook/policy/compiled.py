@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from webhook.k8s.workloads import KindPaths, RolePaths, parse_pointer
 from webhook.policy.model import (
+    BorrowedPriority,
     DeviceClass,
     GPUPolicy,
     LabelSelector,
@@ -43,6 +44,16 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class CohortRules:
+    """A tenant's place in its cohort (``tenants[].cohort``); None limits are unlimited."""
+
+    name: str
+    borrowing_limit: float | None
+    lending_limit: float | None
+    priority: BorrowedPriority
+
+
+@dataclass(frozen=True, slots=True)
 class TenantRules:
     """One tenant's rules, ready for the engine."""
 
@@ -62,6 +73,7 @@ class TenantRules:
     # pod is charged to a product only when it can land on that one alone, so such a
     # tenant's GPU pods are pinned to exactly one product.
     capped_products: tuple[str, ...] = ()
+    cohort: CohortRules | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +136,8 @@ class CompiledPolicy:
     _is_gpu: dict[str, bool] = field(default_factory=dict)
     # Workload kinds the policy adds to the built-in ones: (group, kind) -> paths.
     workload_kinds: Mapping[tuple[str, str], KindPaths] = field(default_factory=dict)
+    # Cohort name -> its tenants, in policy order (tenants[].cohort).
+    cohorts: Mapping[str, tuple[TenantRules, ...]] = field(default_factory=dict)
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -234,6 +248,9 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             namespace_quota=namespace_quota,
             mode=t.mode,
             capped_products=tuple(sorted(capped)),
+            cohort=CohortRules(t.cohort.name, t.cohort.borrowing_limit,
+                               t.cohort.lending_limit, t.cohort.borrowed_priority_class)
+            if t.cohort else None,
         )
         tenants.append(rules)
         for ns in t.namespaces:
@@ -273,7 +290,16 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         _by_selector=tuple(by_sel),
         device_classes=dict(spec.device_classes),
         workload_kinds={(w.group, w.kind): kind_paths(w) for w in spec.workload_kinds},
+        cohorts=_cohorts(tenants),
     )
+
+
+def _cohorts(tenants: list[TenantRules]) -> dict[str, tuple[TenantRules, ...]]:
+    out: dict[str, list[TenantRules]] = {}
+    for t in tenants:
+        if t.cohort is not None:
+            out.setdefault(t.cohort.name, []).append(t)
+    return {name: tuple(members) for name, members in out.items()}
 
 
 def kind_paths(w: WorkloadKind) -> KindPaths:
