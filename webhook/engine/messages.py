@@ -394,3 +394,11 @@ def borrowed_priority_changed(priority_class: str, problem: str) -> str:
             f"PriorityClass {priority_class}, so that the tenants that lent the GPUs can "
             f"take them back: {problem}. Remove the label (the pod then uses its tenant's "
             f"own quota), or leave the pod's priority to the webhook.")
+
+
+def gang_borrows(scope: str, pods: int, per_pod: float, cap: float, cohort: str) -> str:
+    """A workload larger than its tenant's own GPUs that borrowing could cover."""
+    own = most_pods(cap, per_pod)
+    return (f"asks for {_pods(pods)} x {num(per_pod)} = {num(pods * per_pod)} GPUs at once, "
+            f"more than {scope}'s own {num(cap)}: pods beyond {own} run only on GPUs "
+            f"borrowed from cohort {cohort} while it has them idle, and may be preempted.")

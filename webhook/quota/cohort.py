@@ -31,10 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from webhook.engine.borrowed import account, borrower_of
+from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.quota.usage import Totals
 
-__all__ = ["Member", "Room", "account", "borrower_of", "fits", "members", "overdrawn",
-           "room"]
+__all__ = ["Member", "Room", "account", "borrower_of", "ceiling", "fits", "members",
+           "overdrawn", "room"]
 
 EPSILON = 1e-9
 
@@ -105,3 +106,19 @@ def members(cohort: Sequence[tuple[str, float, float | None, float | None]],
         out.append(Member(name, quota, o.gpus if o else 0.0, b.gpus if b else 0.0,
                           borrowing, lending))
     return out
+
+
+def ceiling(policy: CompiledPolicy, tenant: TenantRules) -> float:
+    """The most a tenant could ever borrow: its borrowing limit, or what the rest of its
+    cohort could lend with nothing of their own running (each quota within its lending
+    limit). For a workload's "can it ever run" at apply."""
+    if tenant.cohort is None:
+        return 0.0
+    lend = 0.0
+    for t in policy.cohorts.get(tenant.cohort.name, ()):
+        if t.name == tenant.name or t.quota is None or t.quota.gpus is None:
+            continue
+        limit = t.cohort.lending_limit if t.cohort else 0.0
+        lend += t.quota.gpus if limit is None else min(limit, t.quota.gpus)
+    limit = tenant.cohort.borrowing_limit
+    return lend if limit is None else min(limit, lend)
