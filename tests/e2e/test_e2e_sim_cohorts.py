@@ -8,11 +8,19 @@ is the node's 8 GPUs. lab-a fills its own 4 and borrows lab-b's idle 4 (its pods
 and at the shipped borrowed PriorityClass); then lab-b's own pods are all admitted (its
 quota is never refused while lab-a borrows), and the scheduler preempts lab-a's borrowed
 pods, and only those, to run them.
+
+Then the fact the design rests on, on the same API server: what its Priority admission
+plugin does with a PriorityClass a mutating webhook sets (docs/quota.md).
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import ssl
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +158,109 @@ def test_a_tenant_borrows_idle_gpus_and_the_lender_takes_them_back_by_preemption
     assert {e.involved_object.name for e in preempted} <= {f"borrowed-{i}"
                                                            for i in range(4)}
     assert preempted, "the scheduler preempted no borrowed pod"
+
+
+# ---------------------------------------------------------------- the Priority plugin
+#
+# Why the webhook writes priorityClassName, priority and preemptionPolicy together: the
+# API server's Priority admission plugin resolves the class before the mutating webhooks
+# and checks the pod against it after them. A stand-in mutating webhook (a few lines of
+# the standard library, on this cluster's API server) patches a pod each way.
+
+_PATCH: list[dict[str, Any]] = []
+
+
+class _Patcher(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        resp: dict[str, Any] = {"uid": body["request"]["uid"], "allowed": True,
+                                "patchType": "JSONPatch",
+                                "patch": base64.b64encode(json.dumps(_PATCH).encode()).decode()}
+        out = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                          "response": resp}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def patcher(cohort_sim: SimCluster) -> Iterator[str]:
+    """A namespace whose pods the stand-in webhook patches with ``_PATCH``."""
+    cp = cohort_sim.cp
+    cert, key = cp.issue_serving_cert("patcher", ["127.0.0.1"])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Patcher)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ns = f"patched-{short_id()}"
+    cp.kubectl("create", "namespace", ns)
+    config = {"apiVersion": "admissionregistration.k8s.io/v1",
+              "kind": "MutatingWebhookConfiguration", "metadata": {"name": "e2e-patcher"},
+              "webhooks": [{"name": "patcher.e2e.gpu-webhook.dev",
+                            "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                            "failurePolicy": "Fail",
+                            "clientConfig": {"url": f"https://127.0.0.1:{server.server_port}/",
+                                             "caBundle": cp.ca_bundle_b64},
+                            "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                       "operations": ["CREATE"], "resources": ["pods"]}],
+                            "namespaceSelector": {"matchLabels": {
+                                "kubernetes.io/metadata.name": ns}}}]}
+    cp.kubectl("apply", "-f", "-", input=json.dumps(config))
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+             "spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+    def patched() -> bool:
+        # Until the API server calls it: a probe whose label the patch adds.
+        _PATCH[:] = [{"op": "add", "path": "/metadata/labels", "value": {"patched": "yes"}}]
+        out = cp.kubectl("create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-",
+                         input=json.dumps(probe), check=False)
+        return out.returncode == 0 and '"patched": "yes"' in out.stdout
+
+    wait_until("the API server to call the stand-in webhook", patched, timeout=60,
+               every=0.3)
+    try:
+        yield ns
+    finally:
+        cp.kubectl("delete", "mutatingwebhookconfiguration", "e2e-patcher")
+        server.shutdown()
+
+
+CLASS = "gpu-webhook-borrowed"
+NAME = {"op": "add", "path": "/spec/priorityClassName", "value": CLASS}
+PRIORITY = {"op": "add", "path": "/spec/priority", "value": -100}
+POLICY_NEVER = {"op": "add", "path": "/spec/preemptionPolicy", "value": "Never"}
+
+
+@pytest.mark.parametrize(("patch", "refused"), [
+    ([NAME], "the integer value of priority (0) must not be provided in pod spec; "
+             "priority admission controller computed -100 from the given PriorityClass name"),
+    ([NAME, PRIORITY], "the string value of PreemptionPolicy (PreemptLowerPriority) must "
+                       "not be provided in pod spec; priority admission controller computed "
+                       "Never from the given PriorityClass name"),
+    ([{**NAME, "value": "no-such-class"}, PRIORITY, POLICY_NEVER],
+     "no PriorityClass with name no-such-class was found"),
+    ([NAME, PRIORITY, POLICY_NEVER], None),
+], ids=["name only", "name and priority", "missing class", "all three"])
+def test_the_priority_plugin_checks_a_class_a_mutating_webhook_set(
+        cohort_sim: SimCluster, patcher: str, patch: list[dict[str, Any]],
+        refused: str | None) -> None:
+    _PATCH[:] = patch
+    name = f"p-{short_id()}"
+    obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    out = cohort_sim.cp.kubectl("create", "-n", patcher, "-f", "-", check=False,
+                                input=json.dumps(obj))
+    if refused is not None:
+        assert out.returncode != 0 and refused in out.stderr, out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    got = cohort_sim.cp.kubectl(
+        "get", "pod", "-n", patcher, name, "-o",
+        "jsonpath={.spec.priorityClassName} {.spec.priority} {.spec.preemptionPolicy}")
+    assert got.stdout == f"{CLASS} -100 Never"

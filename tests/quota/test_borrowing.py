@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -289,3 +290,18 @@ def test_the_lenders_commit_never_reads_the_cohort_ledger(api: FakeAPI) -> None:
     _, v, _ = create(one, p, pod("mine", "team-b", 8))
     assert v is not None and v.allowed  # all 8 of its own, 6 of them lent out
     assert not [r for r in api.requests if BORROWED_PREFIX in r[1]]
+
+
+# --------------------------------------------------------------------------- the docs
+
+def test_the_warning_docs_quota_md_shows_is_the_webhooks() -> None:
+    root = Path(__file__).resolve().parents[2]
+    shown = next(line.removeprefix("Warning: ") for line in
+                 (root / "docs" / "quota.md").read_text().splitlines()
+                 if line.startswith("Warning: this pod runs on"))
+    p = compile_policy(load_text((root / "policies" / "examples" / "cohorts.yaml").read_text()))
+    store = MemoryStore()
+    create(store, p, pod("train-0", "vision", 8))
+    m, v, _ = create(store, p, pod("sweep-1", "vision", 4))
+    assert v is not None and v.allowed
+    assert m.warnings == [shown]
