@@ -24,7 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from webhook.engine import messages
-from webhook.engine.charge import Charge, QuotaStep, Validation
+from webhook.engine.charge import Ask, Charge, QuotaStep, Validation
 from webhook.engine.decision import Checker, Decision, Finding
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gang import GangAsk
@@ -37,9 +37,10 @@ from webhook.k8s.review import API_VERSION, AdmissionRequest
 from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
+from webhook.quota.borrow import borrow_on_mutate, check_borrowed
 from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
 from webhook.quota.gang import GANG_BOUND_SECONDS
-from webhook.quota.store import GangStore, ReservationUnavailable, UsageStore
+from webhook.quota.store import BorrowStore, GangStore, ReservationUnavailable, UsageStore
 
 
 class Phase(StrEnum):
@@ -73,11 +74,15 @@ class Cluster:
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
-             labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims
-             ) -> Decision:
+             labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims,
+             store: UsageStore | None = None) -> Decision:
     """The mutating webhook. The request's object is edited in place while the patch is
-    recorded: pass a copy to keep the original."""
-    return mutate(req, policy, labels, claims)
+    recorded: pass a copy to keep the original. With a usage store, a cohort tenant's pod
+    that fits only on GPUs its cohort leaves idle is marked as borrowed."""
+    d = mutate(req, policy, labels, claims)
+    if store is None or not policy.cohorts:
+        return d
+    return borrow_on_mutate(req, policy, d, store.view(), labels, claims)
 
 
 async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
@@ -113,7 +118,7 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
                 cluster: Cluster, budget: float = 1.0) -> Decision:
     """The decision of the webhook at ``phase`` for one parsed review."""
     if phase is Phase.MUTATE:
-        return mutating(req, policy, cluster.labels, cluster.claims)
+        return mutating(req, policy, cluster.labels, cluster.claims, cluster.store)
     if req.sub_resource:
         return await scaling(req, policy, cluster, budget)
     return await validating(req, policy, cluster, budget)
@@ -144,6 +149,8 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         return await _gang(step, step.gang, check, store)
     assert step.ask is not None  # a QuotaStep holds an ask or a gang
     ask = step.ask
+    if step.borrowed and ask.is_pod:
+        return await _borrowed(step, ask, policy, check, store, budget)
     if step.reservation is None:
         view = store.view()
         if ask.is_pod:
@@ -165,6 +172,35 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
 
     try:
         await store.reserve(res.key, res.charge, fits, budget, name=res.name)
+    except ReservationUnavailable as exc:
+        check.findings.clear()
+        check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
+                     at_most=Mode.WARN if policy.quota_fail_open else None)
+        return check.findings, ["ledger-unavailable"]
+    return check.findings, []
+
+
+async def _borrowed(step: QuotaStep, ask: Ask, policy: CompiledPolicy, check: Checker,
+                    store: UsageStore, budget: float) -> tuple[list[Finding], list[str]]:
+    """A pod marked as borrowed: checked against its cohort's room (and its namespace's
+    caps) and, when real, reserved in the cohort's atomic step (see quota.borrow)."""
+    res = step.reservation
+    if res is None:
+        check_borrowed(check, policy, step.tenant, ask, store.view())  # a dry run
+        return check.findings, []
+
+    def fits(view: UsageView) -> bool:
+        check.findings.clear()  # only the last attempt's findings stand
+        return check_borrowed(check, policy, step.tenant, ask, view)
+
+    try:
+        if isinstance(store, BorrowStore):
+            assert step.tenant.cohort is not None
+            lenders = tuple(t.name for t in policy.cohorts[step.tenant.cohort.name])
+            await store.reserve_borrowed(res.key, res.charge, step.tenant.cohort.name,
+                                         lenders, fits, budget, name=res.name)
+        else:
+            await store.reserve(res.key, res.charge, fits, budget, name=res.name)
     except ReservationUnavailable as exc:
         check.findings.clear()
         check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),

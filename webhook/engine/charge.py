@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from webhook.engine import devices, messages
 from webhook.engine import spot as spot_engine
+from webhook.engine.borrowed import charged_to
 from webhook.engine.decision import Checker, Decision, Quiet
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_maximums, check_requests, weighted
@@ -109,6 +110,7 @@ class QuotaStep:
     gang_key: str | None = None
     gang_owner: str = ""
     gang_ids: tuple[str, ...] = ()  # what its pods find it by (uid, controller's label)
+    borrowed: bool = False  # a pod marked as running on GPUs borrowed from its cohort
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +191,8 @@ def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
         return None
     if not cost.resources:
         return None
-    return Charge(target.tenant.name, namespace, owner_of(pod), cost.product, cost.resources,
-                  cost.gpus, spot=cost.spot)
+    return Charge(charged_to(target.tenant, pod), namespace, owner_of(pod), cost.product,
+                  cost.resources, cost.gpus, spot=cost.spot)
 
 
 def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,

@@ -430,3 +430,47 @@ def spot_unpinned(label: str, values: Iterable[str], tenant: str) -> str:
         f"pods on spot capacity only. Add a required node affinity {label} In "
         f"[{one_of(values)}] (the mutating webhook does this when it runs)."
     )
+# --- borrowing in a cohort (webhook.quota.borrow) ---------------------------------------
+
+
+def borrowed(tenant: str, cohort: str, asked: float, used: float, cap: float,
+             priority_class: str) -> str:
+    """The warning on a pod admitted on GPUs its tenant borrows from its cohort."""
+    return (f"this pod runs on {num(asked)} GPUs borrowed from cohort {cohort}: tenant "
+            f"{tenant}'s own quota has {num(max(cap - used, 0))} of its {num(cap)} GPUs "
+            f"free. It runs at PriorityClass {priority_class} (label "
+            f"gpu-webhook.dev/borrowed=true) and may be preempted when the tenants that "
+            f"lent the GPUs need them back.")
+
+
+_BOUNDS = {
+    "borrowingLimit": "its borrowing limit of {limit} GPUs has {left} left",
+    "lenders": "the other tenants of the cohort have {left} idle GPUs to lend it",
+    "cohort": "the cohort has {left} idle GPUs left to lend",
+}
+
+
+def borrow_refused(tenant: str, cohort: str, asked: float, bound: str, left: float,
+                   limit: float | None) -> str:
+    """A pod marked as borrowed for which the cohort has no room."""
+    why = _BOUNDS[bound].format(limit=num(limit) if limit is not None else "?",
+                                left=num(max(left, 0)))
+    return (f"{EXCEEDED_QUOTA}: tenant {tenant} would borrow {num(asked)} GPUs from cohort "
+            f"{cohort} for this pod, but {why}. Wait for running pods to finish, ask for "
+            f"fewer, or ask the platform team for more quota.")
+
+
+def borrowed_priority_changed(priority_class: str, problem: str) -> str:
+    """A marked pod whose priority is not the borrowed class's."""
+    return (f"a pod on borrowed GPUs (label gpu-webhook.dev/borrowed=true) must run at "
+            f"PriorityClass {priority_class}, so that the tenants that lent the GPUs can "
+            f"take them back: {problem}. Remove the label (the pod then uses its tenant's "
+            f"own quota), or leave the pod's priority to the webhook.")
+
+
+def gang_borrows(scope: str, pods: int, per_pod: float, cap: float, cohort: str) -> str:
+    """A workload larger than its tenant's own GPUs that borrowing could cover."""
+    own = most_pods(cap, per_pod)
+    return (f"asks for {_pods(pods)} x {num(per_pod)} = {num(pods * per_pod)} GPUs at once, "
+            f"more than {scope}'s own {num(cap)}: pods beyond {own} run only on GPUs "
+            f"borrowed from cohort {cohort} while it has them idle, and may be preempted.")

@@ -24,6 +24,7 @@ from typing import Any
 
 from webhook.engine import claims as claims_engine
 from webhook.engine import messages
+from webhook.engine.borrowed import charged_to, priority_mismatch
 from webhook.engine.charge import (
     Ask,
     Charge,
@@ -105,11 +106,19 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         meta = req.object.get("metadata") or {}
         name = f"{req.namespace}/{meta.get('name') or req.name}"
         key = str(meta.get("uid") or name)
-        reservation = Reservation(key, Charge(tenant.name, req.namespace, owner_of(req.object),
-                                              cost.product, dict(cost.resources), cost.gpus,
+        reservation = Reservation(key, Charge(charged_to(tenant, req.object), req.namespace,
+                                              owner_of(req.object), cost.product,
+                                              dict(cost.resources), cost.gpus,
                                               spot=cost.spot),
                                   pod_ids(req.object), name)
-    return QuotaStep(tenant, target.subject, ask, reservation)
+    borrowed = charged_to(tenant, req.object) != tenant.name
+    if borrowed and target.template.is_pod and tenant.cohort is not None:
+        problem = priority_mismatch(req.object, tenant.cohort.priority)
+        if problem is not None:
+            check.report(Rule.QUOTA, messages.borrowed_priority_changed(
+                tenant.cohort.priority.name, problem))
+            return None
+    return QuotaStep(tenant, target.subject, ask, reservation, borrowed=borrowed)
 
 
 def _tolerates_gpu_taints(check: Checker, policy: CompiledPolicy, target: Target) -> None:

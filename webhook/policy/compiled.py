@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from webhook.k8s.workloads import KindPaths, RolePaths, parse_pointer
 from webhook.policy.model import (
+    BorrowedPriority,
     DeviceClass,
     GPUPolicy,
     LabelSelector,
@@ -45,6 +46,16 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class CohortRules:
+    """A tenant's place in its cohort (``tenants[].cohort``); None limits are unlimited."""
+
+    name: str
+    borrowing_limit: float | None
+    lending_limit: float | None
+    priority: BorrowedPriority
+
+
+@dataclass(frozen=True, slots=True)
 class TenantRules:
     """One tenant's rules, ready for the engine."""
 
@@ -65,6 +76,7 @@ class TenantRules:
     # tenant's GPU pods are pinned to exactly one product.
     capped_products: tuple[str, ...] = ()
     spot: TenantSpotRules | None = None  # None: the policy has no spot capacity
+    cohort: CohortRules | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +140,8 @@ class CompiledPolicy:
     # Workload kinds the policy adds to the built-in ones: (group, kind) -> paths.
     workload_kinds: Mapping[tuple[str, str], KindPaths] = field(default_factory=dict)
     spot: SpotRules | None = None  # spec.spot: None when the policy names no spot nodes
+    # Cohort name -> its tenants, in policy order (tenants[].cohort).
+    cohorts: Mapping[str, tuple[TenantRules, ...]] = field(default_factory=dict)
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -241,6 +255,9 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             mode=t.mode,
             capped_products=tuple(sorted(capped)),
             spot=compile_tenant_spot(spec.spot, t.spot),
+            cohort=CohortRules(t.cohort.name, t.cohort.borrowing_limit,
+                               t.cohort.lending_limit, t.cohort.borrowed_priority_class)
+            if t.cohort else None,
         )
         tenants.append(rules)
         for ns in t.namespaces:
@@ -281,7 +298,16 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         device_classes=dict(spec.device_classes),
         workload_kinds={(w.group, w.kind): kind_paths(w) for w in spec.workload_kinds},
         spot=compile_spot(spec.spot),
+        cohorts=_cohorts(tenants),
     )
+
+
+def _cohorts(tenants: list[TenantRules]) -> dict[str, tuple[TenantRules, ...]]:
+    out: dict[str, list[TenantRules]] = {}
+    for t in tenants:
+        if t.cohort is not None:
+            out.setdefault(t.cohort.name, []).append(t)
+    return {name: tuple(members) for name, members in out.items()}
 
 
 def kind_paths(w: WorkloadKind) -> KindPaths:

@@ -376,6 +376,42 @@ class TenantSpot(_Strict):
     """What one GPU-equivalent on spot counts against the tenant's other GPU caps
     (``quota.gpus``, per product); 0.5 counts spot GPUs half."""
 
+# A PriorityClass name: a DNS subdomain (``kubectl create priorityclass`` checks the same).
+_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class BorrowedPriority(_Strict):
+    """The PriorityClass a pod admitted on borrowed GPUs is given, as the cluster defines
+    it. The API server's Priority admission plugin checks, after the mutating webhooks,
+    that a pod's ``priority`` and ``preemptionPolicy`` are the ones its class names, so
+    the webhook writes all three and they must match the PriorityClass object."""
+
+    name: Annotated[str, Field(pattern=_SUBDOMAIN, max_length=253)] = "gpu-webhook-borrowed"
+    """The PriorityClass's name (``deploy/base/priority-borrowed.yaml`` ships the default)."""
+    value: Annotated[int, Field(ge=-2_147_483_648, le=1_000_000_000)] = -100
+    """The class's ``value``; lower than the lenders' pods, so the scheduler preempts the
+    borrowed pods to make room for them."""
+    preemption_policy: Literal["Never", "PreemptLowerPriority"] = "Never"
+    """The class's ``preemptionPolicy``: ``Never`` keeps a borrowed pod from preempting
+    anyone itself."""
+
+
+class Cohort(_Strict):
+    """Tenants that share the quota they leave unused (rule quota). A tenant whose own
+    ``quota.gpus`` is full may run pods on GPUs the others of its cohort leave idle; such
+    a pod is labelled ``gpu-webhook.dev/borrowed: "true"``, given the borrowed
+    PriorityClass, and preempted by the scheduler when the lender needs its GPUs back."""
+
+    name: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    """The cohort this tenant belongs to; tenants naming the same cohort share."""
+    borrowing_limit: Equivalents | None = None
+    """GPU-equivalents this tenant may borrow at once, beyond its own quota (default: as
+    many as the cohort leaves idle; 0: it only lends)."""
+    lending_limit: Equivalents | None = None
+    """GPU-equivalents of its unused quota that others may borrow (default: all of it;
+    0: it only borrows)."""
+    borrowed_priority_class: BorrowedPriority = Field(default_factory=BorrowedPriority)
+    """The PriorityClass this tenant's borrowed pods run at."""
 
 
 class Tenant(_Strict):
@@ -407,6 +443,8 @@ class Tenant(_Strict):
     """Rack / NVLink domain pinning (rule topology)."""
     quota: Quota | None = None
     """What the tenant may hold at once (rule quota)."""
+    cohort: Cohort | None = None
+    """Borrowing idle GPUs from (and lending to) the other tenants of a cohort."""
     mode: Mode | None = None
     """Enforcement mode for this tenant's rules when a rule has no mode of its own."""
     spot: TenantSpot | None = None
@@ -418,6 +456,10 @@ class Tenant(_Strict):
         if not self.namespaces and self.namespace_selector is None:
             raise ValueError(f"tenant {self.name!r} selects no namespace: give `namespaces` "
                              "or `namespaceSelector`")
+        if self.cohort is not None and (self.quota is None or self.quota.gpus is None):
+            raise FieldProblem(("cohort",),
+                f"tenant {self.name!r}: a cohort shares quota.gpus, and this tenant has "
+                "none: set quota.gpus (0 to only borrow)")
         if (
             self.default_product is not None
             and self.allowed_products is not None

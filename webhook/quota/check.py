@@ -20,6 +20,7 @@ from webhook.engine.decision import Checker
 from webhook.engine.gang import GangAsk
 from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
 from webhook.policy.model import Mode, Rule
+from webhook.quota.cohort import ceiling
 from webhook.quota.usage import Totals
 
 EPSILON = 1e-9
@@ -131,15 +132,26 @@ def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageVi
     for how many of its pods can start now)."""
     never: list[Line] = []
     not_now: list[Line] = []
+    borrows: Line | None = None
     for line in lines(tenant, ask, usage):
-        if ask.pods * line.per_pod > line.cap + EPSILON:
+        # A cohort tenant's pods beyond its own GPUs may run on borrowed ones.
+        extra = (ceiling(check.policy, tenant)
+                 if line.holders[0] == "tenant" and line.what == "GPUs" else 0.0)
+        if ask.pods * line.per_pod > line.cap + extra + EPSILON:
             never.append(line)
+        elif extra and ask.pods * line.per_pod > line.cap + EPSILON:
+            borrows = line
         elif ask.pods_added and line.used + ask.pods_added * line.per_pod > line.cap + EPSILON:
             not_now.append(line)
     if never:
         line = min(never, key=lambda x: messages.most_pods(x.cap, x.per_pod))
         check.report(Rule.QUOTA, messages.gang_never_fits(
             line.scope, line.what, ask.pods, line.per_pod, line.cap, len(never) - 1))
+        return
+    if borrows is not None and tenant.cohort is not None:
+        check.report(Rule.QUOTA, messages.gang_borrows(
+            borrows.scope, ask.pods, borrows.per_pod, borrows.cap, tenant.cohort.name),
+            at_most=Mode.WARN)
     elif not_now:
         line = min(not_now, key=lambda x: messages.most_pods(x.free(), x.per_pod))
         check.report(Rule.QUOTA, messages.gang_not_free(

@@ -43,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from webhook.engine.borrowed import account, borrower_of
 from webhook.engine.charge import Charge
 from webhook.libs import logs
 from webhook.libs.kube import ConfigMaps, Conflict, KubeError, StoredMap
@@ -184,6 +185,8 @@ class LedgerStore:
         self.conflicts = 0
         self.commits = 0
         self.expired = 0  # entries this replica dropped from a ledger after their TTL
+        # Borrowed pods' reservations, per cohort (see reserve_borrowed), last read.
+        self._borrowed: dict[str, dict[str, Entry]] = {}
 
     def ready(self) -> bool:
         return self.state.synced()
@@ -220,7 +223,8 @@ class LedgerStore:
         return pending  # no one covers the rest: count them all, never too little
 
     def view(self) -> UsageView:
-        return Combined(self.state.pods, self._unseen(self._known.values()))
+        return Combined(self.state.pods,
+                        self._unseen([*self._known.values(), *self._borrowed.values()]))
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
                       budget: float, name: str | None = None) -> bool:
@@ -295,3 +299,107 @@ class LedgerStore:
             # Counted once the write that drops them has won, so a retry never recounts.
             self.expired += len(stored_entries) - (len(entries) - 1)
             return True
+
+    # --- borrowed pods: one ledger per cohort ----------------------------------------
+
+    async def reserve_borrowed(self, key: str, charge: Charge, cohort: str,
+                               lenders: tuple[str, ...], fits: Callable[[UsageView], bool],
+                               budget: float, name: str | None = None) -> bool:
+        """Commit a pod on borrowed GPUs to its cohort's ledger (see
+        :data:`BORROWED_PREFIX`): every borrowed reservation of the cohort lives in that
+        one object, so two commits (any replicas) that would lend the same idle GPUs
+        conflict there and the second decides again. What is idle is computed at each
+        attempt from the lenders' pods and their own ledgers, read afresh. The lenders'
+        own commits never read this ledger: their quota is always their own."""
+        deadline = time.monotonic() + budget
+        lock = self._locks.setdefault(BORROWED_PREFIX + cohort, asyncio.Lock())
+        try:
+            async with asyncio.timeout(budget):
+                async with lock:
+                    return await self._commit_borrowed(key, charge, cohort, lenders, fits,
+                                                       deadline, name)
+        except TimeoutError:
+            raise ReservationUnavailable(
+                f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
+
+    async def _commit_borrowed(self, key: str, charge: Charge, cohort: str,
+                               lenders: tuple[str, ...], fits: Callable[[UsageView], bool],
+                               deadline: float, name: str | None) -> bool:
+        ledger = BORROWED_PREFIX + cohort
+        if not self.state.synced():
+            raise ReservationUnavailable(
+                "the webhook's view of the cluster's pods is not up to date")
+        attempt = 0
+        while True:
+            try:
+                stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
+                own = {t: await asyncio.to_thread(self.maps.read, LEDGER_PREFIX + t)
+                       for t in lenders}
+            except KubeError as exc:
+                raise self._unavailable(ledger, exc) from None
+            now = self.wall()
+            for t, m in own.items():
+                self._known[t] = {k: e for k, e in
+                                  decode(t, m.data, now, LEDGER_PREFIX + t).items()
+                                  if e.expires > now}
+            stored_entries = decode_borrowed(stored.data, now, ledger)
+            entries = {k: e for k, e in stored_entries.items() if e.expires > now}
+            self._borrowed[cohort] = entries
+            if key in entries or self.state.seen(key):
+                return True  # a retried review of a pod already counted
+            if name is not None and any(
+                    e.name == name and not self.state.seen(k) and covers(e.charge, charge)
+                    for k, e in entries.items()):
+                return True  # the same pod created again: one charge for a name
+            view = Combined(self.state.pods, self._unseen(
+                [*(self._known[t] for t in lenders if t in self._known), entries]))
+            if not fits(view):
+                return False
+            entries[key] = Entry(charge, now + self.ttl, name)
+            try:
+                await asyncio.to_thread(self.maps.write, ledger, encode_borrowed(entries),
+                                        stored.resource_version, BORROWED_LABELS)
+            except Conflict:
+                self.conflicts += 1
+                attempt += 1
+                pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
+                if time.monotonic() + pause >= deadline:
+                    raise ReservationUnavailable(
+                        f"the ledger kept changing ({attempt} conflicts)") from None
+                await asyncio.sleep(pause)
+                continue
+            except KubeError as exc:
+                raise self._unavailable(ledger, exc) from None
+            self._borrowed[cohort] = entries
+            self.commits += 1
+            self.expired += len(stored_entries) - (len(entries) - 1)
+            return True
+
+
+# A cohort's ledger of borrowed reservations: ``gpu-webhook-borrowed-<cohort>``, a data
+# key per borrowing tenant (``borrowed.<tenant>``) in the tenant ledger's format, whose
+# entries are charged to the tenant's borrowed account (webhook.engine.borrowed).
+BORROWED_PREFIX = "gpu-webhook-borrowed-"
+BORROWED_LABELS = {**LABELS, "gpu-webhook.dev/ledger": "borrowed"}
+_BORROWER_KEY = "borrowed."
+
+
+def encode_borrowed(entries: dict[str, Entry]) -> dict[str, str]:
+    by_tenant: dict[str, dict[str, Entry]] = {}
+    for key, e in entries.items():
+        tenant = borrower_of(e.charge.tenant) or e.charge.tenant
+        by_tenant.setdefault(tenant, {})[key] = e
+    return {_BORROWER_KEY + t: encode(es)["reservations"] for t, es in sorted(by_tenant.items())}
+
+
+def decode_borrowed(data: dict[str, str], now: float | None = None, ledger: str = ""
+                    ) -> dict[str, Entry]:
+    """The valid entries of a cohort's ledger, each charged to its borrower's account."""
+    out: dict[str, Entry] = {}
+    for k, v in data.items():
+        if not k.startswith(_BORROWER_KEY):
+            _corrupt(ledger, k, "not a borrowing tenant's key (borrowed.<tenant>)")
+            continue
+        out.update(decode(account(k[len(_BORROWER_KEY):]), {"reservations": v}, now,
+                          ledger))
+    return out

@@ -59,6 +59,16 @@ class GangStore(Protocol):
     def draw(self, key: str, charge: Charge, ids: tuple[str, ...]) -> bool: ...
 
 
+@runtime_checkable
+class BorrowStore(Protocol):
+    """A store that commits borrowed pods apart from their tenant's own reservations:
+    in one place per cohort, so two commits never lend the same idle GPUs."""
+
+    async def reserve_borrowed(self, key: str, charge: Charge, cohort: str,
+                               lenders: tuple[str, ...], fits: Callable[[UsageView], bool],
+                               budget: float, name: str | None = None) -> bool: ...
+
+
 class Combined:
     """Usage of seen pods plus reservations, as one view (sums are per call, O(resources))."""
 

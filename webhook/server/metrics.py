@@ -183,6 +183,8 @@ class StateCollector(Collector):
                         limit.add_metric([t.name, scope, ns, name], cap)
         yield used
         yield limit
+        if policy is not None and policy.cohorts:
+            yield from _cohorts(policy, store.view())
         # The join key for NVIDIA's dcgm-exporter, whose series carry namespace and pod but
         # know nothing of tenants: `DCGM_... * on (namespace) group_left (tenant)
         # gpu_webhook_namespace_tenant` sums GPU activity per tenant. One series per
@@ -211,6 +213,38 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("gpu_webhook_cache_synced",
                                 "1 when the usage store's cluster caches are synced (always "
                                 "1 for the in-memory store).", value=float(store.ready()))
+
+
+def _cohorts(policy: CompiledPolicy, view: UsageView) -> Iterator[Metric]:
+    """Borrowing in each cohort (one series per tenant of a cohort, bounded by the
+    policy): what each borrows and lends now, and what is borrowed beyond what the
+    cohort lends (the lenders took it back; the scheduler preempts it)."""
+    # At scrape time, not at import: this module stays importable from every layer.
+    from webhook.quota.borrow import cohort_members
+    from webhook.quota.cohort import overdrawn
+
+    borrowed = GaugeMetricFamily(
+        "gpu_webhook_cohort_borrowed_gpus",
+        "GPU-equivalents a tenant's pods hold on quota borrowed from its cohort.",
+        labels=["cohort", "tenant"])
+    lendable = GaugeMetricFamily(
+        "gpu_webhook_cohort_lendable_gpus",
+        "GPU-equivalents of a tenant's unused quota its cohort may borrow (within its "
+        "lendingLimit).", labels=["cohort", "tenant"])
+    over = GaugeMetricFamily(
+        "gpu_webhook_cohort_overdrawn_gpus",
+        "GPU-equivalents borrowed beyond what the cohort lends now: lenders took them "
+        "back, and the scheduler preempts that many borrowed GPUs when it needs them.",
+        labels=["cohort"])
+    for name, tenants in sorted(policy.cohorts.items()):
+        members = cohort_members(policy, tenants[0], view)
+        for m in members:
+            borrowed.add_metric([name, m.name], m.borrowed)
+            lendable.add_metric([name, m.name], m.lendable)
+        over.add_metric([name], overdrawn(members))
+    yield borrowed
+    yield lendable
+    yield over
 
 
 def _caps(caps: Limits, totals: Totals) -> Iterator[tuple[str, float, float]]:

@@ -107,14 +107,14 @@ def through_both(body: bytes, policy: CompiledPolicy, labels: NamespaceLabels = 
     req = parse_review(body)
     original = orjson.loads(body)["request"]["object"]  # mutating edits req's own copy
     book = claims if claims is not None else ClaimBook()
-    m = mutating(req, policy, labels, book)
+    store = store if store is not None else MemoryStore()
+    m = mutating(req, policy, labels, book, store)
     if not m.allowed:
         return Outcome(m, None, None)
     patched = jsonpatch.apply_patch(original, m.patch) if m.patch else original
     final = copy.deepcopy(patched)
     if req.operation == "CREATE" and ((req.kind == "Pod" and req.group == "") or is_claim(req)):
         as_stored(final, req.uid)
-    store = store if store is not None else MemoryStore()
     commits = store.commits
     vreq = replace(req, object=final)
     v = asyncio.run(validating(vreq, policy, Cluster(labels, store, claims=book)))

@@ -18,11 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.engine import messages
+from webhook.engine.borrowed import account
 from webhook.engine.charge import charge_of_pod
 from webhook.libs import kube
 from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
+from webhook.quota.borrow import cohort_members
+from webhook.quota.cohort import overdrawn, room
+from webhook.quota.ledger import (
+    BORROWED_LABELS,
+    BORROWED_PREFIX,
+    LEDGER_PREFIX,
+    decode,
+    decode_borrowed,
+)
 from webhook.quota.ledger import LABELS as LEDGER_LABELS
-from webhook.quota.ledger import LEDGER_PREFIX, decode
+from webhook.quota.store import Combined
 from webhook.quota.usage import Totals, Usage
 
 
@@ -49,6 +59,7 @@ class Cluster:
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
     ledgers: dict[str, dict[str, str]] = field(default_factory=dict)
     unread: list[str] = field(default_factory=list)
+    borrowed: dict[str, dict[str, str]] = field(default_factory=dict)  # cohort -> data
 
 
 @dataclass(slots=True)
@@ -57,6 +68,7 @@ class Report:
     pods: dict[str, int]  # tenant -> GPU pods running
     top: dict[str, list[tuple[str, float]]]  # tenant -> biggest holders (GPU-equivalents)
     unread: list[str]
+    cohorts: list[str] = field(default_factory=list)  # one line per cohort shown
 
 
 def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = None,
@@ -83,6 +95,10 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
         for key, entry in decode(name, data).items():
             if entry.expires > now and key not in uids:
                 held.put(key, entry.charge)
+    for data in cluster.borrowed.values():
+        for key, entry in decode_borrowed(data, now).items():
+            if entry.expires > now and key not in uids:
+                held.put(key, entry.charge)
     tenants = _chosen(policy, cluster, namespace, tenant)
     rows: list[Row] = []
     for t in tenants:
@@ -96,9 +112,39 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
                 continue
             for cap, limit, u, r in _caps(limits, used, reserved):
                 rows.append(Row(t.name, scope, cap, u, r, limit))
+        if t.cohort is not None and namespace is None:
+            rows.append(_borrowing(policy, t, seen, held))
     return Report(rows, {t.name: seen.tenant(t.name).pods for t in tenants},
                   {t.name: seen.top_owners(("tenant", t.name)) for t in tenants},
-                  list(cluster.unread))
+                  list(cluster.unread), _cohort_lines(policy, tenants, seen, held))
+
+
+def _borrowing(policy: CompiledPolicy, t: TenantRules, seen: Usage, held: Usage) -> Row:
+    """A cohort tenant's borrowed GPUs: USED/RESERVED on borrowed quota, FREE what it
+    may borrow now (LIMIT is the two together)."""
+    assert t.cohort is not None
+    r = room(cohort_members(policy, t, Combined(seen, held)), t.name)
+    used, reserved = seen.tenant(account(t.name)).gpus, held.tenant(account(t.name)).gpus
+    return Row(t.name, f"cohort {t.cohort.name}", "borrowed gpus", used, reserved,
+               used + reserved + r.free)
+
+
+def _cohort_lines(policy: CompiledPolicy, tenants: list[TenantRules], seen: Usage,
+                  held: Usage) -> list[str]:
+    out = []
+    for name in sorted({t.cohort.name for t in tenants if t.cohort is not None}):
+        members = cohort_members(policy, policy.cohorts[name][0], Combined(seen, held))
+        borrowing = ", ".join(f"{m.name} {messages.num(m.borrowed)}" for m in members
+                              if m.borrowed) or "nobody"
+        lending = ", ".join(f"{m.name} {messages.num(m.lendable)}" for m in members)
+        line = (f"cohort {name}: borrowed (preemptible) by {borrowing}; idle to lend: "
+                f"{lending}")
+        over = overdrawn(members)
+        if over:
+            line += (f"; {messages.num(over)} borrowed GPUs are taken back by their "
+                     "lenders and will be preempted when the scheduler needs them")
+        out.append(line)
+    return out
 
 
 def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
@@ -151,6 +197,7 @@ def table(r: Report) -> str:
         top = messages.owners(r.top.get(t, [])) or "none"
         lines.append(f"{t}: {n} GPU {'pod' if n == 1 else 'pods'} running; "
                      f"top consumers: {top}")
+    lines.extend(r.cohorts)
     for what in r.unread:
         lines.append(f"note: {what}")
     return "\n".join(lines) + "\n"
@@ -186,6 +233,16 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None) -> Clus
     except kube.KubeError as exc:
         out.unread.append(f"quota reservations not read ({exc}): RESERVED shows 0; pods "
                           "admitted in the last minute may not be counted yet")
+        return out
+    selector = ",".join(f"{k}={v}" for k, v in sorted(BORROWED_LABELS.items()))
+    try:
+        for cm in kube.list_objects(api, "configmaps", ledger_namespace, selector):
+            name = str(cm["metadata"]["name"])
+            if name.startswith(BORROWED_PREFIX):
+                out.borrowed[name.removeprefix(BORROWED_PREFIX)] = dict(cm.get("data") or {})
+    except kube.KubeError as exc:
+        out.unread.append(f"borrowed reservations not read ({exc}): RESERVED of borrowed "
+                          "gpus shows 0")
     return out
 
 

@@ -1,0 +1,266 @@
+"""Borrowing idle quota in a cohort, on a simulated GPU cluster of its own: the real
+kube-apiserver (its Priority admission plugin), kube-scheduler (its preemption),
+controllers and one kwok node of 8 A100s, with two webhook replicas behind a
+round-robin proxy sharing the ledger.
+
+Tenants lab-a and lab-b hold 4 GPUs of quota each in cohort ``lab``: the cohort's total
+is the node's 8 GPUs. lab-a fills its own 4 and borrows lab-b's idle 4 (its pods marked
+and at the shipped borrowed PriorityClass); then lab-b's own pods are all admitted (its
+quota is never refused while lab-a borrows), and the scheduler preempts lab-a's borrowed
+pods, and only those, to run them.
+
+Then the fact the design rests on, on the same API server: what its Priority admission
+plugin does with a PriorityClass a mutating webhook sets (docs/quota.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2ekit import short_id, wait_until
+from gpucluster.fixtures import SCHEDULE_TIMEOUT, pod, pods, running
+from gpucluster.sim import SimCluster
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+BORROWED = "gpu-webhook.dev/borrowed"
+
+CLUSTER = {
+    "apiVersion": "gpu-webhook.dev/v1alpha1", "kind": "SimulatedGPUCluster",
+    "metadata": {"name": "cohort-sim"},
+    "spec": {
+        "rackLabel": "topology.example.com/gpu-rack",
+        "gpuTaint": {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+        "nodeCapacity": {"cpu": "96", "memory": "1Ti", "pods": "110",
+                         "ephemeral-storage": "4Ti"},
+        "gpuModels": {"a100": {"product": "NVIDIA-A100-SXM4-80GB",
+                               "nvmlName": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920,
+                               "family": "ampere"}},
+        "nodeGroups": [{"name": "a100-lab", "count": 1, "rack": "rack-a",
+                        "gpu": {"model": "a100", "count": 8}}],
+    },
+}
+
+POLICY = """\
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {name: cohort-sim}
+spec:
+  tolerations:
+    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+  exemptions:
+    namespaces: [kube-system, gpu-webhook]
+  tenants:
+    - name: research          # the e2e probe's namespace (e2ekit.wait_installed)
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: research}
+    - name: lab-a
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: lab-a}
+      quota: {gpus: 4}
+      cohort: {name: lab}
+    - name: lab-b
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: lab-b}
+      quota: {gpus: 4}
+      cohort: {name: lab}
+"""
+
+
+@pytest.fixture(scope="module")
+def cohort_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+    work = tmp_path_factory.mktemp("cohort-sim")
+    (work / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
+    (work / "policy.yaml").write_text(POLICY)
+    cluster = SimCluster(work, policy=work / "policy.yaml",
+                         description=work / "cluster.yaml", replicas=2)
+    cluster.start()
+    try:
+        # The shipped PriorityClass the policy's default borrowedPriorityClass names.
+        cluster.cp.kubectl("apply", "-f", str(ROOT / "deploy/base/priority-borrowed.yaml"))
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def api(cohort_sim: SimCluster) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(k8s_config.new_client_from_config(
+        config_file=str(cohort_sim.cp.kubeconfig)))
+
+
+def create(sim: SimCluster, namespace: str, name: str) -> Any:
+    """kubectl create of a 1-GPU pod, as a developer runs it; the completed process."""
+    return sim.cp.kubectl("create", "-n", namespace, "-f", "-", check=False,
+                          input=yaml.safe_dump(pod(name, 1)))
+
+
+def test_a_tenant_borrows_idle_gpus_and_the_lender_takes_them_back_by_preemption(
+        cohort_sim: SimCluster, api: k8s.CoreV1Api) -> None:
+    a = cohort_sim.namespace(f"lab-a-{short_id()}", "lab-a")
+    b = cohort_sim.namespace(f"lab-b-{short_id()}", "lab-b")
+
+    # lab-a's own 4 GPUs: not borrowed, no warning.
+    for i in range(4):
+        done = create(cohort_sim, a, f"own-{i}")
+        assert done.returncode == 0, done.stderr
+        assert "borrowed" not in done.stderr
+    # 4 more: on lab-b's idle quota, marked, and kubectl prints why.
+    for i in range(4):
+        done = create(cohort_sim, a, f"borrowed-{i}")
+        assert done.returncode == 0, done.stderr
+        assert "borrowed from cohort lab" in done.stderr
+        assert "may be preempted" in done.stderr
+    running(api, a, 8)  # the node's 8 GPUs, all in use
+    marked = {p.metadata.name: p for p in pods(api, a, f"{BORROWED}=true")}
+    assert sorted(marked) == [f"borrowed-{i}" for i in range(4)]
+    for p in marked.values():
+        # The API server kept all three (its Priority plugin checks them against the
+        # class after the mutating webhooks).
+        assert (p.spec.priority_class_name, p.spec.priority, p.spec.preemption_policy) == (
+            "gpu-webhook-borrowed", -100, "Never")
+
+    # The cohort lends nothing more: a ninth pod of lab-a is refused.
+    done = create(cohort_sim, a, "one-more")
+    assert done.returncode != 0
+    assert "exceeded quota: tenant lab-a" in done.stderr
+
+    # lab-b's own quota was never lent away from it: all 4 of its pods are admitted, and
+    # the scheduler preempts lab-a's borrowed pods to run them.
+    for i in range(4):
+        done = create(cohort_sim, b, f"mine-{i}")
+        assert done.returncode == 0, done.stderr
+        assert "borrowed" not in done.stderr
+    running(api, b, 4, timeout=SCHEDULE_TIMEOUT)
+    # The borrowed pods are the ones taken back; lab-a's own 4 still run.
+    wait_until("lab-a's borrowed pods to be preempted",
+               lambda: not [p for p in pods(api, a, f"{BORROWED}=true")
+                            if p.status.phase == "Running" and
+                            p.metadata.deletion_timestamp is None],
+               timeout=SCHEDULE_TIMEOUT, every=0.3)
+    own = [p for p in pods(api, a) if p.metadata.name.startswith("own-")]
+    assert sorted(p.metadata.name for p in own if p.status.phase == "Running") == [
+        f"own-{i}" for i in range(4)]
+    preempted = [e for e in api.list_namespaced_event(a).items
+                 if e.reason == "Preempted"]
+    assert {e.involved_object.name for e in preempted} <= {f"borrowed-{i}"
+                                                           for i in range(4)}
+    assert preempted, "the scheduler preempted no borrowed pod"
+
+
+# ---------------------------------------------------------------- the Priority plugin
+#
+# Why the webhook writes priorityClassName, priority and preemptionPolicy together: the
+# API server's Priority admission plugin resolves the class before the mutating webhooks
+# and checks the pod against it after them. A stand-in mutating webhook (a few lines of
+# the standard library, on this cluster's API server) patches a pod each way.
+
+_PATCH: list[dict[str, Any]] = []
+
+
+class _Patcher(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        resp: dict[str, Any] = {"uid": body["request"]["uid"], "allowed": True,
+                                "patchType": "JSONPatch",
+                                "patch": base64.b64encode(json.dumps(_PATCH).encode()).decode()}
+        out = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                          "response": resp}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def patcher(cohort_sim: SimCluster) -> Iterator[str]:
+    """A namespace whose pods the stand-in webhook patches with ``_PATCH``."""
+    cp = cohort_sim.cp
+    cert, key = cp.issue_serving_cert("patcher", ["127.0.0.1"])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Patcher)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ns = f"patched-{short_id()}"
+    cp.kubectl("create", "namespace", ns)
+    config = {"apiVersion": "admissionregistration.k8s.io/v1",
+              "kind": "MutatingWebhookConfiguration", "metadata": {"name": "e2e-patcher"},
+              "webhooks": [{"name": "patcher.e2e.gpu-webhook.dev",
+                            "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                            "failurePolicy": "Fail",
+                            "clientConfig": {"url": f"https://127.0.0.1:{server.server_port}/",
+                                             "caBundle": cp.ca_bundle_b64},
+                            "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                       "operations": ["CREATE"], "resources": ["pods"]}],
+                            "namespaceSelector": {"matchLabels": {
+                                "kubernetes.io/metadata.name": ns}}}]}
+    cp.kubectl("apply", "-f", "-", input=json.dumps(config))
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+             "spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+    def patched() -> bool:
+        # Until the API server calls it: a probe whose label the patch adds.
+        _PATCH[:] = [{"op": "add", "path": "/metadata/labels", "value": {"patched": "yes"}}]
+        out = cp.kubectl("create", "--dry-run=server", "-o", "json", "-n", ns, "-f", "-",
+                         input=json.dumps(probe), check=False)
+        return out.returncode == 0 and '"patched": "yes"' in out.stdout
+
+    wait_until("the API server to call the stand-in webhook", patched, timeout=60,
+               every=0.3)
+    try:
+        yield ns
+    finally:
+        cp.kubectl("delete", "mutatingwebhookconfiguration", "e2e-patcher")
+        server.shutdown()
+
+
+CLASS = "gpu-webhook-borrowed"
+NAME = {"op": "add", "path": "/spec/priorityClassName", "value": CLASS}
+PRIORITY = {"op": "add", "path": "/spec/priority", "value": -100}
+POLICY_NEVER = {"op": "add", "path": "/spec/preemptionPolicy", "value": "Never"}
+
+
+@pytest.mark.parametrize(("patch", "refused"), [
+    ([NAME], "the integer value of priority (0) must not be provided in pod spec; "
+             "priority admission controller computed -100 from the given PriorityClass name"),
+    ([NAME, PRIORITY], "the string value of PreemptionPolicy (PreemptLowerPriority) must "
+                       "not be provided in pod spec; priority admission controller computed "
+                       "Never from the given PriorityClass name"),
+    ([{**NAME, "value": "no-such-class"}, PRIORITY, POLICY_NEVER],
+     "no PriorityClass with name no-such-class was found"),
+    ([NAME, PRIORITY, POLICY_NEVER], None),
+], ids=["name only", "name and priority", "missing class", "all three"])
+def test_the_priority_plugin_checks_a_class_a_mutating_webhook_set(
+        cohort_sim: SimCluster, patcher: str, patch: list[dict[str, Any]],
+        refused: str | None) -> None:
+    _PATCH[:] = patch
+    name = f"p-{short_id()}"
+    obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    out = cohort_sim.cp.kubectl("create", "-n", patcher, "-f", "-", check=False,
+                                input=json.dumps(obj))
+    if refused is not None:
+        assert out.returncode != 0 and refused in out.stderr, out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    got = cohort_sim.cp.kubectl(
+        "get", "pod", "-n", patcher, name, "-o",
+        "jsonpath={.spec.priorityClassName} {.spec.priority} {.spec.preemptionPolicy}")
+    assert got.stdout == f"{CLASS} -100 Never"
