@@ -8,7 +8,9 @@ tests all decide a review here, so what is tested is what runs:
   store: a workload or a dry run is checked against the usage this replica sees; a real
   pod creation is checked *inside* the store's atomic reservation, so two pods that each
   fit alone can never both be admitted when together they do not;
-- :func:`scaling`: a scale subresource request, with the read of the workload it scales.
+- :func:`scaling`: a scale subresource request, with the read of the workload it scales;
+- :func:`releasing`: a gang workload's DELETE, which frees what its gang reservation
+  still holds.
 
 :func:`admit` picks one of them for a webhook path. Each returns a final
 :class:`~webhook.engine.decision.Decision`; the callers only carry it (to the reply
@@ -121,6 +123,8 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
         return mutating(req, policy, cluster.labels, cluster.claims, cluster.store)
     if req.sub_resource:
         return await scaling(req, policy, cluster, budget)
+    if req.operation == "DELETE":
+        return await releasing(req, policy, cluster, budget)
     return await validating(req, policy, cluster, budget)
 
 
@@ -146,7 +150,7 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
     for a real pod creation, checked and reserved in one atomic step."""
     check = Checker(policy, step.tenant, step.subject, OWNED)
     if step.gang is not None:
-        return await _gang(step, step.gang, check, store)
+        return await _gang(step, step.gang, check, store, budget)
     assert step.ask is not None  # a QuotaStep holds an ask or a gang
     ask = step.ask
     if step.borrowed and ask.is_pod:
@@ -160,10 +164,6 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         return check.findings, []
 
     res = step.reservation
-    if res.gangs and isinstance(store, GangStore) and store.draw(res.key, res.charge,
-                                                                 res.gangs):
-        return [], []  # admitted from its gang's reservation: counted there already
-
     def fits(view: UsageView) -> bool:
         # Run on every attempt of the store's compare-and-swap loop, against fresh state:
         # only the last attempt's findings stand.
@@ -171,7 +171,8 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         return check_pod(check, step.tenant, ask, view)
 
     try:
-        await store.reserve(res.key, res.charge, fits, budget, name=res.name)
+        await store.reserve(res.key, res.charge, fits, budget, name=res.name,
+                            gangs=res.gangs)
     except ReservationUnavailable as exc:
         check.findings.clear()
         check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
@@ -209,13 +210,13 @@ async def _borrowed(step: QuotaStep, ask: Ask, policy: CompiledPolicy, check: Ch
     return check.findings, []
 
 
-async def _gang(step: QuotaStep, gang: GangAsk, check: Checker, store: UsageStore
-                ) -> tuple[list[Finding], list[str]]:
+async def _gang(step: QuotaStep, gang: GangAsk, check: Checker, store: UsageStore,
+                budget: float) -> tuple[list[Finding], list[str]]:
     """A gang workload's quota: checked; and when it is being created and its gang fits
     what is free now, its GPUs reserved whole in the same atomic step."""
     if step.gang_key is None or not isinstance(store, GangStore):
-        # A dry run, an update, or a store without gang reservations (the shared
-        # ledger): checked only, and its pods are reserved one by one as they come.
+        # A dry run, an update, or a store without gang reservations: checked only, and
+        # its pods are reserved one by one as they come.
         check_gang(check, step.tenant, gang, store.view())
         return check.findings, []
     charges = [(Charge(gang.tenant, gang.namespace, step.gang_owner, r.cost.product,
@@ -227,6 +228,41 @@ async def _gang(step: QuotaStep, gang: GangAsk, check: Checker, store: UsageStor
         check.findings.clear()  # only the last attempt's findings stand
         return check_gang(check, step.tenant, gang, view, reservable=True)
 
-    await store.reserve_gang(step.gang_key, step.gang_ids, charges, fits,
-                             GANG_BOUND_SECONDS)
+    try:
+        await store.reserve_gang(step.gang_key, step.gang_ids, charges, fits,
+                                 GANG_BOUND_SECONDS, budget)
+    except ReservationUnavailable as exc:
+        # The workload is only an early answer: it is checked against what this replica
+        # sees and admitted without a reservation; each pod is counted when created.
+        check.findings.clear()
+        check_gang(check, step.tenant, gang, store.view())
+        check.report(Rule.QUOTA, messages.gang_unreserved(str(exc)), at_most=Mode.WARN)
+        return check.findings, ["ledger-unavailable"]
     return check.findings, []
+
+
+async def releasing(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
+                    budget: float = 1.0) -> Decision:
+    """A workload's DELETE (sent for the gang kinds only): the slots of its gang
+    reservation that no pod took are freed now rather than at the bound. Always allowed:
+    a delete is never the webhook's to refuse, and a release that fails leaves the
+    bound to free the slots."""
+    store = cluster.store
+    meta = (req.old_object or {}).get("metadata") or {}
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    if req.dry_run or not isinstance(store, GangStore) or not isinstance(uid, str):
+        return Decision.skip("operation")
+    tenant = policy.tenant_for(req.namespace, cluster.labels(req.namespace))
+    if tenant is None:
+        return Decision.skip("operation")
+    try:
+        freed = await store.release_gang(uid, tenant.name, budget)
+    except ReservationUnavailable as exc:
+        logs.event("gang reservation not released; its slots free at the bound",
+                   logging.WARNING, uid=req.uid, namespace=req.namespace, name=req.name,
+                   error=str(exc))
+        return Decision.skip("operation", tenant.name)
+    if freed:
+        logs.event("gang reservation released", logging.INFO, namespace=req.namespace,
+                   name=req.name, kind=req.kind, slots=freed)
+    return Decision.skip("released" if freed else "operation", tenant.name)

@@ -120,6 +120,22 @@ def test_scale_subresources_go_to_a_validating_webhook_of_their_own(failure):
         assert not any("/" in r for rule in hook["rules"] for r in rule["resources"])
 
 
+def test_deletes_of_gang_kinds_go_to_a_release_webhook_that_never_blocks():
+    validating = render(validating_failure_policy="Fail")[1]
+    main = validating["webhooks"][0]
+    [release] = [h for h in validating["webhooks"] if h["name"] == "release.gpu-webhook.dev"]
+    got = {(g, r) for rule in release["rules"] for g in rule["apiGroups"]
+           for r in rule["resources"]}
+    assert got == {(b.group, b.resource) for b in CRD_KINDS if b.gang}
+    assert ("batch.volcano.sh", "jobs") in got and ("ray.io", "rayclusters") not in got
+    assert {op for rule in release["rules"] for op in rule["operations"]} == {"DELETE"}
+    # A delete is never the webhook's to block; a dry run's delete releases nothing.
+    assert (release["failurePolicy"], release["sideEffects"]) == ("Ignore", "NoneOnDryRun")
+    assert "matchConditions" not in release  # a DELETE carries no object to test
+    assert release["clientConfig"] == main["clientConfig"]
+    assert release["namespaceSelector"] == main["namespaceSelector"]
+
+
 def test_url_client_config_for_a_webhook_outside_the_cluster():
     hook = render(url="https://127.0.0.1:9443")[1]["webhooks"][0]
     assert hook["clientConfig"] == {"url": "https://127.0.0.1:9443/validate"}
@@ -429,6 +445,14 @@ def test_configured_kinds_get_rules_and_conditions():
             spec["launcher"] = launcher
         obj = {"apiVersion": "example.com/v1", "kind": "TrainingRun", "spec": spec}
         assert sent_as(hook, obj) is expected, spec
+
+
+def test_a_configured_kind_with_a_gang_has_its_deletes_sent_for_release():
+    [release] = [h for h in manifests.render(configured_policy())[1]["webhooks"]
+                 if h["name"] == "release.gpu-webhook.dev"]
+    assert [r for r in release["rules"] if r["apiGroups"] == ["example.com"]] == [{
+        "apiGroups": ["example.com"], "apiVersions": ["v1", "v1beta1"],
+        "operations": ["DELETE"], "resources": ["trainingruns"], "scope": "Namespaced"}]
 
 
 @pytest.mark.parametrize("failure", ["Fail", "Ignore"])

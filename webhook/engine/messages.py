@@ -264,6 +264,12 @@ def quota_unavailable(reason: str) -> str:
             "platform team (the webhook's quota setting fails closed).")
 
 
+def gang_unreserved(reason: str) -> str:
+    return (f"no GPUs are reserved for its gang: the GPU quota ledger cannot be reached "
+            f"({reason}). Its pods will compete with other pods as they are created, "
+            "each counted against quota then.")
+
+
 def scale_unchecked(kind: str, reason: str) -> str:
     return (f"not checked against GPU quota: the webhook could not read the {kind.lower()} "
             f"to see its pod template ({reason}). Its pods are still checked one by one "

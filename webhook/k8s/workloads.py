@@ -444,6 +444,7 @@ class BuiltIn:
     resource: str  # plural, for webhook rules
     versions: tuple[str, ...]
     read: Reader
+    gang: bool = True  # it may have a gang (and so a gang reservation to release)
 
 
 _KUBEFLOW = (("PyTorchJob", "pytorchjobs", "pytorchReplicaSpecs"),
@@ -462,16 +463,16 @@ CRD_KINDS: tuple[BuiltIn, ...] = (
     BuiltIn("trainer.kubeflow.org", "TrainJob", "trainjobs", ("v1alpha1",), trainjob),
     BuiltIn("leaderworkerset.x-k8s.io", "LeaderWorkerSet", "leaderworkersets", ("v1",),
             leaderworkerset),
-    BuiltIn("ray.io", "RayCluster", "rayclusters", ("v1",), _ray("RayCluster", None)),
-    BuiltIn("ray.io", "RayJob", "rayjobs", ("v1",), _ray("RayJob", "rayClusterSpec")),
+    BuiltIn("ray.io", "RayCluster", "rayclusters", ("v1",), _ray("RayCluster", None), False),
+    BuiltIn("ray.io", "RayJob", "rayjobs", ("v1",), _ray("RayJob", "rayClusterSpec"), False),
     BuiltIn("ray.io", "RayService", "rayservices", ("v1",),
-            _ray("RayService", "rayClusterConfig")),
+            _ray("RayService", "rayClusterConfig"), False),
     BuiltIn("argoproj.io", "Workflow", "workflows", ("v1alpha1",), _argo("Workflow",
-                                                                         ("spec",))),
+                                                                         ("spec",)), False),
     BuiltIn("argoproj.io", "WorkflowTemplate", "workflowtemplates", ("v1alpha1",),
-            _argo("WorkflowTemplate", ("spec",))),
+            _argo("WorkflowTemplate", ("spec",)), False),
     BuiltIn("argoproj.io", "CronWorkflow", "cronworkflows", ("v1alpha1",),
-            _argo("CronWorkflow", ("spec", "workflowSpec"))),
+            _argo("CronWorkflow", ("spec", "workflowSpec")), False),
 )
 
 READERS: dict[tuple[str, str], Reader] = {

@@ -24,6 +24,13 @@ product, at least as many of every resource) only that one is counted. So a retr
 create of the same pod is not a second charge, and a create of a name another pod still
 holds (the API server answers AlreadyExists) does not hold GPUs for a TTL.
 
+A gang workload's reservation (``webhook.quota.gang``) is one entry per pod of its gang,
+``<workload uid>#<n>``, each naming the gang's ids and expiring at the gang's bound,
+written in one commit that checked the whole gang. A pod of the gang draws in its own
+commit: the slot of its shape is replaced by the pod's reservation, in the same write.
+A slot is counted like any reservation until it is drawn, released (the workload's
+DELETE) or expired; no pod sees it, so it never stops counting early.
+
 The ledger is data from outside the process (anyone with RBAC on the ConfigMap can edit
 it): every entry is range-checked, and one that is malformed (wrong types, negative, NaN
 or absurd amounts, an expiry beyond the longest TTL) is dropped and logged, never read
@@ -49,6 +56,7 @@ from webhook.libs import logs
 from webhook.libs.kube import ConfigMaps, Conflict, KubeError, StoredMap
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView
+from webhook.quota.gang import same_shape, slots_of
 from webhook.quota.store import Combined, ReservationUnavailable, covers
 from webhook.quota.usage import Usage
 
@@ -58,6 +66,7 @@ MAX_TTL = 3600.0  # the policy schema's upper bound for reservationTTLSeconds
 # More devices than any one pod can ask for: an entry claiming more is not a reservation
 # this webhook wrote (a pod's request is capped far below by the node it would run on).
 MAX_AMOUNT = 1e6
+MAX_GANG_IDS = 8  # a gang is found by its uid and its controller's label: a few at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,9 @@ class Entry:
     charge: Charge
     expires: float  # unix time
     name: str | None = None  # "namespace/name" of the pod (None in ledgers before names)
+    # A gang slot (key ``<workload uid>#<n>``): what the gang's pods find it by, the
+    # workload's uid first (webhook.quota.gang). Empty for a pod's reservation.
+    gang: tuple[str, ...] = ()
 
 
 def encode(entries: dict[str, Entry]) -> dict[str, str]:
@@ -80,6 +92,8 @@ def encode(entries: dict[str, Entry]) -> dict[str, str]:
             item["pods"] = e.charge.pods  # a DRA claim counts no GPU pod
         if e.charge.spot:
             item["spot"] = e.charge.spot  # GPU-equivalents on spot nodes
+        if e.gang:
+            item["gang"] = list(e.gang)
         out[key] = item
     return {"reservations": orjson.dumps(out, option=orjson.OPT_SORT_KEYS).decode()}
 
@@ -137,7 +151,14 @@ def _entry(tenant: str, v: object, now: float) -> Entry:
         name = _text(name, "name")
         if not name.startswith(charge.namespace + "/"):
             raise Corrupt(f"name {name!r} is not in namespace {charge.namespace!r}")
-    return Entry(charge, float(expires), name)
+    gang = v.get("gang")
+    if gang is not None:
+        if not isinstance(gang, list) or not 1 <= len(gang) <= MAX_GANG_IDS:
+            raise Corrupt(f"gang is not a list of 1-{MAX_GANG_IDS} names")
+        gang = tuple(_text(g, "a gang id") for g in gang)
+        if name is not None or charge.pods != 1:
+            raise Corrupt("a gang slot names no pod and counts one GPU pod")
+    return Entry(charge, float(expires), name, gang or ())
 
 
 def decode(tenant: str, data: dict[str, str], now: float | None = None,
@@ -158,7 +179,10 @@ def decode(tenant: str, data: dict[str, str], now: float | None = None,
     out: dict[str, Entry] = {}
     for key, v in raw.items():
         try:
-            out[str(key)] = _entry(tenant, v, now)
+            e = _entry(tenant, v, now)
+            if e.gang and not str(key).startswith(e.gang[0] + "#"):
+                raise Corrupt(f"a gang slot not keyed by its workload {e.gang[0]!r}")
+            out[str(key)] = e
         except Corrupt as exc:
             _corrupt(where, str(key), str(exc))
     return out
@@ -227,13 +251,14 @@ class LedgerStore:
                         self._unseen([*self._known.values(), *self._borrowed.values()]))
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      budget: float, name: str | None = None) -> bool:
+                      budget: float, name: str | None = None,
+                      gangs: tuple[str, ...] = ()) -> bool:
         deadline = time.monotonic() + budget
         lock = self._locks.setdefault(charge.tenant, asyncio.Lock())
         try:
             async with asyncio.timeout(budget):
                 async with lock:
-                    return await self._commit(key, charge, fits, deadline, name)
+                    return await self._commit(key, charge, fits, deadline, name, gangs)
         except TimeoutError:
             raise ReservationUnavailable(
                 f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
@@ -246,7 +271,8 @@ class LedgerStore:
         return ReservationUnavailable(exc.reason)
 
     async def _commit(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      deadline: float, name: str | None) -> bool:
+                      deadline: float, name: str | None, gangs: tuple[str, ...] = ()
+                      ) -> bool:
         ledger = LEDGER_PREFIX + charge.tenant
         if not self.state.synced():
             # A cache that is not known to be current would count expired reservations
@@ -275,6 +301,12 @@ class LedgerStore:
             # A name held by a pod at least as big: this create fails (AlreadyExists) or
             # follows that pod's deletion into the room it leaves, so it needs no room
             # now. It is still recorded, to count once the holder is gone.
+
+            # A pod of a reserved gang replaces a slot of its shape, in this same write,
+            # and is checked without it (store.GangStore: a forged slot admits nothing).
+            slot = None if taken or not gangs else _slot(entries, gangs, charge)
+            if slot is not None:
+                entries = {k: e for k, e in entries.items() if k != slot}
             if not taken and not fits(
                     Combined(self.state.pods, self._unseen([entries]))):
                 return False
@@ -297,7 +329,7 @@ class LedgerStore:
             self._known[charge.tenant] = entries
             self.commits += 1
             # Counted once the write that drops them has won, so a retry never recounts.
-            self.expired += len(stored_entries) - (len(entries) - 1)
+            self.expired += len(stored_entries) - (len(entries) - 1) - (slot is not None)
             return True
 
     # --- borrowed pods: one ledger per cohort ----------------------------------------
@@ -318,6 +350,93 @@ class LedgerStore:
                 async with lock:
                     return await self._commit_borrowed(key, charge, cohort, lenders, fits,
                                                        deadline, name)
+        except TimeoutError:
+            raise ReservationUnavailable(
+                f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
+
+    # --- gang reservations (webhook.quota.gang) -------------------------------------
+
+    async def reserve_gang(self, key: str, ids: tuple[str, ...],
+                           charges: list[tuple[Charge, int]],
+                           fits: Callable[[UsageView], bool], ttl: float,
+                           budget: float = 1.0) -> bool:
+        """The gang's slots (``<uid>#<n>``, each expiring after ``ttl``) written in one
+        compare-and-swap commit of the tenant's ledger, decided on the ledger it
+        replaces: of two gangs racing on several replicas, one is written whole and the
+        other decided again against it."""
+        if not charges:
+            return True
+        slots = slots_of(key, charges)
+
+        def change(entries: dict[str, Entry], now: float) -> tuple[bool, bool]:
+            if any(k in entries for k in slots):
+                return True, False  # a retried review: reserved already
+            if not fits(Combined(self.state.pods, self._unseen([entries]))):
+                return False, False
+            for k, c in slots.items():
+                entries[k] = Entry(c, now + ttl, gang=ids)
+            return True, True
+
+        return await self._swap(charges[0][0].tenant, budget, change)
+
+    async def release_gang(self, key: str, tenant: str, budget: float = 1.0) -> int:
+        """Drop the slots of ``key``'s gang that no pod took from the tenant's ledger."""
+        freed = 0
+
+        def change(entries: dict[str, Entry], now: float) -> tuple[bool, bool]:
+            nonlocal freed
+            mine = [k for k, e in entries.items() if e.gang and e.gang[0] == key]
+            for k in mine:
+                del entries[k]
+            freed = len(mine)
+            return True, bool(mine)
+
+        await self._swap(tenant, budget, change)
+        return freed
+
+    async def _swap(self, tenant: str, budget: float,
+                    change: Callable[[dict[str, Entry], float], tuple[bool, bool]]) -> bool:
+        """Read the tenant's ledger, let ``change`` edit its live entries (it returns its
+        answer and whether to write), and write them back conditional on the version
+        read; on a conflict, read and decide again, within ``budget``."""
+        ledger = LEDGER_PREFIX + tenant
+        if not self.state.synced():
+            raise ReservationUnavailable(
+                "the webhook's view of the cluster's pods is not up to date")
+        deadline = time.monotonic() + budget
+        lock = self._locks.setdefault(tenant, asyncio.Lock())
+        attempt = 0
+        try:
+            async with asyncio.timeout(budget), lock:
+                while True:
+                    try:
+                        stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
+                    except KubeError as exc:
+                        raise self._unavailable(ledger, exc) from None
+                    now = self.wall()
+                    entries = {k: e for k, e in decode(tenant, stored.data, now,
+                                                       ledger).items() if e.expires > now}
+                    self._known[tenant] = dict(entries)
+                    answer, write = change(entries, now)
+                    if not write:
+                        return answer
+                    try:
+                        await asyncio.to_thread(self.maps.write, ledger, encode(entries),
+                                                stored.resource_version, LABELS)
+                    except Conflict:
+                        self.conflicts += 1
+                        attempt += 1
+                        pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
+                        if time.monotonic() + pause >= deadline:
+                            raise ReservationUnavailable(
+                                f"the ledger kept changing ({attempt} conflicts)") from None
+                        await asyncio.sleep(pause)
+                        continue
+                    except KubeError as exc:
+                        raise self._unavailable(ledger, exc) from None
+                    self._known[tenant] = entries
+                    self.commits += 1
+                    return answer
         except TimeoutError:
             raise ReservationUnavailable(
                 f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
@@ -403,3 +522,13 @@ def decode_borrowed(data: dict[str, str], now: float | None = None, ledger: str 
         out.update(decode(account(k[len(_BORROWER_KEY):]), {"reservations": v}, now,
                           ledger))
     return out
+
+def _slot(entries: dict[str, Entry], gangs: tuple[str, ...], charge: Charge) -> str | None:
+    """A slot of a gang the pod belongs to (by owner uid or label), of the pod's shape
+    and counting at least what the pod counts."""
+    ids = set(gangs)
+    for k, e in sorted(entries.items()):
+        if e.gang and ids.intersection(e.gang) and same_shape(e.charge, charge) \
+                and covers(e.charge, charge):
+            return k
+    return None

@@ -38,11 +38,12 @@ class UsageStore(Protocol):
         ...
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      budget: float, name: str | None = None) -> bool:
+                      budget: float, name: str | None = None,
+                      gangs: tuple[str, ...] = ()) -> bool:
         """Atomically: if ``fits(view)`` then record the reservation. Returns whether it
         was recorded (or need not be: a retry of a pod already reserved under ``name``,
         its "namespace/name"); raises ReservationUnavailable when the state cannot be
-        reached."""
+        reached. ``gangs``: the gangs the pod may belong to (see :class:`GangStore`)."""
         ...
 
     def ready(self) -> bool: ...
@@ -50,13 +51,27 @@ class UsageStore(Protocol):
 
 @runtime_checkable
 class GangStore(Protocol):
-    """A store that can reserve a gang whole and let its pods draw from it."""
+    """A store that can reserve a gang whole and let its pods draw from it.
+
+    A pod draws inside :meth:`UsageStore.reserve`, in the same atomic step as its check:
+    when one of ``gangs`` has a free slot of the pod's shape, the slot is replaced by the
+    pod's reservation, and ``fits`` is asked of the usage without that slot (true for a
+    slot this webhook reserved: it was checked when the gang was). So a draw needs no
+    round trip of its own, and a slot that was never checked (a forged ledger entry)
+    cannot admit a pod past a cap."""
 
     async def reserve_gang(self, key: str, ids: tuple[str, ...],
                            charges: list[tuple[Charge, int]],
-                           fits: Callable[[UsageView], bool], ttl: float) -> bool: ...
+                           fits: Callable[[UsageView], bool], ttl: float,
+                           budget: float = 1.0) -> bool:
+        """Atomically: if ``fits(view)``, reserve the gang's slots under ``key`` (the
+        workload's uid) for ``ttl`` seconds; ``ids`` are what its pods find it by. A
+        retried review finds it reserved."""
+        ...
 
-    def draw(self, key: str, charge: Charge, ids: tuple[str, ...]) -> bool: ...
+    async def release_gang(self, key: str, tenant: str, budget: float = 1.0) -> int:
+        """The workload is gone: free the slots its pods did not take. Returns how many."""
+        ...
 
 
 @runtime_checkable
@@ -151,27 +166,37 @@ class MemoryStore:
             self.pods.put(key, charge)
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      budget: float = 1.0, name: str | None = None) -> bool:
+                      budget: float = 1.0, name: str | None = None,
+                      gangs: tuple[str, ...] = ()) -> bool:
         if key in self.pods:
             return True  # already counted as a running pod
         view = self.view()
-        if name is not None and any(r.name == name and covers(r.charge, charge)
-                                    for r in self._reservations.values()):
-            return True  # the same pod created again (a retry): one charge per name
-        if not fits(view):
+        if key in self._reservations or (name is not None and any(
+                r.name == name and covers(r.charge, charge)
+                for r in self._reservations.values())):
+            return True  # the same pod reviewed or created again (a retry): one charge
+        drawn = self._slot(gangs, charge) if gangs else None
+        if drawn is not None:
+            # Checked without the slot it replaces: see GangStore.
+            self.reserved.put(drawn[1], None)
+            if not fits(view):
+                self.reserved.put(drawn[1], drawn[0].slots[drawn[1]])
+                return False
+            drawn[0].taken[key] = drawn[1]
+        elif not fits(view):
             return False
         self._reservations[key] = _Reservation(charge, self.clock() + self.ttl, name)
         self.reserved.put(key, charge)
-        self.commits += 1
+        if drawn is None:
+            self.commits += 1
         return True
 
     # --- gang reservations (webhook.quota.gang) -------------------------------------
 
     async def reserve_gang(self, key: str, ids: tuple[str, ...],
                            charges: list[tuple[Charge, int]],
-                           fits: Callable[[UsageView], bool], ttl: float) -> bool:
-        """Atomically: if ``fits(view)``, reserve the gang's slots under ``key`` (the
-        workload's uid) for ``ttl`` seconds. A retried review finds it reserved."""
+                           fits: Callable[[UsageView], bool], ttl: float,
+                           budget: float = 1.0) -> bool:
         if key in self.gangs:
             return True
         if not fits(self.view()):
@@ -183,41 +208,34 @@ class MemoryStore:
         self.commits += 1
         return True
 
-    def draw(self, key: str, charge: Charge, ids: tuple[str, ...]) -> bool:
-        """A pod of a reserved gang takes a slot of its shape (its reservation replaces
-        the slot's, so usage does not change). False when it belongs to no gang with a
-        free slot of its shape: it is then checked and reserved as any pod."""
-        self._expire()
-        if key in self.pods or key in self._reservations:
-            return True  # a retried review of a pod already counted
+    def _slot(self, ids: tuple[str, ...], charge: Charge) -> tuple[Gang, str] | None:
+        """A free slot of ``charge``'s shape in a gang the pod belongs to."""
         for gang in self.gangs.values():
-            if not set(ids) & set(gang.ids):
-                continue
-            slot = gang.slot_for(charge)
-            if slot is None:
-                continue
-            gang.taken[key] = slot
-            self.reserved.put(slot, None)
-            self._reservations[key] = _Reservation(charge, self.clock() + self.ttl)
-            self.reserved.put(key, charge)
-            return True
-        return False
+            if set(ids) & set(gang.ids):
+                slot = gang.slot_for(charge)
+                if slot is not None:
+                    return gang, slot
+        return None
 
-    def release_gang(self, key: str) -> None:
+    async def release_gang(self, key: str, tenant: str = "", budget: float = 1.0) -> int:
+        return self._drop_gang(key)
+
+    def _drop_gang(self, key: str) -> int:
         """The workload is gone (or its bound passed): its untaken slots are freed."""
         gang = self.gangs.pop(key, None)
         if gang is None:
-            return
+            return 0
         taken = set(gang.taken.values())
         for slot in gang.slots:
             if slot not in taken:
                 self.reserved.put(slot, None)
+        return len(gang.slots) - len(taken)
 
     def _expire(self) -> None:
         if self.gangs:
             now = self.clock()
             for key in [k for k, g in self.gangs.items() if g.expires <= now]:
-                self.release_gang(key)
+                self._drop_gang(key)
         if not self._reservations:
             return
         now = self.clock()

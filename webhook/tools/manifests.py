@@ -29,6 +29,17 @@ workloads without GPUs too, which a webhook that is down must not block, and quo
 holds without it (each pod is still checked when it is created). The mutating webhook
 is never sent scale requests: there is nothing to mutate.
 
+``release.gpu-webhook.dev`` is sent the DELETE of the kinds that can have a gang (the
+built-in training kinds but Ray and Argo, and the configured kinds with a gang): the
+slots of the workload's gang reservation that no pod took are freed at once, not at the
+reservation's bound (``webhook.quota.gang``). It is always allowed, and its failurePolicy
+is always ``Ignore``: a webhook that is down must never block a delete, and the bound
+frees the slots anyway. A DELETE carries no object, so it has no matchConditions: every
+delete of those kinds is sent (one small review each, answered without a write when the
+workload holds no reservation). A delete is seen rather than watched for, so no replica
+needs a watch (and RBAC) per training kind, and the slots are free before ``kubectl
+delete`` returns.
+
 The ValidatingWebhookConfiguration also holds ``policies.gpu-webhook.dev``: GPUPolicy
 objects (the CRD ``gpu-webhook policy crd`` renders) are sent to ``/validate-policy`` on
 CREATE and UPDATE, where the policy loader checks them (``webhook.policy.review``), so an
@@ -100,6 +111,22 @@ def workload_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, An
         if w.resource not in resources:
             resources.append(w.resource)
     return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["CREATE", "UPDATE"],
+             "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
+
+
+def release_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any]]:
+    """DELETE of the kinds that can have a gang: what its reservation still holds is
+    freed when the workload is deleted."""
+    by: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for b in CRD_KINDS:
+        if b.gang:
+            by.setdefault((b.group, b.versions), []).append(b.resource)
+    for w in configured:
+        if w.gang == "all" or w.gang_minimum is not None:
+            resources = by.setdefault((w.group, tuple(w.versions)), [])
+            if w.resource not in resources:
+                resources.append(w.resource)
+    return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["DELETE"],
              "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
 
 
@@ -232,6 +259,22 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
             "failurePolicy": "Ignore",
         }
 
+    def release() -> dict[str, Any]:
+        return {
+            "name": f"release.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config("validate", options),
+            "rules": release_rules(spec.workload_kinds),
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": {"matchExpressions": [
+                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(excluded)}]},
+            # Its quota reservation is freed, except for a dry run.
+            "sideEffects": "NoneOnDryRun",
+            "timeoutSeconds": options.timeout_seconds,
+            # Never Fail: a delete is never the webhook's to block (see the docstring).
+            "failurePolicy": "Ignore",
+        }
+
     def policies(failure: FailurePolicy) -> dict[str, Any]:
         return {
             "name": f"policies.{GROUP}",
@@ -258,7 +301,7 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
          "webhooks": [webhook("validate", options.validating_failure_policy), scale(),
                       *([claim("validate", options.validating_failure_policy)]
                         if spec.device_classes else []),
-                      policies(options.validating_failure_policy)]},
+                      release(), policies(options.validating_failure_policy)]},
     ]
 
 
