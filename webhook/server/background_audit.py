@@ -60,9 +60,10 @@ class BackgroundAudit:
         """One audit and its reports (blocking: run it in a thread), with the namespace
         labels the watch has (copied on the event loop)."""
         policy = self.policy()
-        want = self._decide(policy, labels)
+        # The reports first: without their CRD there is nothing to decide for.
         have = {str(o["metadata"]["namespace"]): o for o in self.objects.list(_SELECTOR)
                 if o["metadata"]["name"] == REPORT_NAME}
+        want = self._decide(policy, labels)
         for ns, report in want.items():
             old = have.get(ns)
             if old is not None and same_results(old.get("results") or [], report["results"]):
@@ -79,18 +80,24 @@ class BackgroundAudit:
         """An audit every ``interval`` seconds while this replica leads (the first as
         soon as it leads), until cancelled."""
         due = 0.0
+        failing = ""  # the last failure logged: a failure that repeats is logged once
         while True:
             if self.leading() and self.state.synced() and time.monotonic() >= due:
                 due = time.monotonic() + self.interval
                 try:
                     await asyncio.to_thread(self.round, dict(self.state.labels))
+                    failing = ""
                 except kube.NotFound as exc:
-                    logs.event("audit reports not written: the PolicyReport CRD "
-                               "(wgpolicyk8s.io/v1alpha2) is not installed", logging.WARNING,
-                               error=str(exc))
+                    if failing != str(exc):
+                        logs.event("audit reports not written: the PolicyReport CRD "
+                                   "(wgpolicyk8s.io/v1alpha2) is not installed",
+                                   logging.WARNING, error=str(exc))
+                    failing = str(exc)
                 except kube.KubeError as exc:
-                    logs.event("audit not done", logging.WARNING, error=str(exc),
-                               detail=exc.detail)
+                    if failing != str(exc):
+                        logs.event("audit not done", logging.WARNING, error=str(exc),
+                                   detail=exc.detail)
+                    failing = str(exc)
             elif not self.leading():
                 due = 0.0  # leading again: audit at once
             await asyncio.sleep(min(self.interval, 1.0))

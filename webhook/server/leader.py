@@ -51,6 +51,7 @@ class Leadership:
         self._seen: tuple[str, float] | None = None  # (resourceVersion, when first seen)
         self.on_change: list[Callable[[bool], None]] = []
         self._was = False
+        self._failing = ""
 
     def leading(self) -> bool:
         return self.clock() < self._until
@@ -84,10 +85,13 @@ class Leadership:
             self._until = 0.0  # another replica wrote first: it leads
         except kube.KubeError as exc:
             # Keep leading only while the last renewal still holds: by then no one else
-            # can have taken over.
-            logs.event("leader lease not renewed", logging.WARNING, error=str(exc),
-                       detail=exc.detail)
+            # can have taken over. A failure that repeats is logged once.
+            if self._failing != str(exc):
+                logs.event("leader lease not renewed", logging.WARNING, error=str(exc),
+                           detail=exc.detail)
+            self._failing = str(exc)
         else:
+            self._failing = ""
             # Counted from before the read: the others' clocks started no earlier.
             self._until = started + self.duration
         self._tell()

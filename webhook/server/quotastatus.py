@@ -64,8 +64,9 @@ class QuotaStatusWriter:
         """Compare what should be shown with what is, and write the difference."""
         policy = self.policy()
         tenants = sorted({t.name for t in policy.tenants if status.has_quota(t)})
-        fresh = await asyncio.to_thread(self._read_ledgers, tenants)
+        # The objects first: without their CRD there is nothing to read the ledgers for.
         existing = await asyncio.to_thread(self.objects.list, _SELECTOR)
+        fresh = await asyncio.to_thread(self._read_ledgers, tenants)
         want = wanted(policy, self.state, self.store, fresh)  # on the loop, as commits
         now = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         have = {(str(o["metadata"]["namespace"]), str(o["metadata"]["name"])): o
@@ -86,7 +87,7 @@ class QuotaStatusWriter:
             try:
                 out[t] = self.store.maps.read(LEDGER_PREFIX + t)
             except kube.KubeError as exc:  # the last read stands; the next round retries
-                logs.event("quota status: ledger not read", logging.WARNING,
+                logs.event("quota status: ledger not read", logging.DEBUG,
                            ledger=LEDGER_PREFIX + t, error=str(exc))
         return out
 
@@ -104,18 +105,24 @@ class QuotaStatusWriter:
         """A round every ``interval`` seconds while this replica leads (the first as soon
         as it leads), until cancelled."""
         due = 0.0
+        failing = ""  # the last failure logged: a failure that repeats is logged once
         while True:
             if self.leading() and self.state.synced() and time.monotonic() >= due:
                 due = time.monotonic() + self.interval
                 try:
                     await self.round()
+                    failing = ""
                 except kube.NotFound as exc:
-                    logs.event("quota status not written: the GPUQuota CRD is not "
-                               "installed (deploy/base/crd-gpuquota.yaml)", logging.WARNING,
-                               error=str(exc))
+                    if failing != str(exc):
+                        logs.event("quota status not written: the GPUQuota CRD is not "
+                                   "installed (deploy/base/crd-gpuquota.yaml)",
+                                   logging.WARNING, error=str(exc))
+                    failing = str(exc)
                 except kube.KubeError as exc:
-                    logs.event("quota status not written", logging.WARNING,
-                               error=str(exc), detail=exc.detail)
+                    if failing != str(exc):
+                        logs.event("quota status not written", logging.WARNING,
+                                   error=str(exc), detail=exc.detail)
+                    failing = str(exc)
             elif not self.leading():
                 due = 0.0
             await asyncio.sleep(min(self.interval, 1.0))
