@@ -196,6 +196,11 @@ def test_a_developer_sees_used_and_free_gpus_and_the_audit_lists_pods_over_a_low
                                         "use 6 of its 4 GPUs")
     assert result["properties"] == {"mode": "enforce"}
     assert rep["summary"] == {"pass": 0, "fail": 1, "warn": 0, "error": 0, "skip": 0}
+    # As the README's tour shows it (the CRD's columns; no scope: a namespace's report).
+    head, row = cp.kubectl("get", "policyreports", "-n", ns).stdout.splitlines()
+    assert head.split() == ["NAME", "KIND", "NAME", "PASS", "FAIL", "WARN", "ERROR", "SKIP",
+                            "AGE"]
+    assert row.split()[:6] == ["gpu-webhook", "0", "1", "0", "0", "0"]
     # The developer's view follows the new cap: nothing free.
     wait_until("the developer's kubectl get gpuquotas to show the lowered cap",
                lambda: shows(["audit", "audit", "6", "0", "4", "0", "3"]), TIMEOUT, 0.5)
