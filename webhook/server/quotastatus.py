@@ -42,6 +42,8 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
         if tenant is None or not status.has_quota(tenant):
             continue
         rep = status.of([tenant], state.pods, held, ns)
+        if not rep.rows:
+            continue  # caps only on the tenant's other namespaces: none that bind here
         out[(ns, tenant.name)] = status.gpuquota_status(rep, tenant.name, policy.name)
     return out
 

@@ -165,8 +165,8 @@ def run(settings: Settings) -> int:
         if renewer is not None:
             watchers.append(asyncio.ensure_future(
                 renewer.keep_renewed(settings.cert_check_seconds)))
-        kept = upkeep.start(cluster, lambda: source.active.policy,  # type: ignore[union-attr]
-                            ledger_namespace(settings.namespace), settings.quota_status_seconds,
+        kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
+                            settings.quota_status_seconds,
                             settings.audit_seconds) if cluster is not None else None
         try:
             await server.serve()

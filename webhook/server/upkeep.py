@@ -8,7 +8,6 @@ configured; every replica contends for the Lease, one writes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from webhook.libs import kube, logs
@@ -18,6 +17,7 @@ from webhook.server.background_audit import BackgroundAudit, reports
 from webhook.server.cluster import Cluster
 from webhook.server.leader import Leadership
 from webhook.server.quotastatus import QuotaStatusWriter
+from webhook.server.reload import PolicySource
 
 
 @dataclass
@@ -33,11 +33,16 @@ class Upkeep:
         await asyncio.to_thread(self.leadership.release)
 
 
-def start(cluster: Cluster, policy: Callable[[], CompiledPolicy], namespace: str,
+def start(cluster: Cluster, source: PolicySource, namespace: str,
           status_seconds: float, audit_seconds: float) -> Upkeep | None:
     """The Lease and the writers that are turned on (None when none is)."""
     if status_seconds <= 0 and audit_seconds <= 0:
         return None
+
+    def policy() -> CompiledPolicy:  # the one served now: a reload is used at once
+        assert source.active is not None
+        return source.active.policy
+
     leadership = Leadership(kube.Leases(cluster.api, namespace))
     up = Upkeep(leadership, [asyncio.ensure_future(leadership.keep())])
     if status_seconds > 0:
