@@ -69,3 +69,34 @@ def test_the_gpuquota_row_in_the_tour_is_the_object_of_the_same_report() -> None
     st = gpuquota_status(the_tours_report(), "research", "shared-gpu-cluster")
     assert row.split()[:7] == ["research", st["tenant"], *(
         str(st[k]) for k in ("used", "reserved", "limit", "free", "pods"))]
+
+
+QUOTA_MD = (Path(__file__).parents[2] / "docs" / "quota.md").read_text()
+ROOT = Path(__file__).parents[2]
+
+
+def doc_output(command: str) -> list[str]:
+    """The lines after ``$ command`` in a ```text block of docs/quota.md."""
+    after = QUOTA_MD.split(f"\n$ {command}\n", 1)[1]
+    return after.split("\n```", 1)[0].splitlines()
+
+
+def test_docs_quota_shows_the_tours_gpuquota_row() -> None:
+    assert doc_output("kubectl get gpuquotas -n research") == tour_output(
+        "kubectl get gpuquotas -n research")
+
+
+def test_the_policyreport_listings_are_the_crds_columns() -> None:
+    import yaml
+
+    [crd] = [d for d in yaml.safe_load_all(
+        (ROOT / "tests" / "e2e" / "crds" / "wgpolicyk8s.io_policyreports.yaml").read_text())
+        if d]
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
+    columns = ["NAME", *(c["name"].upper() for c in version["additionalPrinterColumns"])]
+    for shown in (tour_output("kubectl get policyreports -n research"),
+                  doc_output("kubectl get policyreports -n research")):
+        head, row = shown
+        assert head.split() == columns
+        # one namespace's report, one refused pod (the e2e test shows kubectl printing it)
+        assert row.split()[:6] == ["gpu-webhook", "0", "1", "0", "0", "0"]
