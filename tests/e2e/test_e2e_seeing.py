@@ -10,10 +10,12 @@ replicas serve it, writing the quota status every second and auditing every two.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import yaml
@@ -245,15 +247,22 @@ def test_warn_mode_admissions_are_reported_as_warnings_of_their_pod(
 
 
 def test_one_replica_leads_at_a_time(cluster: ControlPlane, replicas: Deployment) -> None:
-    wait_until("one replica to lead", lambda: sum(
-        r.log().count('"leading: this replica writes') for r in replicas.replicas) >= 1,
-        TIMEOUT, 0.5)
-    leaders = [r for r in replicas.replicas if "leading: this replica writes" in r.log()]
-    assert len(leaders) == 1, replicas.logs()
+    ctx = ssl.create_default_context(cafile=str(replicas.ca_file))
+
+    def leading() -> list[bool]:
+        with httpx.Client(verify=ctx, timeout=10) as http:
+            return [next(line for line in http.get(f"https://localhost:{r.port}/metrics")
+                         .text.splitlines() if line.startswith("gpu_webhook_leader "))
+                    == "gpu_webhook_leader 1.0" for r in replicas.replicas]
+
+    wait_until("exactly one replica to say it leads (gpu_webhook_leader)",
+               lambda: sum(leading()) == 1, TIMEOUT, 0.5)
+    leader = replicas.replicas[leading().index(True)]
     lease = orjson.loads(cluster.kubectl("get", "lease", "gpu-webhook-leader", "-n",
                                          LEDGER_NAMESPACE, "-o", "json").stdout)
-    assert lease["spec"]["holderIdentity"]
     assert lease["spec"]["leaseDurationSeconds"] == 15
+    # The Lease names the replica that says it leads (its identity, from its log).
+    assert f'"identity":"{lease["spec"]["holderIdentity"]}"' in leader.log()
 
 
 def test_the_lease_passes_on_expiry_and_at_once_on_release(cluster: ControlPlane) -> None:

@@ -32,6 +32,7 @@ from webhook.audit import (
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
+from webhook.server import metrics
 
 _SELECTOR = ",".join(f"{k}={v}" for k, v in REPORT_LABELS.items())
 
@@ -73,8 +74,11 @@ class BackgroundAudit:
             self.objects.delete(ns, REPORT_NAME)
         self.rounds += 1
         refused = sum(r["result"] == "fail" for rep in want.values() for r in rep["results"])
+        warned = sum(len(rep["results"]) for rep in want.values()) - refused
+        metrics.AUDIT_RESULTS.labels("fail").set(refused)
+        metrics.AUDIT_RESULTS.labels("warn").set(warned)
         logs.event("audit done", policy=policy.name, namespaces=len(want), fail=refused,
-                   warn=sum(len(rep["results"]) for rep in want.values()) - refused)
+                   warn=warned)
 
     async def run(self) -> None:
         """An audit every ``interval`` seconds while this replica leads (the first as

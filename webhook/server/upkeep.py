@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
+from webhook.server import metrics
 from webhook.server.background_audit import BackgroundAudit, reports
 from webhook.server.cluster import Cluster
 from webhook.server.leader import Leadership
@@ -44,6 +45,7 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
         return source.active.policy
 
     leadership = Leadership(kube.Leases(cluster.api, namespace))
+    leadership.on_change.append(lambda leading: metrics.LEADER.set(1 if leading else 0))
     up = Upkeep(leadership, [asyncio.ensure_future(leadership.keep())])
     if status_seconds > 0:
         writer = QuotaStatusWriter(
