@@ -221,6 +221,12 @@ class RoundRobinProxy:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._open.difference_update((writer, up_writer))
 
+    def remove(self, port: int) -> None:
+        """Send no new connection to ``port``, as a Service does once a terminating
+        replica's endpoint is removed."""
+        self.backends = [b for b in self.backends if b != port]
+        self._next = itertools.cycle(self.backends)
+
     def drop_connections(self) -> None:
         """Close every open connection, so that callers must connect (and handshake)
         again, as when a Service's endpoints change."""

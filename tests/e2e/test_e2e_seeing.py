@@ -265,6 +265,41 @@ def test_one_replica_leads_at_a_time(cluster: ControlPlane, replicas: Deployment
     assert f'"identity":"{lease["spec"]["holderIdentity"]}"' in leader.log()
 
 
+def test_when_the_leader_stops_the_other_replica_takes_over_the_status(
+        cluster: ControlPlane, replicas: Deployment) -> None:
+    # Last in this module: it stops a replica of the module's deployment.
+    ctx = ssl.create_default_context(cafile=str(replicas.ca_file))
+
+    def says_it_leads(r: Any) -> bool:
+        with httpx.Client(verify=ctx, timeout=10) as http:
+            return "gpu_webhook_leader 1.0" in http.get(
+                f"https://localhost:{r.port}/metrics").text.splitlines()
+
+    wait_until("a leader", lambda: any(says_it_leads(r) for r in replicas.replicas),
+               TIMEOUT, 0.5)
+    leader = next(r for r in replicas.replicas if says_it_leads(r))
+    [other] = [r for r in replicas.replicas if r is not leader]
+    assert replicas.proxy is not None
+    replicas.proxy.remove(leader.port)  # its endpoint goes, as the Service's would
+    leader.stop()  # SIGTERM: it drains and releases the Lease
+    assert '"msg":"no longer leading"' in leader.log()
+    wait_until("the other replica to lead", lambda: says_it_leads(other), TIMEOUT, 0.5)
+
+    # ... and to keep the quota status current: a new pod shows in its namespace's object.
+    ns = f"e2e-burst-{short_id()}"  # tenant burst: 10 GPUs
+    create_namespace(cluster, ns, "burst")
+    out = apply(cluster, ns, gpu_pod("p", limits="3", requests="3"))
+    assert out.returncode == 0, out.stderr
+
+    def free() -> Any:
+        got = cluster.kubectl("get", "gpuquota", "burst", "-n", ns, "-o",
+                              "jsonpath={.status.free}", check=False)
+        return got.stdout.strip() if got.returncode == 0 else None
+
+    wait_until("the new leader to write the burst tenant's 7 free GPUs",
+               lambda: free() == "7", TIMEOUT, 0.5)
+
+
 def test_the_lease_passes_on_expiry_and_at_once_on_release(cluster: ControlPlane) -> None:
     api = kube.connect(str(cluster.kubeconfig))
     leases = kube.Leases(api, LEDGER_NAMESPACE)
