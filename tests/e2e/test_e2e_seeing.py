@@ -265,6 +265,36 @@ def test_one_replica_leads_at_a_time(cluster: ControlPlane, replicas: Deployment
     assert f'"identity":"{lease["spec"]["holderIdentity"]}"' in leader.log()
 
 
+def test_a_namespace_that_refuses_its_object_does_not_hold_up_the_others(
+        cluster: ControlPlane, replicas: Deployment) -> None:
+    cp = cluster
+    # A namespace of tenant dryrun held in Terminating by a finalizer: its GPUQuota is
+    # deleted by the namespace controller, and the API server refuses to create it again.
+    stuck = f"e2e-dryrun-{short_id()}"
+    create_namespace(cp, stuck, "dryrun")
+    wait_until("the stuck namespace's GPUQuota", lambda: cp.kubectl(
+        "get", "gpuquota", "dryrun", "-n", stuck, check=False).returncode == 0, TIMEOUT, 0.5)
+    cp.kubectl("create", "configmap", "hold", "-n", stuck)
+    cp.kubectl("patch", "configmap", "hold", "-n", stuck, "--type=merge",
+               "-p", '{"metadata":{"finalizers":["e2e.gpu-webhook.dev/hold"]}}')
+    cp.kubectl("delete", "namespace", stuck, "--wait=false")
+    try:
+        wait_until("the leader to be refused the stuck namespace's GPUQuota", lambda: any(
+            "quota status object not written" in line and f"{stuck}/dryrun" in line
+            for r in replicas.replicas for line in r.log().splitlines()), TIMEOUT, 0.5)
+        # Meanwhile another namespace's object is still kept current.
+        ns = f"e2e-gang-{short_id()}"  # tenant gang: 16 GPUs
+        create_namespace(cp, ns, "gang")
+        out = apply(cp, ns, gpu_pod("p", limits="4", requests="4"))
+        assert out.returncode == 0, out.stderr
+        wait_until("the gang tenant's GPUQuota to show 12 free", lambda: cp.kubectl(
+            "get", "gpuquota", "gang", "-n", ns, "-o", "jsonpath={.status.free}",
+            check=False).stdout.strip() == "12", TIMEOUT, 0.5)
+    finally:
+        cp.kubectl("patch", "configmap", "hold", "-n", stuck, "--type=merge",
+                   "-p", '{"metadata":{"finalizers":null}}', check=False)
+
+
 def test_when_the_leader_stops_the_other_replica_takes_over_the_status(
         cluster: ControlPlane, replicas: Deployment) -> None:
     # Last in this module: it stops a replica of the module's deployment.

@@ -37,6 +37,11 @@ from webhook.server import metrics
 _SELECTOR = ",".join(f"{k}={v}" for k, v in REPORT_LABELS.items())
 
 
+def _skipped(namespace: str, exc: kube.KubeError) -> None:
+    logs.event("audit report not written; tried again next round", logging.WARNING,
+               namespace=namespace, error=str(exc), detail=exc.detail)
+
+
 def reports(api: Any) -> kube.CustomObjects:
     return kube.CustomObjects(api, REPORT_GROUP, REPORT_VERSION, REPORT_PLURAL)
 
@@ -69,9 +74,17 @@ class BackgroundAudit:
             old = have.get(ns)
             if old is not None and same_results(old.get("results") or [], report["results"]):
                 continue
-            self.objects.apply(report)
+            # One report that cannot be written (its namespace terminating) must not
+            # keep the others from being written: logged, and tried again next round.
+            try:
+                self.objects.apply(report)
+            except kube.KubeError as exc:
+                _skipped(ns, exc)
         for ns in have.keys() - want.keys():
-            self.objects.delete(ns, REPORT_NAME)
+            try:
+                self.objects.delete(ns, REPORT_NAME)
+            except kube.KubeError as exc:
+                _skipped(ns, exc)
         self.rounds += 1
         refused = sum(r["result"] == "fail" for rep in want.values() for r in rep["results"])
         warned = sum(len(rep["results"]) for rep in want.values()) - refused

@@ -48,6 +48,11 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
     return out
 
 
+def _skipped(name: str, exc: kube.KubeError) -> None:
+    logs.event("quota status object not written; tried again next round", logging.WARNING,
+               gpuquota=name, error=str(exc), detail=exc.detail)
+
+
 def _numbers(st: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in st.items() if k != "updated"}
 
@@ -78,10 +83,18 @@ class QuotaStatusWriter:
             if old is not None and _numbers(old.get("status") or {}) == st:
                 continue
             obj = status.gpuquota(ns, tenant, {**st, "updated": now})
-            await asyncio.to_thread(self._write, obj, old is None)
-            self.writes += 1
+            # One object that cannot be written (its namespace terminating) must not
+            # keep the others stale: logged, and tried again next round.
+            try:
+                await asyncio.to_thread(self._write, obj, old is None)
+                self.writes += 1
+            except kube.KubeError as exc:
+                _skipped(f"{ns}/{tenant}", exc)
         for key in have.keys() - want.keys():
-            await asyncio.to_thread(self.objects.delete, *key)
+            try:
+                await asyncio.to_thread(self.objects.delete, *key)
+            except kube.KubeError as exc:
+                _skipped("/".join(key), exc)
 
     def _read_ledgers(self, tenants: list[str]) -> dict[str, kube.StoredMap]:
         out = {}
