@@ -50,6 +50,8 @@ PARSE_CASES: list[tuple[list[str], str]] = [
     (["--cert-validity-hours", "soon"], "--cert-validity-hours: invalid float value"),
     (["--ca-validity-hours", "nan"], "--ca-validity-hours must be a finite number"),
     (["--cert-check-seconds", "inf"], "--cert-check-seconds must be a finite number"),
+    (["--quota-status-seconds", "-1"], "--quota-status-seconds must be 0 (off) or more"),
+    (["--audit-seconds", "often"], "--audit-seconds: invalid float value"),
     (["--workers", "2"], "unrecognized arguments: --workers 2"),
 ]
 # Flags whose bad values only matter with --self-managed-certs, so need a kubeconfig.

@@ -247,13 +247,25 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
                 set(rule["verbs"]) <= {"get", "update"} and len(rule["resourceNames"]) == 1)
         if rule.get("apiGroups") == ["admissionregistration.k8s.io"]:
             assert rule["resourceNames"] == ["gpu-webhook"]  # only its own configurations
-    # Workloads: get only (the pod template of the one a scale request is for).
-    assert [r for _, r in rules if "apps" in r["apiGroups"]] == [{
-        "apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "replicasets"],
-        "verbs": ["get"]}]
-    cluster_writes = {v for kind, r in rules if kind == "ClusterRole" for v in r["verbs"]
-                      if v in ("create", "update", "delete", "deletecollection")}
-    assert cluster_writes == set()
+    # Workloads: get (the pod template of the one a scale request is for) and list (the
+    # leader's periodic audit); never a write.
+    assert [r for _, r in rules if "apps" in r["apiGroups"]] == [
+        {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "replicasets"],
+         "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
+         "verbs": ["list"]}]
+    # Cluster-wide, the webhook creates and deletes only its own kinds of object: the
+    # GPUQuota status objects and the audit's PolicyReports.
+    cluster_writes = {res for kind, r in rules if kind == "ClusterRole"
+                      if set(r["verbs"]) & {"create", "update", "delete", "deletecollection"}
+                      for res in r["resources"]}
+    assert cluster_writes == {"gpuquotas", "policyreports"}
+    # Read access for everyone who may view a namespace, through aggregation.
+    [view] = [o for o in by_kind(objects, "ClusterRole")
+              if o["metadata"].get("labels", {}).get(
+                  "rbac.authorization.k8s.io/aggregate-to-view") == "true"]
+    assert view["rules"] == [{"apiGroups": ["gpu-webhook.dev"], "resources": ["gpuquotas"],
+                              "verbs": ["get", "list", "watch"]}]
     for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
                                         "namespace": ns}]

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,14 +135,14 @@ class Replica:
 
 
 def start_replica(workdir: Path, cert_dir: Path, policy: Path, kubeconfig: Path,
-                  index: int) -> Replica:
+                  index: int, args: Sequence[str] = ()) -> Replica:
     port = free_port()
     log_path = workdir / f"replica-{index}.log"
     with open(log_path, "ab") as out:
         process = subprocess.Popen(
             [console_script(), "serve", "--host", "127.0.0.1", "--port", str(port),
              "--cert-dir", str(cert_dir), "--policy", str(policy),
-             "--kubeconfig", str(kubeconfig), "--namespace", LEDGER_NAMESPACE],
+             "--kubeconfig", str(kubeconfig), "--namespace", LEDGER_NAMESPACE, *args],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -220,6 +220,12 @@ class RoundRobinProxy:
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._open.difference_update((writer, up_writer))
+
+    def remove(self, port: int) -> None:
+        """Send no new connection to ``port``, as a Service does once a terminating
+        replica's endpoint is removed."""
+        self.backends = [b for b in self.backends if b != port]
+        self._next = itertools.cycle(self.backends)
 
     def drop_connections(self) -> None:
         """Close every open connection, so that callers must connect (and handshake)
@@ -337,16 +343,16 @@ class Deployment:
 
 @contextlib.contextmanager
 def deployed(cp: ControlPlane, workdir: Path, *, replicas: int = 1, proxy: bool = False,
-             policy: Path = POLICY) -> Iterator[Deployment]:
+             policy: Path = POLICY, args: Sequence[str] = ()) -> Iterator[Deployment]:
     """Certificates, ``replicas`` serving processes (behind a proxy when more than one,
-    or when asked), ready; stopped on exit. Installing the configurations is the
-    caller's call."""
+    or when asked; each with the extra ``serve`` flags ``args``), ready; stopped on
+    exit. Installing the configurations is the caller's call."""
     cert_dir = workdir / "certs"
     gpu_webhook("certs", "--out", str(cert_dir), "--dns", "localhost", "--ip", "127.0.0.1")
     d = Deployment(cp, workdir, cert_dir, policy)
     try:
         for i in range(replicas):
-            d.replicas.append(start_replica(workdir, cert_dir, policy, cp.kubeconfig, i))
+            d.replicas.append(start_replica(workdir, cert_dir, policy, cp.kubeconfig, i, args))
         for r in d.replicas:
             wait_ready(r, d.ca_file)
         if replicas > 1 or proxy:

@@ -5,11 +5,14 @@ The manifests of deploy/base (and of the self-managed overlay) are applied as th
 ship; ``kubectl auth can-i --as=system:serviceaccount:gpu-webhook:gpu-webhook`` asks the
 API server, which evaluates the Roles exactly as it would for the running webhook.
 Every grant the code uses is a "yes"; its own policy ConfigMap, other ConfigMaps,
-Leases and Secrets are a "no".
+Leases other than its leader Lease, and Secrets are a "no". Read access to GPUQuota
+objects is aggregated into `view`: that is checked where the aggregation controller
+runs (tests/e2e/test_e2e_seeing.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,10 +42,24 @@ def can(cp: ControlPlane, verb: str, resource: str, namespace: str | None = None
     return answer == "yes"
 
 
+# The custom resources the webhook writes: kubectl resolves a resource through the API's
+# discovery before it asks, so they are installed for this module (and removed after,
+# so the other modules' replicas find none to write).
+CRDS = [DEPLOY / "base" / "crd-gpuquota.yaml",
+        Path(__file__).parent / "crds" / "wgpolicyk8s.io_policyreports.yaml"]
+
+
 @pytest.fixture(scope="module")
-def base(control_plane: ControlPlane) -> ControlPlane:
+def base(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     _apply_rbac(control_plane, DEPLOY / "base" / "rbac.yaml")
-    return control_plane
+    files = [a for p in CRDS for a in ("-f", str(p))]
+    control_plane.kubectl("apply", *files)
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                          "crd/gpuquotas.gpu-webhook.dev", "crd/policyreports.wgpolicyk8s.io")
+    try:
+        yield control_plane
+    finally:
+        control_plane.kubectl("delete", "--ignore-not-found", "--wait=false", *files)
 
 
 NS = LEDGER_NAMESPACE
@@ -60,6 +77,19 @@ LEDGERS = ["gpu-webhook-ledger-research", "gpu-webhook-ledger-inference",
     # the quota ledgers, by name, and creating one the first time
     *[(v, f"configmaps/{name}", NS) for name in LEDGERS for v in ("get", "update")],
     ("create", "configmaps", NS),
+    # the leader Lease, by name, and creating it the first time
+    ("get", "leases.coordination.k8s.io/gpu-webhook-leader", NS),
+    ("update", "leases.coordination.k8s.io/gpu-webhook-leader", NS),
+    ("create", "leases.coordination.k8s.io", NS),
+    # the leader's periodic audit: one list of each
+    ("list", "deployments.apps", None), ("list", "statefulsets.apps", None),
+    ("list", "jobs.batch", None),
+    # the GPUQuota status objects and the audit's PolicyReports
+    *[(v, "gpuquotas.gpu-webhook.dev", "team-a") for v in ("list", "create", "patch",
+                                                           "delete")],
+    ("patch", "gpuquotas.gpu-webhook.dev/status", "team-a"),
+    *[(v, "policyreports.wgpolicyk8s.io", "team-a") for v in ("list", "create", "patch",
+                                                              "delete")],
 ])
 def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resource: str,
                                           namespace: str | None) -> None:
@@ -76,14 +106,21 @@ def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resourc
     ("list", "configmaps", NS), ("watch", "configmaps", NS),
     ("create", "configmaps", "team-a"),
     ("get", "configmaps/gpu-webhook-ledger-research", "team-a"),
-    # Leases: never used
-    ("get", "leases.coordination.k8s.io", NS), ("create", "leases.coordination.k8s.io", NS),
-    ("update", "leases.coordination.k8s.io", NS),
+    # Leases: its leader Lease only, and only in its namespace
+    ("get", "leases.coordination.k8s.io/other", NS),
+    ("update", "leases.coordination.k8s.io/other", NS),
+    ("delete", "leases.coordination.k8s.io/gpu-webhook-leader", NS),
+    ("list", "leases.coordination.k8s.io", NS),
+    ("create", "leases.coordination.k8s.io", "team-a"),
+    # its status objects: no update, no watch, nothing of other policy engines' reports
+    ("update", "gpuquotas.gpu-webhook.dev", "team-a"),
+    ("update", "policyreports.wgpolicyk8s.io", "team-a"),
+    ("create", "clusterpolicyreports.wgpolicyk8s.io", None),
     # the base install has no certificate duties (cert-manager's overlay), and no writes
     ("get", "secrets/gpu-webhook-tls", NS), ("create", "secrets", NS),
     ("patch", "mutatingwebhookconfigurations.admissionregistration.k8s.io/gpu-webhook", None),
     ("update", "pods", None), ("delete", "pods", None), ("get", "pods", None),
-    ("list", "deployments.apps", "team-a"), ("update", "deployments.apps", "team-a"),
+    ("watch", "deployments.apps", "team-a"), ("update", "deployments.apps", "team-a"),
     ("get", "daemonsets.apps", "team-a"),
 ])
 def test_nothing_else_is_granted(base: ControlPlane, verb: str, resource: str,

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -476,3 +477,136 @@ def list_objects(api: client.ApiClient, kind: str, namespace: str | None = None,
         resp = one(namespace, **kw) if namespace and one else every(**kw)
         body = _json_object(f"list {where}", resp.data)
     return list(body.get("items") or ())
+
+
+# --- objects the webhook keeps: GPUQuota status, PolicyReports, its leader Lease --------
+
+APPLY = "application/apply-patch+yaml"  # server-side apply (JSON is valid YAML)
+
+
+class CustomObjects:
+    """Server-side apply, list and delete of one namespaced custom resource, as plain
+    dicts (the GPUQuota status objects, the audit's PolicyReports).
+
+    An apply is create-or-update in one call, with no read first, and owns only the
+    fields it sets under ``field_manager``: forced, because one writer (the leader
+    replica) owns these objects and a previous leader's fields are its own too.
+    """
+
+    def __init__(self, api: client.ApiClient, group: str, version: str, plural: str,
+                 field_manager: str = "gpu-webhook", timeout: float = 5.0) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.group, self.version, self.plural = group, version, plural
+        self.field_manager = field_manager
+        self.timeout = timeout
+
+    def apply(self, obj: dict[str, Any], status: bool = False) -> None:
+        """Apply ``obj`` (its ``status`` subresource alone when ``status``). Applying the
+        status of an object that does not exist yet is a NotFound."""
+        meta = obj["metadata"]
+        ns, name = str(meta["namespace"]), str(meta["name"])
+        what = f"apply {self.plural.removesuffix('s')}{' status' if status else ''} {ns}/{name}"
+        fn = (self.custom.patch_namespaced_custom_object_status if status
+              else self.custom.patch_namespaced_custom_object)
+        with translated(what, self.timeout):
+            fn(self.group, self.version, ns, self.plural, name, obj,
+               field_manager=self.field_manager, force=True, _content_type=APPLY,
+               _preload_content=False, _request_timeout=self.timeout)
+
+    def list(self, label_selector: str = "") -> list[dict[str, Any]]:
+        """Every object in every namespace (with ``label_selector``). A resource the API
+        server does not serve (its CRD not installed) is a NotFound."""
+        what = f"list {self.plural}.{self.group}"
+        kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
+        if label_selector:
+            kw["label_selector"] = label_selector
+        with translated(what, self.timeout):
+            resp: Any = self.custom.list_cluster_custom_object(
+                self.group, self.version, self.plural, **kw)
+        return list(_json_object(what, resp.data).get("items") or ())
+
+    def delete(self, namespace: str, name: str) -> None:
+        """Delete one object; one already gone is fine."""
+        what = f"delete {self.plural.removesuffix('s')} {namespace}/{name}"
+        try:
+            with translated(what, self.timeout):
+                self.custom.delete_namespaced_custom_object(
+                    self.group, self.version, namespace, self.plural, name,
+                    _preload_content=False, _request_timeout=self.timeout)
+        except NotFound:
+            pass
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLease:
+    """A coordination.k8s.io Lease as leader election reads it."""
+
+    holder: str  # "" when released
+    duration: float  # leaseDurationSeconds
+    transitions: int
+    resource_version: str
+
+
+class Leases:
+    """Read and compare-and-swap write of Leases in one namespace (the leader Lease:
+    RBAC get/update on that name, and create)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, timeout: float = 5.0) -> None:
+        self.coordination = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.timeout = timeout
+
+    def read(self, name: str) -> StoredLease | None:
+        what = f"read lease {self.namespace}/{name}"
+        try:
+            with translated(what, self.timeout):
+                resp: Any = self.coordination.read_namespaced_lease(
+                    name, self.namespace, _preload_content=False,
+                    _request_timeout=self.timeout)
+        except NotFound:
+            return None
+        obj = _json_object(what, resp.data)
+        spec = obj.get("spec") or {}
+        return StoredLease(str(spec.get("holderIdentity") or ""),
+                           float(spec.get("leaseDurationSeconds") or 0),
+                           int(spec.get("leaseTransitions") or 0),
+                           str((obj.get("metadata") or {}).get("resourceVersion") or ""))
+
+    def write(self, name: str, holder: str, duration: int, transitions: int,
+              renewed: datetime, resource_version: str | None) -> None:
+        """Create (``resource_version`` None; AlreadyExists is a Conflict) or replace only
+        if unchanged since read (else Conflict)."""
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace,
+                                         labels={"app.kubernetes.io/name": "gpu-webhook"},
+                                         resource_version=resource_version),
+            spec=client.V1LeaseSpec(holder_identity=holder or None,
+                                    lease_duration_seconds=duration,
+                                    lease_transitions=transitions, renew_time=renewed))
+        what = f"{'create' if resource_version is None else 'update'} lease " \
+               f"{self.namespace}/{name}"
+        with translated(what, self.timeout):
+            if resource_version is None:
+                self.coordination.create_namespaced_lease(
+                    self.namespace, body, _preload_content=False,
+                    _request_timeout=self.timeout)
+            else:
+                self.coordination.replace_namespaced_lease(
+                    name, self.namespace, body, _preload_content=False,
+                    _request_timeout=self.timeout)
+
+
+AUDITED_WORKLOADS = ("deployments", "statefulsets", "jobs")
+_TYPES = {"pods": ("v1", "Pod"), "deployments": ("apps/v1", "Deployment"),
+          "statefulsets": ("apps/v1", "StatefulSet"), "jobs": ("batch/v1", "Job")}
+
+
+def list_typed(api: client.ApiClient, kind: str, namespace: str | None = None,
+               timeout: float = 30.0) -> list[dict[str, Any]]:
+    """:func:`list_objects` of pods or a workload kind, each item with the apiVersion
+    and kind a list leaves out (what the audit hands the admission pipeline)."""
+    api_version, typ = _TYPES[kind]
+    items = list_objects(api, kind, namespace, timeout=timeout)
+    for item in items:
+        item["apiVersion"], item["kind"] = api_version, typ
+    return items

@@ -44,7 +44,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,6 +249,16 @@ class LedgerStore:
     def view(self) -> UsageView:
         return Combined(self.state.pods,
                         self._unseen([*self._known.values(), *self._borrowed.values()]))
+
+    def reserved(self, fresh: Mapping[str, StoredMap] | None = None) -> Usage:
+        """What reservations hold for pods not seen yet, as admission counts them, with
+        the ledgers read just now (``fresh``, by tenant: the other replicas'
+        reservations too) taking the place of the last ones read. For the quota status
+        objects; called on the event loop, as commits are."""
+        for tenant, stored in (fresh or {}).items():
+            self._known[tenant] = decode(tenant, stored.data, self.wall(),
+                                         LEDGER_PREFIX + tenant)
+        return self._unseen(self._known.values())
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
                       budget: float, name: str | None = None,

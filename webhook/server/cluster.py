@@ -47,6 +47,7 @@ class Cluster:
     store: LedgerStore
     read_workload: WorkloadReader
     watchers: list[kube.Watcher]
+    api: Any = None  # the API client, for what the leader replica writes (server.upkeep)
 
     def stop(self) -> None:
         for w in self.watchers:
@@ -87,7 +88,7 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
-    return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers)
+    return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api)
 
 
 def workload_reader(workloads: kube.Workloads) -> WorkloadReader:

@@ -107,6 +107,18 @@ CERT_EXPIRY = Gauge(
     "Unix time at which the serving certificate in use expires (follows reloads).",
     registry=REGISTRY,
 )
+LEADER = Gauge(
+    "gpu_webhook_leader",
+    "1 while this replica holds the leader Lease (it writes the GPUQuota status and the "
+    "audit's PolicyReports), else 0.",
+    registry=REGISTRY,
+)
+AUDIT_RESULTS = Gauge(
+    "gpu_webhook_audit_results",
+    "Results of the leader's last periodic audit, by result (fail, warn).",
+    ["result"],
+    registry=REGISTRY,
+)
 
 
 class _Store(Protocol):

@@ -24,7 +24,7 @@ from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable
 from webhook.policy.load import PolicyError
 from webhook.quota.store import MemoryStore
-from webhook.server import metrics, selfcerts
+from webhook.server import metrics, selfcerts, upkeep
 from webhook.server.app import AdmissionApp, Runtime
 from webhook.server.cluster import attach, configured, ledger_namespace
 from webhook.server.listen import (
@@ -165,11 +165,16 @@ def run(settings: Settings) -> int:
         if renewer is not None:
             watchers.append(asyncio.ensure_future(
                 renewer.keep_renewed(settings.cert_check_seconds)))
+        kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
+                            settings.quota_status_seconds,
+                            settings.audit_seconds) if cluster is not None else None
         try:
             await server.serve()
         finally:
             for w in watchers:
                 w.cancel()
+            if kept is not None:
+                await kept.stop()
             if cluster is not None:
                 cluster.stop()
             # uvicorn re-raises SIGTERM after its shutdown, which skips atexit: write the

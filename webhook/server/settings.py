@@ -51,6 +51,8 @@ class Settings:
     cert_validity_hours: float = 2160.0
     ca_validity_hours: float = 87600.0
     cert_check_seconds: float = 3600.0
+    quota_status_seconds: float = 10.0
+    audit_seconds: float = 300.0
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,6 +137,10 @@ class Settings:
                              f"not {self.log_level!r}")
         if not 0 <= self.port <= 65535:
             raise SystemExit(f"--port must be 0-65535, not {self.port}")
+        for name in ("quota_status_seconds", "audit_seconds"):
+            if getattr(self, name) < 0:
+                raise SystemExit(f"--{_flag(name)} must be 0 (off) or more seconds, not "
+                                 f"{getattr(self, name)}")
         for name in ("cert_poll_seconds", "policy_poll_seconds"):
             if getattr(self, name) <= 0:
                 raise SystemExit(f"--{_flag(name)} must be more than 0 seconds, not "
@@ -228,6 +234,11 @@ _DOCS = {
                          "least 3 times --cert-validity-hours.",
     "cert_check_seconds": "With --self-managed-certs: longest time between two reads of the "
                           "Secret (renewals due sooner are done when due).",
+    "quota_status_seconds": "With a cluster: how often the leader replica brings the GPUQuota "
+                            "objects (kubectl get gpuquotas) up to date; 0: not written.",
+    "audit_seconds": "With a cluster: how often the leader replica audits the running GPU "
+                     "pods and workloads and writes PolicyReports (wgpolicyk8s.io); 0: no "
+                     "periodic audit.",
 }
 
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True,

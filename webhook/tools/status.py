@@ -2,7 +2,8 @@
 the cluster once: per tenant, namespace and cap (GPUs, a resource, a product, pods),
 used / reserved / limit / free, and the biggest consumers.
 
-The numbers are the webhook's own: pods are charged by :func:`charge_of_pod` (what
+The numbers are the webhook's own, computed by :mod:`webhook.quota.status` as for the
+GPUQuota objects the webhook keeps current: pods are charged by :func:`charge_of_pod` (what
 admission and the watch cache charge), reservations are the live entries of the
 ledger ConfigMaps for pods not created yet, as :class:`LedgerStore` counts them. The
 report is pure (:func:`report`, over plain objects); :func:`read_cluster` is the one
@@ -13,17 +14,14 @@ own namespace, not the ledger) is said in the report, not guessed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.engine import messages
-from webhook.engine.borrowed import account
 from webhook.engine.charge import charge_of_pod
 from webhook.libs import kube
-from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
-from webhook.quota.borrow import cohort_members
-from webhook.quota.cohort import overdrawn, room
+from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.quota import status as quota_status
 from webhook.quota.ledger import (
     BORROWED_LABELS,
     BORROWED_PREFIX,
@@ -32,22 +30,10 @@ from webhook.quota.ledger import (
     decode_borrowed,
 )
 from webhook.quota.ledger import LABELS as LEDGER_LABELS
-from webhook.quota.store import Combined
-from webhook.quota.usage import Totals, Usage
+from webhook.quota.status import Report, Row
+from webhook.quota.usage import Usage
 
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    tenant: str
-    scope: str  # "tenant" or "namespace <name>"
-    cap: str  # gpus, a resource name, product:<name>, spot, pods
-    used: float  # running pods (not reservations)
-    reserved: float  # live reservations for pods not seen yet
-    limit: float
-
-    @property
-    def free(self) -> float:
-        return max(self.limit - self.used - self.reserved, 0.0)
+__all__ = ["Cluster", "Report", "Row", "read_cluster", "report", "table"]
 
 
 @dataclass(slots=True)
@@ -60,15 +46,6 @@ class Cluster:
     ledgers: dict[str, dict[str, str]] = field(default_factory=dict)
     unread: list[str] = field(default_factory=list)
     borrowed: dict[str, dict[str, str]] = field(default_factory=dict)  # cohort -> data
-
-
-@dataclass(slots=True)
-class Report:
-    rows: list[Row]
-    pods: dict[str, int]  # tenant -> GPU pods running
-    top: dict[str, list[tuple[str, float]]]  # tenant -> biggest holders (GPU-equivalents)
-    unread: list[str]
-    cohorts: list[str] = field(default_factory=list)  # one line per cohort shown
 
 
 def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = None,
@@ -100,51 +77,7 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
             if entry.expires > now and key not in uids:
                 held.put(key, entry.charge)
     tenants = _chosen(policy, cluster, namespace, tenant)
-    rows: list[Row] = []
-    for t in tenants:
-        scopes: list[tuple[str, Limits | None, Totals, Totals]] = [
-            ("tenant", t.quota, seen.tenant(t.name), held.tenant(t.name))]
-        scopes += [(f"namespace {ns}", q, seen.namespace(ns), held.namespace(ns))
-                   for ns, q in sorted(t.namespace_quota.items())
-                   if namespace is None or ns == namespace]
-        for scope, limits, used, reserved in scopes:
-            if limits is None:
-                continue
-            for cap, limit, u, r in _caps(limits, used, reserved):
-                rows.append(Row(t.name, scope, cap, u, r, limit))
-        if t.cohort is not None and namespace is None:
-            rows.append(_borrowing(policy, t, seen, held))
-    return Report(rows, {t.name: seen.tenant(t.name).pods for t in tenants},
-                  {t.name: seen.top_owners(("tenant", t.name)) for t in tenants},
-                  list(cluster.unread), _cohort_lines(policy, tenants, seen, held))
-
-
-def _borrowing(policy: CompiledPolicy, t: TenantRules, seen: Usage, held: Usage) -> Row:
-    """A cohort tenant's borrowed GPUs: USED/RESERVED on borrowed quota, FREE what it
-    may borrow now (LIMIT is the two together)."""
-    assert t.cohort is not None
-    r = room(cohort_members(policy, t, Combined(seen, held)), t.name)
-    used, reserved = seen.tenant(account(t.name)).gpus, held.tenant(account(t.name)).gpus
-    return Row(t.name, f"cohort {t.cohort.name}", "borrowed gpus", used, reserved,
-               used + reserved + r.free)
-
-
-def _cohort_lines(policy: CompiledPolicy, tenants: list[TenantRules], seen: Usage,
-                  held: Usage) -> list[str]:
-    out = []
-    for name in sorted({t.cohort.name for t in tenants if t.cohort is not None}):
-        members = cohort_members(policy, policy.cohorts[name][0], Combined(seen, held))
-        borrowing = ", ".join(f"{m.name} {messages.num(m.borrowed)}" for m in members
-                              if m.borrowed) or "nobody"
-        lending = ", ".join(f"{m.name} {messages.num(m.lendable)}" for m in members)
-        line = (f"cohort {name}: borrowed (preemptible) by {borrowing}; idle to lend: "
-                f"{lending}")
-        over = overdrawn(members)
-        if over:
-            line += (f"; {messages.num(over)} borrowed GPUs are taken back by their "
-                     "lenders and will be preempted when the scheduler needs them")
-        out.append(line)
-    return out
+    return quota_status.of(tenants, seen, held, namespace, cluster.unread, policy)
 
 
 def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
@@ -166,20 +99,6 @@ def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
                    "read: pass --tenant" if unread else ""))
         return [owner]
     return list(policy.tenants)
-
-
-def _caps(limits: Limits, used: Totals, reserved: Totals
-          ) -> Iterator[tuple[str, float, float, float]]:
-    if limits.gpus is not None:
-        yield "gpus", limits.gpus, used.gpus, reserved.gpus
-    for r, devices in sorted(limits.resources.items()):
-        yield r, float(devices), used.resources.get(r, 0.0), reserved.resources.get(r, 0.0)
-    for p, n in sorted(limits.products.items()):
-        yield (f"product:{p}", n, used.products.get(p, 0.0), reserved.products.get(p, 0.0))
-    if limits.spot is not None:
-        yield "spot", limits.spot, used.spot, reserved.spot
-    if limits.pods is not None:
-        yield "pods", float(limits.pods), float(used.pods), float(reserved.pods)
 
 
 def table(r: Report) -> str:

@@ -1,0 +1,123 @@
+"""One review through both webhooks, outside the HTTP path: what ``review``, ``review
+--replay``, ``test`` and ``audit`` (the command, and the server's periodic audit) all run.
+
+It does what the API server does around the two webhooks: the mutating webhook's patch
+is applied, a created pod gets its uid and generated name (the validating webhook sees
+the final object), then the validating webhook decides, with quota against the given
+usage store. An admitted pod creation reserves its quota in that store, so the pods of
+one manifest file or one test suite count against each other as they would in a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import jsonpatch
+import orjson
+
+from webhook.admission import Cluster, mutating, validating
+from webhook.engine.claims import is_claim
+from webhook.engine.decision import Decision
+from webhook.engine.target import NamespaceLabels, no_labels
+from webhook.k8s.review import AdmissionRequest, parse_review
+from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.store import MemoryStore
+
+
+@dataclass(slots=True)
+class Outcome:
+    mutating: Decision
+    validating: Decision | None  # None when the mutating webhook denied
+    patched: dict[str, Any] | None  # the object after the mutating patch
+    reserved: bool = False  # quota was reserved in the store
+
+    @property
+    def allowed(self) -> bool:
+        return self.mutating.allowed and self.validating is not None and \
+            self.validating.allowed
+
+    @property
+    def phase(self) -> str | None:
+        """Which webhook denied: "mutating", "validating", or None when allowed."""
+        if not self.mutating.allowed:
+            return "mutating"
+        return None if self.allowed else "validating"
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return [self.mutating] + ([self.validating] if self.validating else [])
+
+    @property
+    def message(self) -> str:
+        return next((d.message for d in self.decisions if not d.allowed), "")
+
+    @property
+    def warnings(self) -> list[str]:
+        return [w for d in self.decisions for w in d.warnings]
+
+    def rules(self) -> list[str]:
+        """Rules with findings, first seen first, each once."""
+        seen: list[str] = []
+        for d in self.decisions:
+            for f in d.findings:
+                if f.rule.value not in seen:
+                    seen.append(f.rule.value)
+        return seen
+
+
+def as_stored(pod: dict[str, Any], uid: str) -> None:
+    """Give a created pod the uid and generated name the API server would."""
+    meta = pod.setdefault("metadata", {})
+    if isinstance(meta, dict):
+        meta.setdefault("uid", uid)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uid.rsplit('-', 1)[-1]:0>5}"
+
+
+class ClaimBook:
+    """The ResourceClaims and ResourceClaimTemplates admitted so far in one offline run
+    (a manifest file, a test suite): what the server's watch cache would hold, so a pod
+    later in the file that uses them is decided as it would be in a cluster."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+
+    def __call__(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self._known.get((kind, namespace, name))
+
+    def add(self, req: AdmissionRequest, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if is_claim(req) and isinstance(name, str):
+            self._known[(req.kind, req.namespace, name)] = obj
+
+
+def through_both(body: bytes, policy: CompiledPolicy, labels: NamespaceLabels = no_labels,
+                 store: MemoryStore | None = None, claims: ClaimBook | None = None
+                 ) -> Outcome:
+    """Run an AdmissionReview body through the admission pipeline: mutating, the patch
+    applied as the API server applies it, then validating (with quota). An admitted claim
+    or template goes into ``claims``, for the objects after it.
+
+    Raises BadReview for a body that is not a usable review."""
+    req = parse_review(body)
+    original = orjson.loads(body)["request"]["object"]  # mutating edits req's own copy
+    book = claims if claims is not None else ClaimBook()
+    store = store if store is not None else MemoryStore()
+    m = mutating(req, policy, labels, book, store)
+    if not m.allowed:
+        return Outcome(m, None, None)
+    patched = jsonpatch.apply_patch(original, m.patch) if m.patch else original
+    final = copy.deepcopy(patched)
+    if req.operation == "CREATE" and ((req.kind == "Pod" and req.group == "") or is_claim(req)):
+        as_stored(final, req.uid)
+    commits = store.commits
+    vreq = replace(req, object=final)
+    v = asyncio.run(validating(vreq, policy, Cluster(labels, store, claims=book)))
+    if v.allowed:
+        book.add(vreq, final)
+    return Outcome(m, v, patched, reserved=store.commits > commits)

@@ -1,0 +1,120 @@
+"""The periodic audit: every ``interval`` seconds the leader replica decides the running
+GPU pods and workloads with the policy it serves, as ``gpu-webhook audit`` does (the same
+:func:`webhook.audit.audit`), and writes the findings as PolicyReports
+(``wgpolicyk8s.io/v1alpha2``, one per namespace, named ``gpu-webhook``).
+
+So after a policy change lowers a cap, the pods now over it are listed in their
+namespace's report; pods whose rules are in warn or audit mode are reported there too,
+as the results of the pods they concern, for as long as they run. A report is applied
+only when its results changed, and the report of a namespace with nothing left to
+report is deleted. The reads (pods, Deployments, StatefulSets, Jobs: one list each) and
+the deciding run off the event loop; admission never waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from webhook.audit import (
+    REPORT_GROUP,
+    REPORT_LABELS,
+    REPORT_NAME,
+    REPORT_PLURAL,
+    REPORT_VERSION,
+    audit,
+    policy_reports,
+    same_results,
+)
+from webhook.libs import kube, logs
+from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.cache import ClusterState
+from webhook.server import metrics
+
+_SELECTOR = ",".join(f"{k}={v}" for k, v in REPORT_LABELS.items())
+
+
+def _skipped(namespace: str, exc: kube.KubeError) -> None:
+    logs.event("audit report not written; tried again next round", logging.WARNING,
+               namespace=namespace, error=str(exc), detail=exc.detail)
+
+
+def reports(api: Any) -> kube.CustomObjects:
+    return kube.CustomObjects(api, REPORT_GROUP, REPORT_VERSION, REPORT_PLURAL)
+
+
+class BackgroundAudit:
+    def __init__(self, api: Any, policy: Callable[[], CompiledPolicy], state: ClusterState,
+                 objects: kube.CustomObjects, leading: Callable[[], bool], interval: float,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.api, self.policy, self.state = api, policy, state
+        self.objects, self.leading = objects, leading
+        self.interval, self.wall = interval, wall
+        self.rounds = 0
+
+    def _decide(self, policy: CompiledPolicy, labels: dict[str, dict[str, str]]
+                ) -> dict[str, dict[str, Any]]:
+        pods = kube.list_typed(self.api, "pods")
+        workloads = [w for r in kube.AUDITED_WORKLOADS for w in kube.list_typed(self.api, r)]
+        found = audit(policy, pods, workloads, labels.get)
+        return policy_reports(found, policy.name, self.wall())
+
+    def round(self, labels: dict[str, dict[str, str]]) -> None:
+        """One audit and its reports (blocking: run it in a thread), with the namespace
+        labels the watch has (copied on the event loop)."""
+        policy = self.policy()
+        # The reports first: without their CRD there is nothing to decide for.
+        have = {str(o["metadata"]["namespace"]): o for o in self.objects.list(_SELECTOR)
+                if o["metadata"]["name"] == REPORT_NAME}
+        want = self._decide(policy, labels)
+        for ns, report in want.items():
+            old = have.get(ns)
+            if old is not None and same_results(old.get("results") or [], report["results"]):
+                continue
+            # One report that cannot be written (its namespace terminating) must not
+            # keep the others from being written: logged, and tried again next round.
+            try:
+                self.objects.apply(report)
+            except kube.KubeError as exc:
+                _skipped(ns, exc)
+        for ns in have.keys() - want.keys():
+            try:
+                self.objects.delete(ns, REPORT_NAME)
+            except kube.KubeError as exc:
+                _skipped(ns, exc)
+        self.rounds += 1
+        refused = sum(r["result"] == "fail" for rep in want.values() for r in rep["results"])
+        warned = sum(len(rep["results"]) for rep in want.values()) - refused
+        metrics.AUDIT_RESULTS.labels("fail").set(refused)
+        metrics.AUDIT_RESULTS.labels("warn").set(warned)
+        logs.event("audit done", policy=policy.name, namespaces=len(want), fail=refused,
+                   warn=warned)
+
+    async def run(self) -> None:
+        """An audit every ``interval`` seconds while this replica leads (the first as
+        soon as it leads), until cancelled."""
+        due = 0.0
+        failing = ""  # the last failure logged: a failure that repeats is logged once
+        while True:
+            if self.leading() and self.state.synced() and time.monotonic() >= due:
+                due = time.monotonic() + self.interval
+                try:
+                    await asyncio.to_thread(self.round, dict(self.state.labels))
+                    failing = ""
+                except kube.NotFound as exc:
+                    if failing != str(exc):
+                        logs.event("audit reports not written: the PolicyReport CRD "
+                                   "(wgpolicyk8s.io/v1alpha2) is not installed",
+                                   logging.WARNING, error=str(exc))
+                    failing = str(exc)
+                except kube.KubeError as exc:
+                    if failing != str(exc):
+                        logs.event("audit not done", logging.WARNING, error=str(exc),
+                                   detail=exc.detail)
+                    failing = str(exc)
+            elif not self.leading():
+                due = 0.0  # leading again: audit at once
+            await asyncio.sleep(min(self.interval, 1.0))

@@ -1,0 +1,63 @@
+"""What one replica keeps for the whole cluster, while it leads: the leader Lease
+(:mod:`webhook.server.leader`), the GPUQuota status objects
+(:mod:`webhook.server.quotastatus`) and the periodic audit's PolicyReports
+(:mod:`webhook.server.background_audit`). Started by ``serve`` when a cluster is
+configured; every replica contends for the Lease, one writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from webhook.libs import kube, logs
+from webhook.policy.compiled import CompiledPolicy
+from webhook.quota import status
+from webhook.server import metrics
+from webhook.server.background_audit import BackgroundAudit, reports
+from webhook.server.cluster import Cluster
+from webhook.server.leader import Leadership
+from webhook.server.quotastatus import QuotaStatusWriter
+from webhook.server.reload import PolicySource
+
+
+@dataclass
+class Upkeep:
+    leadership: Leadership
+    tasks: list[asyncio.Future[None]] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        # Another replica leads at once instead of after the Lease's duration.
+        await asyncio.to_thread(self.leadership.release)
+
+
+def start(cluster: Cluster, source: PolicySource, namespace: str,
+          status_seconds: float, audit_seconds: float) -> Upkeep | None:
+    """The Lease and the writers that are turned on (None when none is)."""
+    if status_seconds <= 0 and audit_seconds <= 0:
+        return None
+
+    def policy() -> CompiledPolicy:  # the one served now: a reload is used at once
+        assert source.active is not None
+        return source.active.policy
+
+    leadership = Leadership(kube.Leases(cluster.api, namespace))
+    leadership.on_change.append(lambda leading: metrics.LEADER.set(1 if leading else 0))
+    up = Upkeep(leadership, [asyncio.ensure_future(leadership.keep())])
+    if status_seconds > 0:
+        writer = QuotaStatusWriter(
+            policy, cluster.state, cluster.store,
+            kube.CustomObjects(cluster.api, status.GROUP, status.VERSION, status.PLURAL),
+            leadership.leading, status_seconds)
+        up.tasks.append(asyncio.ensure_future(writer.run()))
+    if audit_seconds > 0:
+        auditor = BackgroundAudit(cluster.api, policy, cluster.state, reports(cluster.api),
+                                  leadership.leading, audit_seconds)
+        up.tasks.append(asyncio.ensure_future(auditor.run()))
+    logs.event("contending for the leader lease", identity=leadership.me,
+               lease=f"{namespace}/{leadership.name}", quota_status_seconds=status_seconds,
+               audit_seconds=audit_seconds)
+    return up
