@@ -251,9 +251,12 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
     assert [r for _, r in rules if "apps" in r["apiGroups"]] == [{
         "apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "replicasets"],
         "verbs": ["get"]}]
-    cluster_writes = {v for kind, r in rules if kind == "ClusterRole" for v in r["verbs"]
-                      if v in ("create", "update", "delete", "deletecollection")}
-    assert cluster_writes == set()
+    # Cluster-wide, the one write is the status of GPUPolicy objects (never their spec).
+    cluster_writes = {(res, v) for kind, r in rules if kind == "ClusterRole"
+                      for res in r["resources"] for v in r["verbs"]
+                      if v in ("create", "update", "patch", "delete", "deletecollection")
+                      and r["apiGroups"] != ["admissionregistration.k8s.io"]}
+    assert cluster_writes == {("gpupolicies/status", "update")}
     for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
                                         "namespace": ns}]

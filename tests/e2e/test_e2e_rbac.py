@@ -60,6 +60,9 @@ LEDGERS = ["gpu-webhook-ledger-research", "gpu-webhook-ledger-inference",
     # the quota ledgers, by name, and creating one the first time
     *[(v, f"configmaps/{name}", NS) for name in LEDGERS for v in ("get", "update")],
     ("create", "configmaps", NS),
+    # the GPUPolicy served (--policy-object), and its status
+    ("get", "gpupolicies.gpu-webhook.dev", None), ("list", "gpupolicies.gpu-webhook.dev", None),
+    ("watch", "gpupolicies.gpu-webhook.dev", None),
 ])
 def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resource: str,
                                           namespace: str | None) -> None:
@@ -85,10 +88,23 @@ def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resourc
     ("update", "pods", None), ("delete", "pods", None), ("get", "pods", None),
     ("list", "deployments.apps", "team-a"), ("update", "deployments.apps", "team-a"),
     ("get", "daemonsets.apps", "team-a"),
+    # a GPUPolicy's spec is the platform team's
+    *[(v, "gpupolicies.gpu-webhook.dev", None) for v in ("update", "patch", "create", "delete")],
 ])
 def test_nothing_else_is_granted(base: ControlPlane, verb: str, resource: str,
                                  namespace: str | None) -> None:
     assert not can(base, verb, resource, namespace)
+
+
+def test_a_gpupolicy_status_may_be_written_and_its_spec_not(base: ControlPlane) -> None:
+    def status(verb: str) -> str:
+        out = base.kubectl("auth", "can-i", verb, "gpupolicies.gpu-webhook.dev",
+                           "--subresource=status", f"--as={ACCOUNT}", check=False)
+        return out.stdout.strip()
+
+    assert status("update") == "yes"
+    assert status("delete") == "no"
+    assert not can(base, "update", "gpupolicies.gpu-webhook.dev")
 
 
 def test_the_self_managed_overlay_adds_its_secret_and_ca_bundles_only(base: ControlPlane
