@@ -7,7 +7,10 @@ refused generation keeps the last accepted spec, and gone replicas drop out.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from webhook.server.policyobject import View, desired_status
 
@@ -87,3 +90,28 @@ def test_a_transition_time_changes_only_with_the_status() -> None:
         "lastTransitionTime"]  # True at 1, True at 2
     c = desired_status(obj(3, b), refused("pod-a", 2, 3), later, 900, False)
     assert conditions(c)["Accepted"]["lastTransitionTime"] == "2026-12-01T12:05:00Z"
+
+
+def test_the_status_shown_in_deploy_readme_is_the_shape_written() -> None:
+    text = (Path(__file__).resolve().parents[2] / "deploy" / "README.md").read_text()
+    section = text.split("### Serving a GPUPolicy object", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    shown = yaml.safe_load(block)["status"]
+    good = desired_status(obj(3), served("pod-a", 3), NOW, 900, False)
+    written = desired_status(obj(4, good), refused("pod-a", 3, 4), NOW, 900, False)
+
+    def shape(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: shape(v) for k, v in node.items() if k != "spec"}
+        if isinstance(node, list):
+            return [shape(v) for v in node]
+        return type(node).__name__
+
+    shown_conditions = {c["type"]: c for c in shown["conditions"]}
+    for kind, c in conditions(written).items():
+        assert set(shown_conditions[kind]) == set(c) - {"lastTransitionTime"}, kind
+        assert (shown_conditions[kind]["status"], shown_conditions[kind]["reason"]) == (
+            c["status"], c["reason"])
+    assert shape(shown["replicas"]) == shape(written["replicas"])
+    assert shape(shown["lastAccepted"]) == shape(written["lastAccepted"])
+    assert set(shown) == set(written)

@@ -211,7 +211,7 @@ _DOCS = {
     "policy_poll_seconds": "How often the policy file is checked for changes.",
     "policy_object": "Serve the GPUPolicy object of this name (cluster-scoped), watched and "
                      "reloaded on each change, instead of a --policy file; a refused edit "
-                     "keeps the last accepted generation (docs/policy-objects.md).",
+                     "keeps the last accepted generation (deploy/README.md, GPUPolicy objects).",
     "policy_report_seconds": "With --policy-object: how often a replica refreshes its entry "
                              "in the GPUPolicy's status.replicas (an entry three periods old "
                              "is dropped).",
