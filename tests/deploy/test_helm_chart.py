@@ -64,6 +64,19 @@ def without_helm_labels(objects: list[dict[str, Any]]) -> dict[tuple[str, str], 
     return out
 
 
+def test_the_packaged_chart_renders_the_same(helm_bin: str, tmp_path: Path) -> None:
+    # files/ links into deploy/: `helm package` must carry what they point to.
+    done = subprocess.run([helm_bin, "package", str(CHART), "-d", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    (archive,) = tmp_path.glob("gpu-webhook-*.tgz")
+    packaged = subprocess.run([helm_bin, "template", "gpu-webhook", str(archive), "-n",
+                               "gpu-webhook"], capture_output=True, text=True, timeout=120,
+                              check=False)
+    assert packaged.returncode == 0, packaged.stderr
+    assert [d for d in yaml.safe_load_all(packaged.stdout) if d] == template(helm_bin)
+
+
 def test_helm_lint_is_clean(helm_bin: str) -> None:
     done = subprocess.run([helm_bin, "lint", "--strict", str(CHART)], capture_output=True,
                           text=True, timeout=120, check=False)
@@ -226,8 +239,12 @@ def test_service_monitor_and_kept_crds(helm_bin: str) -> None:
 
 
 @pytest.mark.parametrize(("values", "says"), [
-    (["certificates.mode=vault"], "certificates.mode must be self-managed or cert-manager"),
-    (["failurePolicy=Never"], "failurePolicy must be Fail or Ignore"),
+    # values.schema.json: the value's path and what it may be
+    (["certificates.mode=vault"],
+     "at '/certificates/mode': value must be one of 'self-managed', 'cert-manager'"),
+    (["failurePolicy=Never"], "at '/failurePolicy': value must be one of 'Fail', 'Ignore'"),
+    (["replica=3"], "additional properties 'replica' not allowed"),
+    (["replicas=0"], "at '/replicas'"),
     (["policy.existingObject=p", "policy.inline.kind=GPUPolicy"],
      "policy.inline and policy.existingObject are two sources"),
 ])

@@ -90,7 +90,7 @@ kustomization.yaml policy.yaml namespace.yaml
 {{- $ledgers := (include "gpu-webhook.ledgers" $root | fromJson).names }}
 {{- $rules := list }}
 {{- range $obj.rules }}
-{{- if hasKey . "resourceNames" }}{{ if $ledgers }}{{ $rules = append $rules (set . "resourceNames" $ledgers) }}{{ end }}
+{{- if and (hasKey . "resourceNames") (has "configmaps" .resources) }}{{ if $ledgers }}{{ $rules = append $rules (set . "resourceNames" $ledgers) }}{{ end }}
 {{- else }}{{ $rules = append $rules . }}{{ end }}
 {{- end }}
 {{- $_ := set $obj "rules" $rules }}
