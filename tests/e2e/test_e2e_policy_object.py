@@ -225,3 +225,33 @@ def test_a_refused_edit_keeps_the_last_good_one_even_across_a_restart(
                timeout=60, every=0.5)
     assert condition(read(cp), "Accepted")["status"] == "True"
     assert sees_free_gpus(served, ns, 4)
+
+
+def test_a_replica_with_nothing_to_serve_does_not_start(control_plane: ControlPlane, crd: None,
+                                                        tmp_path: Path) -> None:
+    def serve(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [console_script(), "serve", "--host", "127.0.0.1", "--port", str(free_port()),
+             "--cert-dir", str(tmp_path / "certs"), "--policy-object", name,
+             "--kubeconfig", str(control_plane.kubeconfig), "--namespace", LEDGER_NAMESPACE],
+            capture_output=True, text=True, timeout=120, check=False)
+
+    missing = serve("e2e-missing")
+    assert missing.returncode == 2
+    assert missing.stdout.startswith(
+        "gpu-webhook: cannot start, GPUPolicy e2e-missing does not exist (--policy-object)")
+
+    # Refused from its first generation (no GPUPolicy webhook here): nothing to fall back on.
+    never = policy_text(extra_product=True).replace(f"name: {NAME}\n", "name: e2e-never\n", 1)
+    control_plane.kubectl("apply", "-f", "-", input=never)
+    try:
+        refused = serve("e2e-never")
+    finally:
+        control_plane.kubectl("delete", "gpupolicy", "e2e-never")
+    assert refused.returncode == 2
+    assert "Traceback" not in refused.stdout + refused.stderr
+    lines = refused.stdout.splitlines()
+    assert lines[0] == ("gpu-webhook: cannot start, GPUPolicy e2e-never is refused, and no "
+                        "accepted generation of it is recorded in its status:")
+    assert ("GPUPolicy e2e-never: spec.tenants[0].allowedProducts[2]: tenant research: "
+            "product 'b200' is not defined") in lines[1]
