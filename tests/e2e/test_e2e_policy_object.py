@@ -210,6 +210,9 @@ def test_a_refused_edit_keeps_the_last_good_one_even_across_a_restart(
     # A replica that starts now serves the last accepted generation.
     first = served.replicas[0]
     first.stop()
+    # A clean stop takes the replica's entry out: the status lists who serves, not who did.
+    wait_until("the stopped replica to leave the status", lambda: [
+        r["name"] for r in read(cp)["status"]["replicas"]] == [PODS[1]], timeout=60, every=0.5)
     # On the same port: the proxy (the Service) sends it its share again.
     restarted = start(served.workdir, served.cert_dir, cp.kubeconfig, PODS[0], first.port)
     served.replicas[0] = restarted
