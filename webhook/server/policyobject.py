@@ -108,7 +108,6 @@ class ObjectSource(PolicySource):
         self._judged: tuple[str, int] = ("", 0)  # (uid, generation) last loaded or refused
         self._dirty = threading.Event()
         self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._watcher: kube.Watcher | None = None
 
     # -- the first load (before the server listens) -------------------------------------
@@ -215,7 +214,6 @@ class ObjectSource(PolicySource):
         reporter = threading.Thread(target=self._report_loop, name="policy-status",
                                     daemon=True)
         reporter.start()
-        self._threads.append(reporter)
         try:
             await asyncio.Event().wait()
         finally:
