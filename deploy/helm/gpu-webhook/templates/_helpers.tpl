@@ -1,8 +1,9 @@
 {{/*
 The objects of deploy/base and of the chosen overlay (files/ links to them), each read
-with fromYaml and changed only where a value says so: a file added to deploy/base is
-installed by the chart as it is by kustomize, with no copy here to keep in step
-(tests/deploy/test_helm_chart.py renders both and compares them).
+with fromYaml and changed only where a value says so: the files are those
+deploy/base/kustomization.yaml lists, so an object added there is installed by the
+chart as by kustomize, with no copy here to keep in step (tests/deploy/test_helm_chart.py
+renders both and compares them).
 */}}
 
 {{- define "gpu-webhook.chartLabels" -}}
@@ -12,9 +13,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
 {{- end }}
 
-{{/* Files of deploy/base the chart renders itself (or not at all). */}}
+{{/* Resources of deploy/base the chart leaves out: the namespace is helm's (-n). */}}
 {{- define "gpu-webhook.ownFiles" -}}
-kustomization.yaml policy.yaml namespace.yaml
+namespace.yaml
 {{- end }}
 
 {{/* The ledger ConfigMaps the replicas may read and write, one per tenant with a quota. */}}
