@@ -202,8 +202,9 @@ def test_a_replica_with_the_charts_args_and_account_serves_an_existing_gpupolicy
                 start_new_session=True)
         replica = Replica(process, port, log)
         wait_until("the replica to issue its certificate into the Secret", lambda: cp.kubectl(
-            *[s for s in ["get", *secret]], check=False).returncode == 0 or
-            process.poll() is not None, timeout=60, every=0.5)
+            "get", *secret, check=False).returncode == 0 or process.poll() is not None,
+            timeout=60, every=0.5)
+        assert process.poll() is None, replica.log()[-3000:]
         data = json.loads(cp.kubectl("get", *secret, "-o", "json").stdout)["data"]
         ca_file = tmp_path / "ca.crt"
         ca_file.write_bytes(base64.b64decode(data["ca.crt"]))
