@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint unit e2e controlplane promtool bench bench-quick audit demo demo-down bench-scale
+.PHONY: install run test lint unit e2e controlplane promtool helm bench bench-quick audit demo demo-down bench-scale
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
 # A failed install fails `make install`: tests/bench cannot run without it.
@@ -53,6 +53,11 @@ controlplane:
 promtool:
 	bash tools/promtool.sh
 
+# helm (v3), for the chart's tests (tests/deploy/test_helm_chart.py, tests/e2e/test_e2e_helm.py),
+# built from the Go module proxy and cached outside the tree (first build a few minutes).
+helm:
+	bash tests/deploy/helm/build.sh
+
 # The fast suite: no API server, no install or benchmark runs (marked slow).
 unit: install
 	$(BIN)/pytest -m "not e2e and not slow"
@@ -65,7 +70,7 @@ e2e: install controlplane
 audit: install
 	$(BIN)/python tools/audit.py
 
-test: lint audit controlplane promtool
+test: lint audit controlplane promtool helm
 	$(BIN)/pytest
 
 # Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs

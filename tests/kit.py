@@ -1,5 +1,5 @@
-"""Helpers every test folder shares: the installed console script, a free port, and the
-admission pipeline's validating step for synchronous tests.
+"""Helpers every test folder shares: the installed console script, a free port, the
+helm binary, and the admission pipeline's validating step for synchronous tests.
 
 ``tests/`` is on ``sys.path`` while the suite runs (pytest puts the directory of the
 root ``conftest.py`` there), so any test module can ``from kit import ...``.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,6 +36,21 @@ def console_script() -> str:
     if found is None:
         pytest.fail("the gpu-webhook console script is not installed (pip install -e .)")
     return found
+
+
+HELM_BUILD = Path(__file__).resolve().parent / "deploy" / "helm" / "build.sh"
+
+
+def helm() -> str:
+    """The helm binary (Helm v3), built from the Go module proxy by
+    ``tests/deploy/helm/build.sh`` and cached (``make test`` builds it first). A helm that
+    cannot be built fails the test: a skip would pass CI with the chart untested."""
+    out = subprocess.run(["bash", str(HELM_BUILD)], capture_output=True, text=True,
+                         check=False, timeout=1800)
+    assert out.returncode == 0, f"tests/deploy/helm/build.sh could not build helm:\n{out.stderr}"
+    path = out.stdout.strip().splitlines()[-1]
+    assert Path(path).is_file(), path
+    return path
 
 
 def free_port() -> int:

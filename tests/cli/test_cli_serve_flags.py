@@ -38,6 +38,10 @@ PARSE_CASES: list[tuple[list[str], str]] = [
     (["--policy", ""], "--policy is empty"),
     (["--policy-poll-seconds", "-1"], "--policy-poll-seconds must be more than 0"),
     (["--policy-poll-seconds", "inf"], "--policy-poll-seconds must be a finite number"),
+    (["--policy-object", "Shared_Policy"], "--policy-object 'Shared_Policy' is not a GPUPolicy"),
+    (["--policy-object", "shared"], "--policy-object reads the GPUPolicy from the cluster"),
+    (["--policy-object", "shared", "--policy", "p.yaml"], "--policy and --policy-object are"),
+    (["--policy-report-seconds", "0"], "--policy-report-seconds must be more than 0"),
     (["--kubeconfig", ""], "--kubeconfig is empty"),
     (["--namespace", "Team_A"], "--namespace 'Team_A' is not a namespace name"),
     (["--max-inflight", "0"], "--max-inflight must be at least 1"),
@@ -147,3 +151,24 @@ def test_a_bad_file_or_address_is_one_line(gpu_webhook: Run, case: str) -> None:
     assert says in done.stdout
     # The policy error spans a header line and one line per problem; the others are one.
     assert len(done.stdout.strip().splitlines()) == (2 if case == "missing-policy" else 1)
+
+
+def test_a_policy_object_with_no_api_server_is_one_line(gpu_webhook: Run,
+                                                        tmp_path: Path) -> None:
+    closed = _busy_port()
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{port}",
+                                 insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: u}}}}]
+current-context: c
+""")
+    done = gpu_webhook("serve", "--policy-object", "shared", "--kubeconfig", str(kubeconfig))
+    assert done.returncode == 2
+    assert "Traceback" not in done.stdout + done.stderr
+    assert done.stdout.strip() == ("gpu-webhook: cannot start, cannot read GPUPolicy shared: "
+                                   "read gpupolicy shared: cannot connect to the API server")

@@ -254,12 +254,18 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
          "verbs": ["get"]},
         {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
          "verbs": ["list"]}]
-    # Cluster-wide, the webhook creates and deletes only its own kinds of object: the
-    # GPUQuota status objects and the audit's PolicyReports.
-    cluster_writes = {res for kind, r in rules if kind == "ClusterRole"
-                      if set(r["verbs"]) & {"create", "update", "delete", "deletecollection"}
-                      for res in r["resources"]}
-    assert cluster_writes == {"gpuquotas", "policyreports"}
+    # Cluster-wide, the webhook writes only its own kinds of object (the GPUQuota status
+    # objects, the audit's PolicyReports) and the status of GPUPolicy objects (never
+    # their spec).
+    cluster_writes = {(res, v) for kind, r in rules if kind == "ClusterRole"
+                      for res in r["resources"] for v in r["verbs"]
+                      if v in ("create", "update", "patch", "delete", "deletecollection")
+                      and r["apiGroups"] != ["admissionregistration.k8s.io"]}
+    assert cluster_writes == {
+        *(("gpuquotas", v) for v in ("create", "patch", "delete")),
+        ("gpuquotas/status", "patch"),
+        *(("policyreports", v) for v in ("create", "patch", "delete")),
+        ("gpupolicies/status", "update")}
     # Read access for everyone who may view a namespace, through aggregation.
     [view] = [o for o in by_kind(objects, "ClusterRole")
               if o["metadata"].get("labels", {}).get(

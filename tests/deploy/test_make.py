@@ -40,3 +40,10 @@ def test_make_unit_adds_the_dev_and_bench_extras(tmp_path: Path) -> None:
     lines = _planned("unit", tmp_path / "venv")
     installs = [line.split(" install ", 1)[1] for line in lines if "/pip install " in line]
     assert installs == ["-q --upgrade pip", "-q -e .", "-q -e '.[dev,bench]'"]
+
+
+def test_make_test_builds_helm_before_the_suite(tmp_path: Path) -> None:
+    # The chart tests need helm; CI starts cold, so `make test` builds (or finds) it first.
+    lines = _planned("test", tmp_path / "venv")
+    build = lines.index("bash tests/deploy/helm/build.sh")
+    assert build < next(i for i, line in enumerate(lines) if line.endswith("/bin/pytest"))

@@ -12,6 +12,7 @@ runs (tests/e2e/test_e2e_seeing.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -126,6 +127,33 @@ def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resourc
 def test_nothing_else_is_granted(base: ControlPlane, verb: str, resource: str,
                                  namespace: str | None) -> None:
     assert not can(base, verb, resource, namespace)
+
+
+def allowed(cp: ControlPlane, verb: str, group: str, resource: str,
+            subresource: str = "") -> bool:
+    """A SubjectAccessReview with the group spelt out: ``kubectl auth can-i`` cannot name
+    the group of a resource the API server does not serve (no GPUPolicy CRD here)."""
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": ACCOUNT,
+                       "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NS}",
+                                  "system:authenticated"],
+                       "resourceAttributes": {"verb": verb, "group": group,
+                                              "resource": resource,
+                                              "subresource": subresource}}}
+    out = cp.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review))
+    return bool(json.loads(out.stdout)["status"].get("allowed"))
+
+
+@pytest.mark.parametrize(("verb", "subresource", "granted"), [
+    # the GPUPolicy served (--policy-object), watched, and its status written
+    ("get", "", True), ("list", "", True), ("watch", "", True), ("update", "status", True),
+    # its spec is the platform team's
+    ("update", "", False), ("patch", "", False), ("create", "", False), ("delete", "", False),
+    ("patch", "status", False),
+])
+def test_gpupolicies_are_read_and_only_their_status_written(
+        base: ControlPlane, verb: str, subresource: str, granted: bool) -> None:
+    assert allowed(base, verb, "gpu-webhook.dev", "gpupolicies", subresource) is granted
 
 
 def test_the_self_managed_overlay_adds_its_secret_and_ca_bundles_only(base: ControlPlane

@@ -195,24 +195,27 @@ class Watcher:
 
     def __init__(self, api: client.ApiClient, kind: str,
                  deliver: Callable[[str, dict[str, Any]], None],
-                 window: Callable[[], float] | None = None) -> None:
+                 window: Callable[[], float] | None = None,
+                 list_fn: Callable[..., Any] | None = None) -> None:
         core = client.CoreV1Api(api)
         self.api = api
         self.kind = kind
-        list_fn: Callable[..., Any]
-        if kind == "pods":
-            list_fn = core.list_pod_for_all_namespaces
+        fn: Callable[..., Any]
+        if list_fn is not None:  # a collection of its own (the one GPUPolicy served)
+            fn = list_fn
+        elif kind == "pods":
+            fn = core.list_pod_for_all_namespaces
         elif kind == "resourceclaims":
-            list_fn = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces
+            fn = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces
         elif kind == "resourceclaimtemplates":
-            list_fn = client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces
+            fn = client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces
         else:
-            list_fn = core.list_namespace
+            fn = core.list_namespace
 
         def raw_list(**kw: Any) -> Any:
             # No docstring on purpose: the client's Watch then skips deserialising every
             # event into model objects, and we read the plain dicts (much cheaper).
-            return list_fn(**kw)
+            return fn(**kw)
 
         self.list_fn: Callable[..., Any] = raw_list
         self.deliver = deliver
@@ -450,6 +453,52 @@ class WebhookConfigurations:
             fn(name, ops, _content_type="application/json-patch+json",
                _preload_content=False, _request_timeout=self.timeout)
         return patched
+
+
+# --- GPUPolicy objects -------------------------------------------------------------------
+
+POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL = "gpu-webhook.dev", "v1alpha1", "gpupolicies"
+
+
+class GPUPolicies:
+    """One named GPUPolicy (cluster-scoped): read it, watch it, and replace its status
+    subresource only if unchanged since it was read. RBAC: get, list and watch on
+    gpupolicies; update on gpupolicies/status."""
+
+    def __init__(self, api: client.ApiClient, name: str, timeout: float = 5.0) -> None:
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.name = name
+        self.timeout = timeout
+
+    def read(self) -> dict[str, Any]:
+        """The object as a plain dict; NotFound when there is none of that name (or no
+        GPUPolicy CRD at all)."""
+        what = f"read gpupolicy {self.name}"
+        with translated(what, self.timeout):
+            resp: Any = self.custom.get_cluster_custom_object(
+                POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL, self.name,
+                _preload_content=False, _request_timeout=self.timeout)
+        return _json_object(what, resp.data)
+
+    def replace_status(self, obj: dict[str, Any]) -> None:
+        """Write ``obj["status"]``; ``obj["metadata"]["resourceVersion"]`` is the
+        precondition (a Conflict when the object changed since)."""
+        with translated(f"update the status of gpupolicy {self.name}", self.timeout):
+            self.custom.replace_cluster_custom_object_status(
+                POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL, self.name, obj,
+                _preload_content=False, _request_timeout=self.timeout)
+
+    def watcher(self, deliver: Callable[[str, dict[str, Any]], None]) -> Watcher:
+        """A :class:`Watcher` of this one object (a field selector on its name)."""
+        custom, name = self.custom, self.name
+
+        def list_one(**kw: Any) -> Any:
+            return custom.list_cluster_custom_object(
+                POLICY_GROUP, POLICY_VERSION, POLICY_PLURAL,
+                field_selector=f"metadata.name={name}", **kw)
+
+        return Watcher(self.api, POLICY_PLURAL, deliver, list_fn=list_one)
 
 
 def list_objects(api: client.ApiClient, kind: str, namespace: str | None = None,

@@ -20,11 +20,12 @@ from typing import Any
 import yaml
 
 from webhook.policy.load import PolicyError, Problem, load_text
+from webhook.policy.model import GPUPolicy
 
 
-def check_document(obj: dict[str, Any]) -> list[str]:
-    """The loader's problems with a GPUPolicy object, one located message each; empty
-    when the policy loads."""
+def load_object(obj: dict[str, Any]) -> GPUPolicy:
+    """The policy of a GPUPolicy object; PolicyError with located messages (field paths,
+    no file lines) when the loader refuses it."""
     metadata = obj.get("metadata")
     name = metadata.get("name") if isinstance(metadata, dict) else None
     source = f"GPUPolicy {name}" if isinstance(name, str) and name else "GPUPolicy"
@@ -32,7 +33,17 @@ def check_document(obj: dict[str, Any]) -> list[str]:
     if isinstance(metadata, dict):
         document["metadata"] = {k: v for k, v in metadata.items() if k == "name"}
     try:
-        load_text(yaml.safe_dump(document, sort_keys=False), source)
+        return load_text(yaml.safe_dump(document, sort_keys=False), source)
     except PolicyError as exc:
-        return [Problem(p.path, None, p.message).render(source) for p in exc.problems]
+        raise PolicyError(source, [Problem(p.path, None, p.message)
+                                   for p in exc.problems]) from None
+
+
+def check_document(obj: dict[str, Any]) -> list[str]:
+    """The loader's problems with a GPUPolicy object, one located message each; empty
+    when the policy loads."""
+    try:
+        load_object(obj)
+    except PolicyError as exc:
+        return [p.render(exc.source) for p in exc.problems]
     return []

@@ -121,7 +121,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...]
     return out
 
 
-def _status_schema() -> dict[str, Any]:
+def _status_schema(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec``: the schema of the spec, for the copy of the last accepted one."""
     condition = {
         "type": "object",
         "required": ["type", "status", "lastTransitionTime", "reason", "message"],
@@ -142,7 +143,33 @@ def _status_schema() -> dict[str, Any]:
         "description": "What the webhook made of this policy.",
         "properties": {
             "tenants": {"type": "integer", "minimum": 0,
-                        "description": "Tenants the accepted policy defines."},
+                        "description": "Tenants of the policy the replicas serve."},
+            "replicas": {
+                "type": "array", "maxItems": 1024,
+                "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                "description": "Each webhook replica watching this policy, and the "
+                               "metadata.generation it serves.",
+                "items": {
+                    "type": "object", "required": ["name", "servedGeneration"],
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 253,
+                                 "description": "The replica's pod name."},
+                        "servedGeneration": {
+                            "type": "integer", "format": "int64", "minimum": 0,
+                            "description": "The metadata.generation it serves."},
+                        "lastReportTime": {"type": "string", "format": "date-time"},
+                    },
+                },
+            },
+            "lastAccepted": {
+                "type": "object",
+                "description": "The last spec a replica accepted: what a replica that starts "
+                               "while the spec is refused serves.",
+                "properties": {
+                    "generation": {"type": "integer", "format": "int64", "minimum": 0},
+                    "spec": spec,
+                },
+            },
             "conditions": {
                 "type": "array", "items": condition,
                 "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
@@ -161,13 +188,13 @@ def crd() -> dict[str, Any]:
     props["apiVersion"] = {"type": "string", "description": API_VERSION}
     props["kind"] = {"type": "string", "description": KIND}
     props["metadata"] = {"type": "object"}
-    props["status"] = _status_schema()
+    props["status"] = _status_schema(copy.deepcopy(props["spec"]))
     schema.pop("required", None)  # apiVersion/kind/metadata: always there on an object
     columns = [
         # A JSONPath column shows the first of several values, so the count is status:
         # written by the replica that accepts the policy.
         {"name": "Tenants", "type": "integer", "jsonPath": ".status.tenants",
-         "description": "Tenants the accepted policy defines."},
+         "description": "Tenants of the policy the replicas serve."},
         {"name": "Mode", "type": "string", "jsonPath": ".spec.mode",
          "description": "The default mode (empty: enforce)."},
         {"name": "Active", "type": "string",

@@ -33,7 +33,7 @@ from webhook.server.listen import (
     BoundedServer,
     cannot_listen,
 )
-from webhook.server.reload import PolicySource, resolve
+from webhook.server.policyobject import ObjectUnavailable, policy_source
 from webhook.server.settings import Settings
 from webhook.server.tls import CertReloader, ClientCertGate, ssl_context, tls_files
 
@@ -81,9 +81,13 @@ def run(settings: Settings) -> int:
                    kubeconfig=settings.kubeconfig)
         print(f"gpu-webhook: cannot start, --kubeconfig {settings.kubeconfig}: no such file")
         return 2
-    source = PolicySource(resolve(settings.policy))
+    source = policy_source(settings)
     try:
         active = source.load()
+    except ObjectUnavailable as exc:
+        logs.event("cannot start: no GPUPolicy to serve", logging.ERROR, error=str(exc))
+        print(f"gpu-webhook: cannot start, {exc}")
+        return 2
     except PolicyError as exc:
         logs.event("cannot start: the policy is invalid", logging.ERROR, error=str(exc))
         print(f"gpu-webhook: cannot start, the policy is invalid:\n{exc}")

@@ -37,6 +37,8 @@ class Settings:
     cert_poll_seconds: float = 2.0
     policy: str | None = None
     policy_poll_seconds: float = 2.0
+    policy_object: str | None = None
+    policy_report_seconds: float = 300.0
     log_level: str = "info"
     kubeconfig: str | None = None
     namespace: str | None = None
@@ -107,6 +109,17 @@ class Settings:
                              "certificates there is no common name to check")
         if s.client_cn is not None and not s.client_cn_list():
             raise SystemExit("--client-cn is empty: give one or more names, comma-separated")
+        if s.policy_object is not None:
+            if s.policy is not None:
+                raise SystemExit("--policy and --policy-object are two sources of the policy: "
+                                 "give one (--policy FILE, or --policy-object NAME of a "
+                                 "GPUPolicy)")
+            if not _DNS_SUBDOMAIN.fullmatch(s.policy_object):
+                raise SystemExit(f"--policy-object {s.policy_object!r} is not a GPUPolicy name "
+                                 "(lowercase letters, digits, '-' and '.')")
+            if not s.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+                raise SystemExit("--policy-object reads the GPUPolicy from the cluster: give "
+                                 "--kubeconfig (or run in a pod)")
         if s.self_managed_certs:
             s.certificate_targets()  # named errors for a bad value
             if not s.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -141,7 +154,7 @@ class Settings:
             if getattr(self, name) < 0:
                 raise SystemExit(f"--{_flag(name)} must be 0 (off) or more seconds, not "
                                  f"{getattr(self, name)}")
-        for name in ("cert_poll_seconds", "policy_poll_seconds"):
+        for name in ("cert_poll_seconds", "policy_poll_seconds", "policy_report_seconds"):
             if getattr(self, name) <= 0:
                 raise SystemExit(f"--{_flag(name)} must be more than 0 seconds, not "
                                  f"{getattr(self, name)}")
@@ -202,6 +215,12 @@ _DOCS = {
     "cert_poll_seconds": "How often tls.crt/tls.key are checked for a new certificate.",
     "policy": "Policy file (the embedded example policy when unset).",
     "policy_poll_seconds": "How often the policy file is checked for changes.",
+    "policy_object": "Serve the GPUPolicy object of this name (cluster-scoped), watched and "
+                     "reloaded on each change, instead of a --policy file; a refused edit "
+                     "keeps the last accepted generation (deploy/README.md, GPUPolicy objects).",
+    "policy_report_seconds": "With --policy-object: how often a replica refreshes its entry "
+                             "in the GPUPolicy's status.replicas (an entry three periods old "
+                             "is dropped).",
     "log_level": "debug, info, warning or error.",
     "kubeconfig": "kubeconfig of the cluster whose pods count against quota (in a pod, the "
                   "service account is used; with neither, usage is kept in memory).",

@@ -21,6 +21,12 @@ command -v go >/dev/null || { echo "go not found on PATH" >&2; exit 1; }
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
 export GOFLAGS="${GOFLAGS:+$GOFLAGS }-buildvcs=false"
 mkdir -p "$dir"
+# One build at a time (parallel test workers); a waiter finds the binary built.
+if command -v flock >/dev/null; then
+    exec 9>"$dir/.build.lock"
+    flock 9
+    if [[ -x "$dir/helm" ]]; then echo "$dir/helm"; exit 0; fi
+fi
 tmp=$(mktemp -d "$dir/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 echo "[helm-build $(date +%H:%M:%S)] go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2

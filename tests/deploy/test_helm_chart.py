@@ -1,0 +1,255 @@
+"""deploy/helm/gpu-webhook: ``helm lint`` is clean, ``helm template`` renders objects valid
+for Kubernetes that hold what the kustomize overlays hold (the same checks), the chart
+and kustomize render the same objects for the same choices (the chart reads
+deploy/base and the overlays through files/, so they cannot drift), and each value
+changes what it says and nothing else.
+
+helm is built from the Go module proxy by tests/deploy/helm/build.sh (cached; ``make
+test`` builds it first). The chart on the real API server: tests/e2e/test_e2e_helm.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kit import helm
+from test_deploy_kustomize import (
+    DEPLOY,
+    ROOT,
+    SERVICE_NAMES,
+    by_kind,
+    check_common,
+    kustomize,
+    one,
+    validate_all,
+)
+
+CHART = DEPLOY / "helm" / "gpu-webhook"
+HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "helm.sh/chart")
+
+
+@pytest.fixture(scope="module")
+def helm_bin() -> str:
+    return helm()
+
+
+def template(helm_bin: str, *values: str, namespace: str = "gpu-webhook",
+             ok: bool = True) -> list[dict[str, Any]]:
+    args = [helm_bin, "template", "gpu-webhook", str(CHART), "-n", namespace]
+    for v in values:
+        args += ["--set", v]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    if not ok:
+        assert done.returncode != 0
+        raise ChartRefused(done.stderr)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+class ChartRefused(Exception):
+    pass
+
+
+def without_helm_labels(objects: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
+    out = {}
+    for obj in objects:
+        labels = obj["metadata"].get("labels") or {}
+        for key in HELM_LABELS:
+            labels.pop(key, None)
+        out[(obj["kind"], obj["metadata"]["name"])] = obj
+    return out
+
+
+def test_the_packaged_chart_renders_the_same(helm_bin: str, tmp_path: Path) -> None:
+    # files/ links into deploy/: `helm package` must carry what they point to.
+    done = subprocess.run([helm_bin, "package", str(CHART), "-d", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    (archive,) = tmp_path.glob("gpu-webhook-*.tgz")
+    packaged = subprocess.run([helm_bin, "template", "gpu-webhook", str(archive), "-n",
+                               "gpu-webhook"], capture_output=True, text=True, timeout=120,
+                              check=False)
+    assert packaged.returncode == 0, packaged.stderr
+    assert [d for d in yaml.safe_load_all(packaged.stdout) if d] == template(helm_bin)
+
+
+def test_helm_lint_is_clean(helm_bin: str) -> None:
+    done = subprocess.run([helm_bin, "lint", "--strict", str(CHART)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 chart(s) failed" in done.stdout
+    assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("mode", ["self-managed", "cert-manager"])
+def test_the_chart_renders_what_kustomize_builds(helm_bin: str, mode: str) -> None:
+    chart = without_helm_labels(template(helm_bin, f"certificates.mode={mode}"))
+    built = without_helm_labels(kustomize(DEPLOY / "overlays" / mode))
+    # The namespace is helm's (`helm install -n NS --create-namespace`), not the chart's.
+    del built[("Namespace", "gpu-webhook")]
+    assert sorted(chart) == sorted(built)
+    for key, obj in built.items():
+        assert chart[key] == obj, key
+
+
+@pytest.mark.parametrize("mode", ["self-managed", "cert-manager"])
+def test_the_rendered_objects_are_valid_and_hold_what_the_overlays_hold(
+        helm_bin: str, mode: str) -> None:
+    objects = template(helm_bin, f"certificates.mode={mode}")
+    validate_all(objects)
+    # check_common reads the namespace from the Namespace object kustomize ships.
+    check_common([{"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": "gpu-webhook"}}, *objects])
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/instance"] == "gpu-webhook"
+
+
+def test_the_chart_follows_its_release_namespace(helm_bin: str) -> None:
+    objects = template(helm_bin, "certificates.mode=cert-manager", namespace="gpu-admission")
+    validate_all(objects)
+    for obj in objects:
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                               "MutatingWebhookConfiguration",
+                               "ValidatingWebhookConfiguration"):
+            assert obj["metadata"]["namespace"] == "gpu-admission", obj["kind"]
+        for subject in obj.get("subjects") or ():
+            assert subject["namespace"] == "gpu-admission"
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = one(objects, kind)
+        assert config["metadata"]["annotations"] == {
+            "cert-manager.io/inject-ca-from": "gpu-admission/gpu-webhook-serving"}
+        for hook in config["webhooks"]:
+            assert hook["clientConfig"]["service"]["namespace"] == "gpu-admission"
+            if "namespaceSelector" in hook:
+                excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+                assert "gpu-admission" in excluded and "gpu-webhook" not in excluded
+    serving = {o["metadata"]["name"]: o for o in by_kind(objects, "Certificate")}
+    assert serving["gpu-webhook-serving"]["spec"]["dnsNames"] == [
+        n.replace("gpu-webhook.gpu-webhook", "gpu-webhook.gpu-admission") for n in SERVICE_NAMES]
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return dict(c)
+
+
+def test_image_replicas_resources_and_priority(helm_bin: str) -> None:
+    objects = template(helm_bin, "image.repository=registry.example.com/gpu-webhook",
+                       "image.tag=0.2.0", "image.pullPolicy=Always", "replicas=5",
+                       "resources.requests.cpu=250m", "resources.limits.memory=512Mi",
+                       "priorityClassName=")
+    validate_all(objects)
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 5
+    c = container(objects)
+    assert c["image"] == "registry.example.com/gpu-webhook:0.2.0"
+    assert c["imagePullPolicy"] == "Always"
+    assert c["resources"] == {"requests": {"cpu": "250m"}, "limits": {"memory": "512Mi"}}
+    assert "priorityClassName" not in deployment["spec"]["template"]["spec"]
+    assert not by_kind(objects, "ResourceQuota")  # only for system-cluster-critical
+
+
+def test_failure_policy_pdb_and_exempt_namespaces(helm_bin: str) -> None:
+    objects = template(helm_bin, "failurePolicy=Ignore", "podDisruptionBudget.enabled=false",
+                       "exemptNamespaces={monitoring,ci}")
+    assert not by_kind(objects, "PodDisruptionBudget")
+    defaults = template(helm_bin)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        before = {h["name"]: h for h in one(defaults, kind)["webhooks"]}
+        for hook in one(objects, kind)["webhooks"]:
+            # The scale webhook ignores failures whatever the value; the others follow it.
+            want = "Ignore" if before[hook["name"]]["failurePolicy"] == "Fail" else \
+                before[hook["name"]]["failurePolicy"]
+            assert hook["failurePolicy"] == want
+            if "namespaceSelector" in hook:
+                excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+                assert excluded == sorted({"ci", "monitoring", "gpu-operator", "gpu-webhook",
+                                           "kube-system"})
+    pdb = one(template(helm_bin, "podDisruptionBudget.minAvailable=1"), "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+
+
+def ledger_names(objects: list[dict[str, Any]]) -> list[str] | None:
+    role = next(o for o in by_kind(objects, "Role")
+                if o["metadata"]["name"] == "gpu-webhook-quota-ledger")
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    return named[0]["resourceNames"] if named else None
+
+
+def test_an_existing_gpupolicy_object_is_served_instead_of_a_configmap(helm_bin: str) -> None:
+    objects = template(helm_bin, "policy.existingObject=shared-gpu-cluster",
+                       "policy.quotaTenants={research,notebooks}")
+    validate_all(objects)
+    assert not [c for c in by_kind(objects, "ConfigMap")
+                if c["metadata"]["name"] == "gpu-webhook-policy"]
+    c = container(objects)
+    assert "--policy-object=shared-gpu-cluster" in c["args"]
+    assert not [a for a in c["args"] if a.startswith("--policy=")]
+    assert "policy" not in {m["name"] for m in c["volumeMounts"]}
+    assert "policy" not in {v["name"] for v in
+                            one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} \
+        in c["env"]  # the replica's name in the GPUPolicy's status
+    assert ledger_names(objects) == ["gpu-webhook-ledger-research",
+                                     "gpu-webhook-ledger-notebooks"]
+    # No tenant with a quota: no get/update rule at all (an empty resourceNames is every name).
+    assert ledger_names(template(helm_bin, "policy.existingObject=p")) is None
+
+
+def test_an_inline_policy_is_the_configmap_and_names_its_ledgers(helm_bin: str,
+                                                                tmp_path: Path) -> None:
+    policy = yaml.safe_load((ROOT / "policies" / "multi-tenant.yaml").read_text())
+    policy["spec"]["tenants"] = [t for t in policy["spec"]["tenants"] if t["name"] != "research"]
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"policy": {"inline": policy}}))
+    done = subprocess.run([helm_bin, "template", "gpu-webhook", str(CHART), "-n", "gpu-webhook",
+                           "-f", str(values)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    objects = [d for d in yaml.safe_load_all(done.stdout) if d]
+    (cm,) = [c for c in by_kind(objects, "ConfigMap")
+             if c["metadata"]["name"] == "gpu-webhook-policy"]
+    assert yaml.safe_load(cm["data"]["policy.yaml"]) == policy
+    assert ledger_names(objects) == ["gpu-webhook-ledger-inference",
+                                     "gpu-webhook-ledger-notebooks"]
+
+
+def test_service_monitor_and_kept_crds(helm_bin: str) -> None:
+    assert not by_kind(template(helm_bin), "ServiceMonitor")
+    objects = template(helm_bin, "serviceMonitor.enabled=true", "serviceMonitor.interval=15s",
+                       "serviceMonitor.labels.release=prometheus", "crds.keep=true")
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    service = one(objects, "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"], endpoint["interval"]) == (
+        "https", "https", "/metrics", "15s")
+    assert endpoint["tlsConfig"]["serverName"] in SERVICE_NAMES
+    for crd in by_kind(objects, "CustomResourceDefinition"):
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    # values.schema.json: the value's path and what it may be
+    (["certificates.mode=vault"],
+     "at '/certificates/mode': value must be one of 'self-managed', 'cert-manager'"),
+    (["failurePolicy=Never"], "at '/failurePolicy': value must be one of 'Fail', 'Ignore'"),
+    (["replica=3"], "additional properties 'replica' not allowed"),
+    (["replicas=0"], "at '/replicas'"),
+    (["policy.existingObject=p", "policy.inline.kind=GPUPolicy"],
+     "policy.inline and policy.existingObject are two sources"),
+])
+def test_a_bad_value_is_refused_with_its_name(helm_bin: str, values: list[str],
+                                              says: str) -> None:
+    with pytest.raises(ChartRefused) as refused:
+        template(helm_bin, *values, ok=False)
+    assert says in str(refused.value)
