@@ -118,6 +118,9 @@ MESSAGE_CASES: dict[str, tuple[Callable[[], Decision], list[Rule]]] = {
         mutating(pod(namespace="sweeps", labels={"gpu-webhook.dev/fault-tolerant": "false"}),
                  spot_policy()), [Rule.SPOT_PLACEMENT]),
     "spot-unguarded": (validating(pod(), spot_policy()), [Rule.SPOT_PLACEMENT]),
+    "spot-unclear-label": (
+        mutating(pod(labels={"gpu-webhook.dev/fault-tolerant": "yes"}), spot_policy()),
+        [Rule.SPOT_PLACEMENT]),
     "spot-unpinned": (validating(pod(namespace="sweeps"), spot_policy()),
                       [Rule.SPOT_PLACEMENT]),
 }

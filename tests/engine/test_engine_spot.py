@@ -328,6 +328,8 @@ def test_status_and_metrics_show_the_spot_cap() -> None:
     ("  spot: {provider: azure}\n  tenants: []\n", "provider"),
     ("  spot: {provider: aks}\n  tenants:\n    - {name: a, namespaces: [a], "
      "spot: {weight: 0}}\n", "weight"),
+    ("  spot: {provider: aks}\n  tolerations:\n    - {key: kubernetes.azure.com/scalesetpriority, "
+     "operator: Exists}\n  tenants: []\n", "move it to spec.spot.tolerations"),
 ])
 def test_a_spot_mistake_is_named(text: str, says: str) -> None:
     with pytest.raises(PolicyError) as err:

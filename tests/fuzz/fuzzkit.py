@@ -141,9 +141,10 @@ def pod_templates(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
-def objects(draw: st.DrawFn) -> dict[str, Any]:
+def objects(draw: st.DrawFn, templates: st.SearchStrategy[dict[str, Any]] | None = None
+            ) -> dict[str, Any]:
     """A Pod, Deployment, Job or CronJob around a fuzzed pod template."""
-    template = draw(pod_templates())
+    template = draw(templates if templates is not None else pod_templates())
     namespace = draw(st.sampled_from(NAMESPACES))
     kind = draw(st.sampled_from(["Pod", "Pod", "Deployment", "Job", "CronJob"]))
     if kind == "Pod":
@@ -163,8 +164,9 @@ def objects(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
-def reviews(draw: st.DrawFn) -> dict[str, Any]:
-    obj = draw(objects())
+def reviews(draw: st.DrawFn, templates: st.SearchStrategy[dict[str, Any]] | None = None
+            ) -> dict[str, Any]:
+    obj = draw(objects(templates))
     uid = draw(st.uuids()).hex
     groups = draw(st.sampled_from([None, ["system:authenticated"]]))
     return dict(request_review(obj, uid=uid, groups=groups,
@@ -196,15 +198,17 @@ def _well_formed(reply: dict[str, Any], uid: str, webhook: str) -> list[dict[str
     return ops
 
 
-def check_review(review: dict[str, Any]) -> None:
-    """The engine invariants for one review (raises AssertionError on a violation)."""
+def check_review(review: dict[str, Any], policy: CompiledPolicy | None = None) -> None:
+    """The engine invariants for one review (raises AssertionError on a violation),
+    under ``policy`` (default: the example policy)."""
+    policy = policy or POLICY
     uid = review["request"]["uid"]
     original = copy.deepcopy(review["request"]["object"])
 
-    m = mutate(_request(review), POLICY)
+    m = mutate(_request(review), policy)
     ops = _well_formed(reply(Phase.MUTATE, uid, m), uid, "mutate")
     # Same input, same state: the same verdict (a denied pod is never allowed later).
-    again = mutate(_request(review), POLICY)
+    again = mutate(_request(review), policy)
     assert (again.allowed, again.message, again.patch) == (m.allowed, m.message, m.patch)
 
     patched = jsonpatch.apply_patch(original, ops) if ops else original
@@ -212,14 +216,14 @@ def check_review(review: dict[str, Any]) -> None:
         # Idempotent: mutate of its own output changes nothing and still allows.
         second = copy.deepcopy(review)
         second["request"]["object"] = patched
-        m2 = mutate(_request(second), POLICY)
+        m2 = mutate(_request(second), policy)
         assert m2.allowed, m2.message
         assert m2.patch == [], m2.patch
     v = validating(_request({**review, "request": {**review["request"], "object": patched}}),
-                 POLICY)
+                 policy)
     _well_formed(reply(Phase.VALIDATE, uid, v), uid, "validate")
     v_again = validating(_request({**review, "request": {**review["request"],
-                                                       "object": patched}}), POLICY)
+                                                       "object": patched}}), policy)
     assert (v_again.allowed, v_again.message) == (v.allowed, v.message)
     if m.allowed and not m.findings:
         # What the mutating webhook passed cleanly, the validating one must not refuse

@@ -379,6 +379,12 @@ def spot_how_to_say(label: str | None, annotation: str | None,
     return " or ".join(ways) if ways else "its tenant's spot defaults"
 
 
+def spot_unclear(where: str, value: object) -> str:
+    shown = f'"{value}"' if isinstance(value, str) else str(value)
+    return (f"has {where}: {shown}, which says neither yes nor no to spot capacity. "
+            'Set it to "true" (the pod survives losing its node) or "false", or remove it.')
+
+
 def spot_not_fault_tolerant(how: str) -> str:
     return (f"the pod is not fault tolerant (only fault-tolerant pods may use spot "
             f"capacity; a pod that survives losing its node says so with {how})")

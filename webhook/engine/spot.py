@@ -50,21 +50,27 @@ class Verdict:
     required: bool  # by required node affinity (else preferred)
     why_not: str  # why it may not use spot (for messages), when not on_spot
     refused: str | None = None  # a pod that says "not fault tolerant" in a spot-only tenant
+    bad: str | None = None  # a label or annotation that says neither "true" nor "false"
 
 
-def _said(spot: SpotRules, template: PodTemplate) -> tuple[bool | None, str]:
-    """What the pod's label (then annotation) says, and where it says it."""
+def _said(spot: SpotRules, template: PodTemplate) -> tuple[bool | None, str, str | None]:
+    """What the pod's label (then annotation) says, where it says it, and the message
+    for a value that is neither ``"true"`` nor ``"false"`` (then read as unsaid)."""
     meta = template.metadata
     if meta is None:
-        return None, ""
+        return None, "", None
     for key, field in ((spot.ft_label, "labels"), (spot.ft_annotation, "annotations")):
         if key is None:
             continue
         m = child_map(meta, field, template.pointer + "/metadata")
-        value = m.get(key) if m is not None else None
+        if m is None or key not in m:
+            continue
+        value = m[key]
+        where = f"{field[:-1]} {key}"
         if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true", f'{field[:-1]} {key}: "{value}"'
-    return None, ""
+            return value.lower() == "true", f'{where}: "{value}"', None
+        return None, "", messages.spot_unclear(where, value)
+    return None, "", None
 
 
 def verdict(policy: CompiledPolicy, check: Checker, template: PodTemplate) -> Verdict:
@@ -73,13 +79,14 @@ def verdict(policy: CompiledPolicy, check: Checker, template: PodTemplate) -> Ve
     tenant = check.tenant
     rules = (tenant.spot if tenant is not None and tenant.spot is not None
              else TenantSpotRules(spot.placement, False, spot.affinity, 1.0))
-    said, where = _said(spot, template)
+    said, where, bad = _said(spot, template)
     if rules.placement == "never":
         return Verdict(False, False, messages.spot_tenant_never(
-            tenant.name if tenant is not None else None))
+            tenant.name if tenant is not None else None), bad=bad)
     if rules.placement == "required":
         return Verdict(True, True, "", messages.spot_only(
-            tenant.name if tenant is not None else None, where) if said is False else None)
+            tenant.name if tenant is not None else None, where) if said is False else None,
+            bad)
     tolerant = said
     if tolerant is None:
         pc = template.spec.get("priorityClassName")
@@ -87,7 +94,7 @@ def verdict(policy: CompiledPolicy, check: Checker, template: PodTemplate) -> Ve
             or rules.fault_tolerant
     why = "" if tolerant else messages.spot_not_fault_tolerant(messages.spot_how_to_say(
         spot.ft_label, spot.ft_annotation, spot.ft_priority_classes))
-    return Verdict(tolerant, rules.affinity == "required", why)
+    return Verdict(tolerant, rules.affinity == "required", why, bad=bad)
 
 
 def place(check: Checker, policy: CompiledPolicy, template: PodTemplate,
@@ -96,6 +103,8 @@ def place(check: Checker, policy: CompiledPolicy, template: PodTemplate,
     spot = policy.spot
     assert spot is not None
     v = verdict(policy, check, template)
+    if v.bad is not None:
+        check.report(Rule.SPOT_PLACEMENT, v.bad)  # then placed as if it said nothing
     if v.refused is not None:
         check.report(Rule.SPOT_PLACEMENT, v.refused)
         return []
@@ -183,6 +192,8 @@ def checked(check: Checker, policy: CompiledPolicy, template: PodTemplate,
     own = placement.restriction(spot.label)
     pinned = own is not None and bool(own.values) and own.values <= values
     v = verdict(policy, check, template)
+    if v.bad is not None:
+        check.report(Rule.SPOT_PLACEMENT, v.bad)
     if v.refused is not None:
         check.report(Rule.SPOT_PLACEMENT, v.refused)
     elif v.on_spot:

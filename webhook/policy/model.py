@@ -606,6 +606,16 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _spot_declared(self) -> Spec:
+        if self.spot is not None:
+            label, _, spot_tolerations = self.spot.resolved()
+            spot_keys = {label} | {str(t["key"]) for t in spot_tolerations if t.get("key")}
+            for i, tol in enumerate(self.tolerations):
+                if tol.key in spot_keys:
+                    # Every GPU pod gets these; spot's are for some pods only.
+                    raise FieldProblem(("tolerations", i, "key"),
+                        f"toleration key {tol.key!r} is a spot key (spec.spot): GPU pods not "
+                        "allowed on spot would get it and lose it again; move it to "
+                        "spec.spot.tolerations")
         for i, t in enumerate(self.tenants):
             if t.spot is not None and self.spot is None:
                 raise FieldProblem(("tenants", i, "spot"),
