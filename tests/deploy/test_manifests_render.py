@@ -126,8 +126,9 @@ def test_deletes_of_gang_kinds_go_to_a_release_webhook_that_never_blocks():
     [release] = [h for h in validating["webhooks"] if h["name"] == "release.gpu-webhook.dev"]
     got = {(g, r) for rule in release["rules"] for g in rule["apiGroups"]
            for r in rule["resources"]}
-    assert got == {(b.group, b.resource) for b in CRD_KINDS if b.gang}
+    assert got == {(b.group, b.resource) for b in CRD_KINDS if b.reserves}
     assert ("batch.volcano.sh", "jobs") in got and ("ray.io", "rayclusters") not in got
+    assert ("batch.volcano.sh", "cronjobs") not in got  # its Jobs are what is reserved
     assert {op for rule in release["rules"] for op in rule["operations"]} == {"DELETE"}
     # A delete is never the webhook's to block; a dry run's delete releases nothing.
     assert (release["failurePolicy"], release["sideEffects"]) == ("Ignore", "NoneOnDryRun")
@@ -389,6 +390,10 @@ def test_a_cpu_training_job_turns_gpu_in_any_role():
             "template"]["spec"]["containers"][0]["resources"].update(limits=limits),
         "trainjob-volcano": lambda o: o["spec"]["trainer"]["resourcesPerNode"].update(
             limits=limits),
+        # kind CronJob, told from a batch CronJob by its group
+        "volcano-cronjob-example": lambda o: o["spec"]["jobTemplate"]["spec"]["tasks"][0][
+            "template"]["spec"]["containers"][0].setdefault("resources", {}).update(
+                limits=limits),
         "argo-workflow-dns-config": lambda o: o["spec"]["templates"][0]["container"][
             "resources"].update(limits=limits),
     }

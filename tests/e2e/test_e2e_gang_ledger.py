@@ -14,13 +14,16 @@ labelled with its name, from its stored task template).
   first's, and the first's pods, created through the *other* replica, draw from the
   reservation and are admitted;
 - the reservation is freed when the workload is deleted: a pod that did not fit beside
-  it fits once ``kubectl delete`` has returned.
+  it fits once ``kubectl delete`` has returned;
+- a gang slot written into the ledger by hand lifts no cap: a pod of that "gang" is
+  refused when the tenant's GPUs are all in use.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,7 +55,7 @@ CRDS = Path(__file__).resolve().parent / "crds"
 ROUTE = "e2e.gpu-webhook.dev/replica"
 GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
 CAP = 4
-TENANTS = ("race", "release")
+TENANTS = ("race", "release", "forged")
 PROBE_NS = "e2e-gang-probe"
 
 
@@ -268,3 +271,31 @@ def test_deleting_the_workload_frees_its_reservation(
     assert d.replicas[0].log().count("gang reservation released") == 1, d.logs()
     status, body = create_pod(api, ns, gpu_pod("solo", labels={ROUTE: "1"}))
     assert status == 201, body
+
+
+def test_a_slot_written_by_hand_lifts_no_cap(
+        replicas: Deployment, api: client.ApiClient, namespace: NamespaceFactory) -> None:
+    ns = tenant_namespace(replicas, namespace, "forged")
+    statuses = [create_pod(api, ns, gpu_pod(f"p{i}", labels={ROUTE: str(i % 2)}))
+                for i in range(CAP)]
+    assert [s for s, _ in statuses] == [201] * CAP, statuses
+    core = client.CoreV1Api(api)
+    name = "gpu-webhook-ledger-forged"
+    cm = core.read_namespaced_config_map(name, LEDGER_NAMESPACE)
+    entries = orjson.loads(cm.data["reservations"])
+    some = next(iter(entries.values()))
+    forged_uid = "00000000-0000-0000-0000-00000000f0f0"
+    entries[f"{forged_uid}#0"] = {k: v for k, v in some.items() if k != "name"} | {
+        "gang": [forged_uid], "owner": "job/forged", "expires": time.time() + 120}
+    cm.data["reservations"] = orjson.dumps(entries).decode()
+    core.replace_namespaced_config_map(name, LEDGER_NAMESPACE, cm)
+    # A pod claiming to belong to that gang, as its controller would make it.
+    job = {"metadata": {"name": "forged", "uid": forged_uid},
+           "spec": {"tasks": [{"template": {"spec": gpu_pod("x")["spec"]}}]}}
+    for route in (0, 1):
+        pod = controller_pod(job, route, route)
+        status, body = create_pod(api, ns, pod)
+        assert status == 403 and "exceeded quota" in body, body
+    pods = core.list_namespaced_pod(ns).items
+    assert sum(int(c.resources.limits["nvidia.com/gpu"]) for p in pods
+               for c in p.spec.containers) == CAP

@@ -50,6 +50,9 @@ CASES: list[tuple[str, str, list[tuple[str | None, int, str]], int | None]] = [
     ("volcano-job-mindspore-gpu.yaml", "Job",
      [("mpimaster", 1, "/spec/tasks/0/template"), ("mpiworker", 2, "/spec/tasks/1/template")],
      3),
+    # a Volcano Job's spec one level down, in the jobTemplate
+    ("volcano-cronjob-example.yaml", "CronJob",
+     [("task-1", 1, "/spec/jobTemplate/spec/tasks/0/template")], 1),
     ("pytorchjob-mnist-nccl.yaml", "PyTorchJob",
      [("Master", 1, "/spec/pytorchReplicaSpecs/Master/template"),
       ("Worker", 1, "/spec/pytorchReplicaSpecs/Worker/template")], 2),

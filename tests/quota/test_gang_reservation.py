@@ -7,10 +7,11 @@ took are released after the bound.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from quotakit import admit, pod, policy
-from test_gang_quota import vcjob
+from test_gang_quota import template, vcjob
 
 from webhook.engine.charge import charge_of_pod
 from webhook.quota.gang import GANG_BOUND_SECONDS
@@ -105,3 +106,55 @@ def test_a_retried_review_reserves_once() -> None:
     assert admit(store, policy(), job).allowed
     assert admit(store, policy(), job).allowed
     assert gpus_used(store) == 4
+
+
+def trainjob(name: str, nodes: int, gpus: int) -> dict[str, Any]:
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}"},
+            "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {
+                "numNodes": nodes,
+                "resourcesPerNode": {"limits": {"nvidia.com/gpu": gpus}}}}}
+
+
+def test_a_trainjobs_pods_draw_from_its_reservation_through_its_jobset() -> None:
+    # TrainJob -> JobSet (same name, owned by the TrainJob) -> Job -> Pod: the pods are
+    # owned by a Job and labelled with the JobSet's name and uid.
+    store = MemoryStore()
+    assert admit(store, policy(), trainjob("tj", 2, 2)).allowed
+    assert gpus_used(store) == 4
+    owned = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+             "name": "tj", "uid": "uid-tj", "controller": True}
+    made = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "tj", "namespace": "team-a", "uid": "uid-js",
+                         "ownerReferences": [owned]},
+            "spec": {"replicatedJobs": [{"name": "node", "replicas": 1, "template": {
+                "spec": {"parallelism": 2, "completions": 2, "template": template(2)}}}]}}
+    assert admit(store, policy(), made).allowed
+    assert gpus_used(store) == 4 and list(store.gangs) == ["uid-tj"]  # not reserved twice
+    for i in range(2):
+        p = pod(f"tj-node-0-{i}", gpus=2, owner=("Job", "tj-node-0"))
+        p["metadata"]["labels"] = {"jobset.sigs.k8s.io/jobset-name": "tj",
+                                   "jobset.sigs.k8s.io/jobset-uid": "uid-js"}
+        assert admit(store, policy(), p).allowed
+        assert gpus_used(store) == 4  # drawn from the TrainJob's slots
+    assert len(store.gangs["uid-tj"].taken) == 2
+
+
+def test_a_volcano_cronjob_is_checked_and_reserves_nothing() -> None:
+    store = MemoryStore()
+    job = vcjob(("worker", 2, 2), name="nightly")
+    cron = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "CronJob",
+            "metadata": {"name": "nightly", "namespace": "team-a", "uid": "uid-cron"},
+            "spec": {"schedule": "0 2 * * *", "jobTemplate": {"spec": job["spec"]}}}
+    assert admit(store, policy(), cron).allowed
+    assert gpus_used(store) == 0 and not store.gangs
+    big = copy.deepcopy(cron)
+    big["spec"]["jobTemplate"]["spec"]["tasks"][0]["replicas"] = 4  # 8 of 6 A100s
+    d = admit(store, policy(), big)
+    assert not d.allowed and "volcano cronjob team-a/nightly" in d.message, d.message
+    # The Job it makes on schedule is what is reserved.
+    job["metadata"]["ownerReferences"] = [{"apiVersion": "batch.volcano.sh/v1alpha1",
+                                           "kind": "CronJob", "name": "nightly",
+                                           "uid": "uid-cron", "controller": True}]
+    assert admit(store, policy(), job).allowed
+    assert gpus_used(store) == 4 and list(store.gangs) == ["uid-nightly"]

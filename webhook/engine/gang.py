@@ -72,6 +72,9 @@ class GangAsk:
 # Labels the controllers put on their pods, naming the workload: (group, kind) -> key.
 POD_LABELS: dict[tuple[str, str], str] = {
     ("batch.volcano.sh", "Job"): "volcano.sh/job-name",
+    # A TrainJob's pods: TrainJob -> JobSet of the TrainJob's name (kubeflow/trainer
+    # pkg/runtime/framework/plugins/jobset) -> Job -> Pod, labelled with the JobSet's name.
+    ("trainer.kubeflow.org", "TrainJob"): "jobset.sigs.k8s.io/jobset-name",
     ("jobset.x-k8s.io", "JobSet"): "jobset.sigs.k8s.io/jobset-name",
     ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): "leaderworkerset.sigs.k8s.io/name",
     **{("kubeflow.org", k): "training.kubeflow.org/job-name"

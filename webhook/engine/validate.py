@@ -45,7 +45,7 @@ from webhook.engine.target import NamespaceLabels, Target, Targets, no_labels, p
 from webhook.engine.tolerations import gpu_taint_tolerations
 from webhook.k8s.objects import MalformedObject, child_list
 from webhook.k8s.review import AdmissionRequest
-from webhook.k8s.workloads import Workload, read_workload, replicas
+from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, replicas
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule, TolerationPolicy
 
@@ -170,10 +170,12 @@ def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest) -> V
     gang = GangAsk(tenant.name, req.namespace, w.kind, w.noun, w.role_word, tuple(asks),
                    w.gang, w.sequential)
     key = None
-    if (w.gang is not None and req.operation == "CREATE" and not req.dry_run
-            and req.object is not None):
+    if (w.gang is not None and w.reserves and req.operation == "CREATE" and not req.dry_run
+            and req.object is not None and not owned_by_reserving(req.object)):
         # The validating webhook sees the final object, uid included: a gang's GPUs are
-        # reserved under it, and its pods find it through their owners.
+        # reserved under it, and its pods find it through their owners. A workload made
+        # by a reserved one (a TrainJob's JobSet) is checked only: its pods draw from
+        # its owner's reservation, and reserving again would hold the GPUs twice.
         meta = req.object.get("metadata") or {}
         uid = meta.get("uid") if isinstance(meta, dict) else None
         key = str(uid) if uid else None

@@ -70,6 +70,9 @@ class Workload:
     # Pods at once is an upper bound, not a sum (Argo: steps run one after another or
     # fan out): quota is checked per pod, never for the sum.
     sequential: bool = False
+    # Its gang is reserved when it is created. False for a kind that only makes
+    # workloads (a Volcano CronJob's Jobs are each reserved when the CronJob makes them).
+    reserves: bool = True
 
     @property
     def pods(self) -> int:
@@ -228,19 +231,37 @@ def volcano_job(obj: dict[str, Any]) -> Workload | None:
     ``spec.tasks[]`` each with ``template``, ``replicas`` (omitted means 0) and
     ``minAvailable`` (defaults to the task's replicas); ``spec.minAvailable``, the gang,
     defaults to the sum of the tasks' replicas."""
-    spec = _spec(obj)
+    return _volcano("Job", "volcano job", _spec(obj), "/spec")
+
+
+def volcano_cronjob(obj: dict[str, Any]) -> Workload | None:
+    """batch.volcano.sh/v1alpha1 CronJob (volcano-sh/volcano
+    config/crd/volcano/bases/batch.volcano.sh_cronjobs.yaml): ``spec.jobTemplate.spec``
+    is the JobSpec of the Volcano Jobs it makes on schedule. Checked at apply as such a
+    Job; nothing is reserved for it, since each Job is reserved when it is created."""
+    template = child_map(_spec(obj), "jobTemplate", "/spec")
+    spec = child_map(template, "spec", "/spec/jobTemplate") if template is not None else None
+    if spec is None:
+        return None
+    w = _volcano("CronJob", "volcano cronjob", spec, "/spec/jobTemplate/spec")
+    if w is not None:
+        w.reserves = False
+    return w
+
+
+def _volcano(kind: str, noun: str, spec: dict[str, Any], at: str) -> Workload | None:
     roles = []
-    for name, task, ptr in _items(spec, "tasks", "/spec"):
+    for name, task, ptr in _items(spec, "tasks", at):
         n = _count(task.get("replicas"), ptr + "/replicas", 0)
-        t = _template_at("Job", task, "template", ptr)
+        t = _template_at(kind, task, "template", ptr)
         if t is not None:
             minimum = _count(task.get("minAvailable"), ptr + "/minAvailable", n)
             roles.append(Role(name, t, n, min(minimum, n)))
     if not roles:
         return None
     total = sum(r.pods for r in roles)
-    gang = _count(spec.get("minAvailable"), "/spec/minAvailable", 0) or total
-    return Workload("Job", "volcano job", "task", roles, min(gang, total))
+    gang = _count(spec.get("minAvailable"), at + "/minAvailable", 0) or total
+    return Workload(kind, noun, "task", roles, min(gang, total))
 
 
 def jobset(obj: dict[str, Any]) -> Workload | None:
@@ -444,7 +465,7 @@ class BuiltIn:
     resource: str  # plural, for webhook rules
     versions: tuple[str, ...]
     read: Reader
-    gang: bool = True  # it may have a gang (and so a gang reservation to release)
+    reserves: bool = True  # a gang may be reserved for it (and released at its DELETE)
 
 
 _KUBEFLOW = (("PyTorchJob", "pytorchjobs", "pytorchReplicaSpecs"),
@@ -456,6 +477,7 @@ _KUBEFLOW = (("PyTorchJob", "pytorchjobs", "pytorchReplicaSpecs"),
 # The training and serving kinds known without configuration (core kinds: TEMPLATE_PATHS).
 CRD_KINDS: tuple[BuiltIn, ...] = (
     BuiltIn("batch.volcano.sh", "Job", "jobs", ("v1alpha1",), volcano_job),
+    BuiltIn("batch.volcano.sh", "CronJob", "cronjobs", ("v1alpha1",), volcano_cronjob, False),
     BuiltIn("jobset.x-k8s.io", "JobSet", "jobsets", ("v1alpha2",), jobset),
     *(BuiltIn("kubeflow.org", k, r, ("v1",), _kubeflow(k, key)) for k, r, key in _KUBEFLOW),
     BuiltIn("kubeflow.org", "MPIJob", "mpijobs", ("v1", "v2beta1"),
@@ -474,6 +496,23 @@ CRD_KINDS: tuple[BuiltIn, ...] = (
     BuiltIn("argoproj.io", "CronWorkflow", "cronworkflows", ("v1alpha1",),
             _argo("CronWorkflow", ("spec", "workflowSpec")), False),
 )
+
+# The kinds whose gang is reserved when they are created.
+RESERVING: frozenset[tuple[str, str]] = frozenset(
+    (b.group, b.kind) for b in CRD_KINDS if b.reserves)
+
+
+def owned_by_reserving(obj: Mapping[str, Any]) -> bool:
+    """Whether a controller of a reserving kind made ``obj`` (a TrainJob's JobSet): its
+    pods are that workload's, already reserved with it."""
+    meta = obj.get("metadata")
+    for ref in (meta.get("ownerReferences") or () if isinstance(meta, dict) else ()):
+        if isinstance(ref, dict) and isinstance(ref.get("apiVersion"), str):
+            group = ref["apiVersion"].rpartition("/")[0]
+            if (group, ref.get("kind")) in RESERVING:
+                return True
+    return False
+
 
 READERS: dict[tuple[str, str], Reader] = {
     **{gk: _single(*gk) for gk in TEMPLATE_PATHS},

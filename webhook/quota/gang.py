@@ -11,9 +11,12 @@ two gangs racing for the same free GPUs one is reserved whole and the other not 
 
 A pod of the workload (found by its owner references' uids, or by the label its
 controller sets, for kinds whose pods are owned through another object: JobSet -> Job
--> Pod, LeaderWorkerSet -> StatefulSet -> Pod) takes a slot of its own shape: it is
-admitted from the reservation, with nothing more counted. The slots no pod took are
-released when the reservation's bound passes.
+-> Pod, TrainJob -> JobSet -> Job -> Pod, LeaderWorkerSet -> StatefulSet -> Pod) takes a
+slot of its own shape: it is admitted from the reservation, with nothing more counted.
+The slots no pod took are released when the workload is deleted (its DELETE is sent to
+the webhook) or, at the latest, when the reservation's bound passes. Each store holds
+the slots its own way: ``MemoryStore`` in the process, ``LedgerStore`` as entries of the
+tenant's ledger, shared by every replica.
 """
 
 from __future__ import annotations

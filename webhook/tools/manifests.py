@@ -119,7 +119,7 @@ def release_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any
     freed when the workload is deleted."""
     by: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for b in CRD_KINDS:
-        if b.gang:
+        if b.reserves:
             by.setdefault((b.group, b.versions), []).append(b.resource)
     for w in configured:
         if w.gang == "all" or w.gang_minimum is not None:
@@ -452,7 +452,9 @@ def _crd_specs(group: str, kind: str) -> str:
     """CEL for the pod specs of a built-in training kind (as ``webhook.k8s.workloads``
     reads it); a TrainJob's and an Argo step's are made up of their containers."""
     if group == "batch.volcano.sh":
-        return _specs("spec", "tasks", "*", "template")
+        job: tuple[str, ...] = (("spec", "jobTemplate", "spec") if kind == "CronJob"
+                                else ("spec",))
+        return _specs(*job, "tasks", "*", "template")
     if group == "jobset.x-k8s.io":
         return _specs("spec", "replicatedJobs", "*", "template", "spec", "template")
     if group == "kubeflow.org":
