@@ -82,11 +82,12 @@ def borrow_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
     if (not d.allowed or req.kind != "Pod" or req.operation != "CREATE" or req.sub_resource
             or not isinstance(obj, dict)):
         return d
-    patch = Patch()
     owner = policy.tenant_for(req.namespace, labels(req.namespace))
-    marked = is_marked(obj) and owner is not None and owner.cohort is not None
+    if owner is None or owner.cohort is None:
+        return d  # the usual case, decided without looking further
+    patch = Patch()
+    marked = is_marked(obj)
     if marked:  # labelled by hand (or a reinvocation): its priority is the class's
-        assert owner is not None and owner.cohort is not None
         mark(obj, owner.cohort.priority, patch)
     step = validate(req, policy, labels, claims).quota  # on the mutated pod
     if step is None or step.ask is None or not step.ask.is_pod:
