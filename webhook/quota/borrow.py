@@ -73,6 +73,19 @@ def check_borrowed(check: Checker, policy: CompiledPolicy, tenant: TenantRules, 
     return fits
 
 
+def why_not_borrowed(check: Checker, policy: CompiledPolicy, tenant: TenantRules, ask: Ask,
+                     usage: UsageView) -> None:
+    """For a cohort tenant's pod refused on its own quota: what its cohort can lend now
+    (a sentence with the refusal, so the developer knows whether to retry)."""
+    if tenant.cohort is None:
+        return
+    r = room(cohort_members(policy, tenant, usage), tenant.name)
+    left = {"borrowingLimit": r.limit_left, "lenders": r.others_lend,
+            "cohort": r.cohort_left}[r.bound]
+    check.report(Rule.QUOTA, messages.not_borrowed(
+        tenant.cohort.name, ask.gpus, r.free, r.bound, left, tenant.cohort.borrowing_limit))
+
+
 def borrow_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
                      usage: UsageView, labels: NamespaceLabels, claims: ClaimLookup
                      ) -> Decision:
