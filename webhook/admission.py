@@ -39,7 +39,7 @@ from webhook.k8s.review import API_VERSION, AdmissionRequest
 from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
-from webhook.quota.borrow import borrow_on_mutate, check_borrowed
+from webhook.quota.borrow import borrow_on_mutate, check_borrowed, why_not_borrowed
 from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
 from webhook.quota.gang import GANG_BOUND_SECONDS
 from webhook.quota.store import BorrowStore, GangStore, ReservationUnavailable, UsageStore
@@ -168,7 +168,10 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         # Run on every attempt of the store's compare-and-swap loop, against fresh state:
         # only the last attempt's findings stand.
         check.findings.clear()
-        return check_pod(check, step.tenant, ask, view)
+        if check_pod(check, step.tenant, ask, view):
+            return True
+        why_not_borrowed(check, policy, step.tenant, ask, view)  # a cohort tenant's
+        return False
 
     try:
         await store.reserve(res.key, res.charge, fits, budget, name=res.name,

@@ -325,3 +325,25 @@ def test_spot_placement_is_reviewed_with_the_spot_example(gpu_webhook: Run,
     assert done.returncode == 1
     assert "tenant serving may not use spot capacity" in done.stdout
     assert "[rule spot-placement, tenant serving]" in done.stdout
+
+
+def test_a_pod_beyond_its_tenants_quota_is_reviewed_as_borrowed(gpu_webhook: Run,
+                                                                tmp_path: Path) -> None:
+    # policies/examples/cohorts.yaml: vision holds 8 GPUs of its own; the file's first
+    # pod takes them, the second runs on GPUs borrowed from cohort research.
+    pods = [{"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": name, "namespace": "vision"},
+             "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {
+                 "limits": {"nvidia.com/gpu": n}}}]}} for name, n in (("own", 8), ("more", 2))]
+    f = _write(tmp_path, "pods.yaml", yaml.safe_dump_all(pods))
+    done = gpu_webhook("review", "-f", f, "--policy",
+                       str(ROOT / "policies" / "examples" / "cohorts.yaml"), "-o", "json")
+    own, more = _json(done)
+    assert own["changes"] == ["gpu-requests", "gpu-tolerations"]
+    assert more["decision"] == "allowed"
+    assert "borrowed" in more["changes"]
+    assert any("borrowed from cohort research" in w for w in more["warnings"])
+    spec = more["object"]["spec"]
+    assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
+        "gpu-webhook-borrowed", -100, "Never")
+    assert more["object"]["metadata"]["labels"] == {"gpu-webhook.dev/borrowed": "true"}

@@ -284,12 +284,14 @@ def test_the_ledger_role_names_exactly_the_ledgers_of_the_shipped_policy() -> No
     import yaml as _yaml
 
     from webhook.policy.load import load_file
-    from webhook.quota.ledger import LEDGER_PREFIX
+    from webhook.quota.ledger import BORROWED_PREFIX, LEDGER_PREFIX
 
     base = Path(__file__).resolve().parents[2] / "deploy" / "base"
     policy = load_file(base / "policy.yaml")
-    wanted = sorted(LEDGER_PREFIX + t.name for t in policy.spec.tenants
-                    if t.quota is not None)
+    wanted = sorted(
+        [LEDGER_PREFIX + t.name for t in policy.spec.tenants if t.quota is not None]
+        # and the ledger of each cohort's borrowed reservations (docs/quota.md)
+        + list({BORROWED_PREFIX + t.cohort.name for t in policy.spec.tenants if t.cohort}))
     [role] = [d for d in _yaml.safe_load_all((base / "rbac.yaml").read_text())
               if d and d["kind"] == "Role" and d["metadata"]["name"] == "gpu-webhook-quota-ledger"]
     by_verbs = {tuple(r["verbs"]): r for r in role["rules"]}

@@ -19,7 +19,8 @@ import base64
 import json
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,24 @@ def api(cohort_sim: SimCluster) -> k8s.CoreV1Api:
         config_file=str(cohort_sim.cp.kubeconfig)))
 
 
+@pytest.fixture
+def lab(cohort_sim: SimCluster, api: k8s.CoreV1Api) -> Iterator[Callable[[str], str]]:
+    """``lab(tenant)``: a fresh namespace of the tenant, deleted (and its pods waited
+    for) when the test ends, so that the next test starts with the node's GPUs free."""
+    made: list[str] = []
+
+    def make(tenant: str) -> str:
+        made.append(cohort_sim.namespace(f"{tenant}-{short_id()}", tenant))
+        return made[-1]
+
+    yield make
+    for ns in made:
+        cohort_sim.cp.kubectl("delete", "namespace", ns, "--wait=false")
+    for ns in made:
+        wait_until(f"the pods of {ns} to be deleted", lambda n=ns: not pods(api, n),
+                   timeout=SCHEDULE_TIMEOUT, every=0.3)
+
+
 def create(sim: SimCluster, namespace: str, name: str) -> Any:
     """kubectl create of a 1-GPU pod, as a developer runs it; the completed process."""
     return sim.cp.kubectl("create", "-n", namespace, "-f", "-", check=False,
@@ -108,9 +127,8 @@ def create(sim: SimCluster, namespace: str, name: str) -> Any:
 
 
 def test_a_tenant_borrows_idle_gpus_and_the_lender_takes_them_back_by_preemption(
-        cohort_sim: SimCluster, api: k8s.CoreV1Api) -> None:
-    a = cohort_sim.namespace(f"lab-a-{short_id()}", "lab-a")
-    b = cohort_sim.namespace(f"lab-b-{short_id()}", "lab-b")
+        cohort_sim: SimCluster, api: k8s.CoreV1Api, lab: Callable[[str], str]) -> None:
+    a, b = lab("lab-a"), lab("lab-b")
 
     # lab-a's own 4 GPUs: not borrowed, no warning.
     for i in range(4):
@@ -158,6 +176,30 @@ def test_a_tenant_borrows_idle_gpus_and_the_lender_takes_them_back_by_preemption
     assert {e.involved_object.name for e in preempted} <= {f"borrowed-{i}"
                                                            for i in range(4)}
     assert preempted, "the scheduler preempted no borrowed pod"
+
+
+def test_concurrent_borrowing_through_two_replicas_never_lends_more_than_is_idle(
+        cohort_sim: SimCluster, api: k8s.CoreV1Api, lab: Callable[[str], str]) -> None:
+    # lab-a's own 4 are in use and lab-b's 4 idle; 8 borrowing pods are created at once,
+    # through the round-robin proxy to both replicas. The cohort's ledger lets at most 4
+    # of them borrow, so every one admitted finds a GPU on the node.
+    a = lab("lab-a")
+    for i in range(4):
+        assert create(cohort_sim, a, f"own-{i}").returncode == 0
+    with ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda i: create(cohort_sim, a, f"rush-{i}"), range(8)))
+    admitted = [d for d in done if d.returncode == 0]
+    assert 1 <= len(admitted) <= 4, [d.stderr for d in done]
+    for d in done:
+        if d.returncode != 0:
+            assert "exceeded quota" in d.stderr or "ledger" in d.stderr, d.stderr
+    running(api, a, 4 + len(admitted))
+    stored = json.loads(cohort_sim.cp.kubectl(
+        "get", "configmap", "-n", "gpu-webhook", "gpu-webhook-borrowed-lab", "-o",
+        "json").stdout)["data"]
+    entries = json.loads(stored["borrowed.lab-a"])
+    assert {e["name"] for e in entries.values()} >= {
+        f"{a}/{p.metadata.name}" for p in pods(api, a, f"{BORROWED}=true")}
 
 
 # ---------------------------------------------------------------- the Priority plugin

@@ -207,6 +207,25 @@ def test_namespace_caps_bind_borrowed_pods() -> None:
     assert "namespace team-b" in v.message
 
 
+def test_a_refusal_on_own_quota_says_what_the_cohort_can_lend() -> None:
+    p, store = policy(), MemoryStore()
+    create(store, p, pod("own", "team-a", 4))
+    create(store, p, pod("theirs", "team-b", 8))  # team-b lends nothing now
+    stored = pod("late", "team-a", 2)
+    m = mutating(parse_review(orjson.dumps(request_review(stored))), p, store=store)
+    assert "borrowed" not in m.mutations  # no room when it was mutated
+    # team-b's pod ends between the two webhooks: the commit refuses the unmarked pod on
+    # team-a's own quota, and says that a retry would borrow.
+    store.pod_seen("uid-theirs", None)
+    final = jsonpatch.apply_patch(stored, m.patch)
+    final["metadata"]["uid"] = "uid-late"
+    v = validating(parse_review(orjson.dumps(request_review(final))), p, store=store)
+    assert not v.allowed
+    assert "cohort lab has 6 GPUs idle to lend now: create the pod again" in v.message
+    _, v, _ = create(store, p, pod("late", "team-a", 2))
+    assert v is not None and v.allowed
+
+
 # --------------------------------------------------------------------------- the ledger
 
 @pytest.fixture

@@ -445,10 +445,14 @@ def spot_unpinned(label: str, values: Iterable[str], tenant: str) -> str:
 # --- borrowing in a cohort (webhook.quota.borrow) ---------------------------------------
 
 
+def _gpus(n: float) -> str:
+    return f"{num(n)} GPU" if n == 1 else f"{num(n)} GPUs"
+
+
 def borrowed(tenant: str, cohort: str, asked: float, used: float, cap: float,
              priority_class: str) -> str:
     """The warning on a pod admitted on GPUs its tenant borrows from its cohort."""
-    return (f"this pod runs on {num(asked)} GPUs borrowed from cohort {cohort}: tenant "
+    return (f"this pod runs on {_gpus(asked)} borrowed from cohort {cohort}: tenant "
             f"{tenant}'s own quota has {num(max(cap - used, 0))} of its {num(cap)} GPUs "
             f"free. It runs at PriorityClass {priority_class} (label "
             f"gpu-webhook.dev/borrowed=true) and may be preempted when the tenants that "
@@ -467,9 +471,20 @@ def borrow_refused(tenant: str, cohort: str, asked: float, bound: str, left: flo
     """A pod marked as borrowed for which the cohort has no room."""
     why = _BOUNDS[bound].format(limit=num(limit) if limit is not None else "?",
                                 left=num(max(left, 0)))
-    return (f"{EXCEEDED_QUOTA}: tenant {tenant} would borrow {num(asked)} GPUs from cohort "
+    return (f"{EXCEEDED_QUOTA}: tenant {tenant} would borrow {_gpus(asked)} from cohort "
             f"{cohort} for this pod, but {why}. Wait for running pods to finish, ask for "
             f"fewer, or ask the platform team for more quota.")
+
+
+def not_borrowed(cohort: str, asked: float, free: float, bound: str, left: float,
+                 limit: float | None) -> str:
+    """Said with a cohort tenant's pod refused on its own quota."""
+    if asked <= free + 1e-9:  # the cohort had room by the time the pod was committed
+        return (f"cohort {cohort} has {_gpus(free)} idle to lend now: create the pod "
+                f"again and it runs on borrowed GPUs (preemptible).")
+    why = _BOUNDS[bound].format(limit=num(limit) if limit is not None else "?",
+                                left=num(max(left, 0)))
+    return f"it cannot borrow {_gpus(asked)} from cohort {cohort} either: {why}."
 
 
 def borrowed_priority_changed(priority_class: str, problem: str) -> str:
@@ -486,3 +501,14 @@ def gang_borrows(scope: str, pods: int, per_pod: float, cap: float, cohort: str)
     return (f"asks for {_pods(pods)} x {num(per_pod)} = {num(pods * per_pod)} GPUs at once, "
             f"more than {scope}'s own {num(cap)}: pods beyond {own} run only on GPUs "
             f"borrowed from cohort {cohort} while it has them idle, and may be preempted.")
+
+
+def gang_never_fits_borrowing(scope: str, pods: int, per_pod: float, cap: float,
+                              extra: float, cohort: str, others: int = 0) -> str:
+    """A workload larger than its tenant's own GPUs and all it could ever borrow."""
+    total = cap + extra
+    return (f"asks for {_pods(pods)} x {num(per_pod)} = {num(pods * per_pod)} GPUs at once, "
+            f"but {scope}'s own {num(cap)} GPUs and the {num(extra)} it may ever borrow "
+            f"from cohort {cohort} are {num(total)}: it can never run in full. Run at most "
+            f"{_pods(most_pods(total, per_pod))} of this size{_tightest(others)}, or fewer "
+            f"GPUs per pod.")

@@ -73,6 +73,19 @@ def check_borrowed(check: Checker, policy: CompiledPolicy, tenant: TenantRules, 
     return fits
 
 
+def why_not_borrowed(check: Checker, policy: CompiledPolicy, tenant: TenantRules, ask: Ask,
+                     usage: UsageView) -> None:
+    """For a cohort tenant's pod refused on its own quota: what its cohort can lend now
+    (a sentence with the refusal, so the developer knows whether to retry)."""
+    if tenant.cohort is None:
+        return
+    r = room(cohort_members(policy, tenant, usage), tenant.name)
+    left = {"borrowingLimit": r.limit_left, "lenders": r.others_lend,
+            "cohort": r.cohort_left}[r.bound]
+    check.report(Rule.QUOTA, messages.not_borrowed(
+        tenant.cohort.name, ask.gpus, r.free, r.bound, left, tenant.cohort.borrowing_limit))
+
+
 def borrow_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
                      usage: UsageView, labels: NamespaceLabels, claims: ClaimLookup
                      ) -> Decision:
@@ -82,11 +95,12 @@ def borrow_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
     if (not d.allowed or req.kind != "Pod" or req.operation != "CREATE" or req.sub_resource
             or not isinstance(obj, dict)):
         return d
-    patch = Patch()
     owner = policy.tenant_for(req.namespace, labels(req.namespace))
-    marked = is_marked(obj) and owner is not None and owner.cohort is not None
+    if owner is None or owner.cohort is None:
+        return d  # the usual case, decided without looking further
+    patch = Patch()
+    marked = is_marked(obj)
     if marked:  # labelled by hand (or a reinvocation): its priority is the class's
-        assert owner is not None and owner.cohort is not None
         mark(obj, owner.cohort.priority, patch)
     step = validate(req, policy, labels, claims).quota  # on the mutated pod
     if step is None or step.ask is None or not step.ask.is_pod:

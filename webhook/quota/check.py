@@ -133,20 +133,29 @@ def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageVi
     never: list[Line] = []
     not_now: list[Line] = []
     borrows: Line | None = None
+    extra_of: dict[int, float] = {}
     for line in lines(tenant, ask, usage):
         # A cohort tenant's pods beyond its own GPUs may run on borrowed ones.
         extra = (ceiling(check.policy, tenant)
                  if line.holders[0] == "tenant" and line.what == "GPUs" else 0.0)
         if ask.pods * line.per_pod > line.cap + extra + EPSILON:
             never.append(line)
+            extra_of[id(line)] = extra
         elif extra and ask.pods * line.per_pod > line.cap + EPSILON:
             borrows = line
         elif ask.pods_added and line.used + ask.pods_added * line.per_pod > line.cap + EPSILON:
             not_now.append(line)
     if never:
-        line = min(never, key=lambda x: messages.most_pods(x.cap, x.per_pod))
-        check.report(Rule.QUOTA, messages.gang_never_fits(
-            line.scope, line.what, ask.pods, line.per_pod, line.cap, len(never) - 1))
+        line = min(never, key=lambda x: messages.most_pods(x.cap + extra_of[id(x)],
+                                                           x.per_pod))
+        extra = extra_of[id(line)]
+        if extra and tenant.cohort is not None:
+            check.report(Rule.QUOTA, messages.gang_never_fits_borrowing(
+                line.scope, ask.pods, line.per_pod, line.cap, extra, tenant.cohort.name,
+                len(never) - 1))
+        else:
+            check.report(Rule.QUOTA, messages.gang_never_fits(
+                line.scope, line.what, ask.pods, line.per_pod, line.cap, len(never) - 1))
         return
     if borrows is not None and tenant.cohort is not None:
         check.report(Rule.QUOTA, messages.gang_borrows(
