@@ -169,9 +169,11 @@ def test_a_developer_sees_used_and_free_gpus_and_the_audit_lists_pods_over_a_low
     # Its own namespace only: the same tenant's other namespace is not theirs to read.
     code, _, err = run([*kubectl, "get", "gpuquotas", "-n", other])
     assert code != 0 and "forbidden" in err.lower(), err
-    # ... and the other namespace's own object says the same tenant-wide numbers.
-    assert orjson.loads(cp.kubectl("get", "gpuquota", "audit", "-n", other, "-o",
-                                   "json").stdout)["status"]["free"] == 2
+    # ... and the other namespace's own object says the same tenant-wide numbers (once
+    # the leader has seen that namespace: it was made after the pods).
+    wait_until("the tenant's other namespace to show the same 2 free GPUs", lambda: cp.kubectl(
+        "get", "gpuquota", "audit", "-n", other, "-o", "jsonpath={.status.free}",
+        check=False).stdout.strip() == "2", TIMEOUT, 0.5)
 
     # With nothing over a cap, the audit writes no report for the namespace.
     assert report_of(cp, ns) is None

@@ -74,6 +74,8 @@ class BackgroundAudit:
             old = have.get(ns)
             if old is not None and same_results(old.get("results") or [], report["results"]):
                 continue
+            if not self.leading():
+                return  # lost the Lease mid-round: the new leader writes from here
             # One report that cannot be written (its namespace terminating) must not
             # keep the others from being written: logged, and tried again next round.
             try:

@@ -82,6 +82,8 @@ class QuotaStatusWriter:
             old = have.get((ns, tenant))
             if old is not None and _numbers(old.get("status") or {}) == st:
                 continue
+            if not self.leading():
+                return  # lost the Lease mid-round: the new leader writes from here
             obj = status.gpuquota(ns, tenant, {**st, "updated": now})
             # One object that cannot be written (its namespace terminating) must not
             # keep the others stale: logged, and tried again next round.
