@@ -115,6 +115,7 @@ def test_the_chart_follows_its_release_namespace(helm_bin: str) -> None:
     validate_all(objects)
     for obj in objects:
         if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                               "PriorityClass",
                                "MutatingWebhookConfiguration",
                                "ValidatingWebhookConfiguration"):
             assert obj["metadata"]["namespace"] == "gpu-admission", obj["kind"]
