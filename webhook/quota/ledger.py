@@ -11,7 +11,9 @@ Admitting a GPU pod: read the tenant's ledger; usage = pods this replica has see
 live reservations for pods it has not seen yet; if the pod fits, write the ledger back
 with its reservation, conditional on the version read. A conflict means another
 admission committed first: read again and decide again, within the request's budget.
-Inside one process, commits for a tenant queue on a lock, so only replicas conflict.
+Inside one process, one commit per tenant runs at a time and the pods that arrive
+meanwhile are committed together by the next (group commit, see ``_drain``), so only
+replicas conflict; the ledger as last written is reused as the next read.
 
 Reservations are never removed when a pod is seen (another replica may not have seen it
 yet); they expire after the TTL, by wall-clock time written in the entry. See
@@ -177,7 +179,11 @@ class LedgerStore:
         self.ttl = ttl
         self.wall = wall
         self._known: dict[str, dict[str, Entry]] = {}  # last ledger read, per tenant
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Group commit (see _drain): pods waiting per tenant, the task committing them,
+        # and the ledger as this replica last wrote it.
+        self._queued: dict[str, list[_Ask]] = {}
+        self._committers: dict[str, asyncio.Task[None]] = {}
+        self._cached: dict[str, _Read] = {}
         self.conflicts = 0
         self.commits = 0
         self.expired = 0  # entries this replica dropped from a ledger after their TTL
@@ -221,12 +227,16 @@ class LedgerStore:
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
                       budget: float, name: str | None = None) -> bool:
-        deadline = time.monotonic() + budget
-        lock = self._locks.setdefault(charge.tenant, asyncio.Lock())
+        ask = _Ask(key, charge, fits, name, time.monotonic() + budget,
+                   asyncio.get_running_loop().create_future())
+        tenant = charge.tenant
+        self._queued.setdefault(tenant, []).append(ask)
+        if tenant not in self._committers:
+            task = asyncio.get_running_loop().create_task(self._drain(tenant))
+            self._committers[tenant] = task
         try:
             async with asyncio.timeout(budget):
-                async with lock:
-                    return await self._commit(key, charge, fits, deadline, name)
+                return await ask.done
         except TimeoutError:
             raise ReservationUnavailable(
                 f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
@@ -238,57 +248,151 @@ class LedgerStore:
                    error=str(exc), detail=exc.detail)
         return ReservationUnavailable(exc.reason)
 
-    async def _commit(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      deadline: float, name: str | None) -> bool:
-        ledger = LEDGER_PREFIX + charge.tenant
-        if not self.state.synced():
-            # A cache that is not known to be current would count expired reservations
-            # as free for pods it has not seen (a stalled watch): refuse to decide.
-            raise ReservationUnavailable(
-                "the webhook's view of the cluster's pods is not up to date")
+    # -- group commit ------------------------------------------------------------------
+    #
+    # One commit per tenant is in flight at a time (per-tenant CAS on one ConfigMap); the
+    # pods that arrive meanwhile queue, and the next commit takes all of them: each is
+    # decided in arrival order against the entries the ones before it added, then one
+    # conditional write records them together. Under load a tenant's pods cost one
+    # write per batch instead of a read and a write each, one after the other. A
+    # conflict re-reads and re-decides the whole batch, so a batch admits exactly what
+    # the same pods committed one by one would.
+    #
+    # The read: after a write that won, the ledger is what was written, at the version
+    # the API server returned; the next commit writes against that without reading it
+    # again. Another replica's write in between makes that write conflict (409), and
+    # the conflict re-reads. So a commit is one API call unless replicas contend.
+
+    async def _drain(self, tenant: str) -> None:
+        try:
+            while batch := self._queued.pop(tenant, None):
+                try:
+                    await self._commit(tenant, batch)
+                except BaseException as exc:  # a bug must fail its pods, never hang them
+                    for ask in batch:
+                        ask.fail(exc if isinstance(exc, Exception) else
+                                 ReservationUnavailable("the commit was interrupted"))
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            del self._committers[tenant]
+
+    async def _read(self, tenant: str, ledger: str) -> _Read:
+        cached = self._cached.pop(tenant, None)
+        if cached is not None:
+            return cached
+        try:
+            stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
+        except KubeError as exc:
+            raise self._unavailable(ledger, exc) from None
+        return _Read(decode(tenant, stored.data, self.wall(), ledger), stored.resource_version)
+
+    async def _commit(self, tenant: str, batch: list[_Ask]) -> None:
+        ledger = LEDGER_PREFIX + tenant
         attempt = 0
         while True:
+            live = [a for a in batch if not a.done.done()]  # a caller past its budget left
+            if not live:
+                return
+            if not self.state.synced():
+                # A cache that is not known to be current would count expired reservations
+                # as free for pods it has not seen (a stalled watch): refuse to decide.
+                raise ReservationUnavailable(
+                    "the webhook's view of the cluster's pods is not up to date")
             try:
-                stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
-            except KubeError as exc:
-                raise self._unavailable(ledger, exc) from None
+                read = await self._read(tenant, ledger)
+            except ReservationUnavailable as exc:
+                for a in live:
+                    a.fail(exc)
+                return
             now = self.wall()
-            stored_entries = decode(charge.tenant, stored.data, now, ledger)
-            entries = {k: e for k, e in stored_entries.items() if e.expires > now}
-            self._known[charge.tenant] = entries
-            if key in entries or self.state.seen(key):
-                return True  # a retried review of a pod already counted
-            if name is not None and any(
-                    e.name == name and not self.state.seen(k) and covers(e.charge, charge)
-                    for k, e in entries.items()):
-                return True  # the same pod created again (a retry): one charge for a name
-            holder = self.state.holder(name) if name is not None else None
-            taken = (holder is not None and holder[0] != key and holder[1] is not None
-                     and covers(holder[1], charge))
-            # A name held by a pod at least as big: this create fails (AlreadyExists) or
-            # follows that pod's deletion into the room it leaves, so it needs no room
-            # now. It is still recorded, to count once the holder is gone.
-            if not taken and not fits(
-                    Combined(self.state.pods, self._unseen([entries]))):
-                return False
-            entries[key] = Entry(charge, now + self.ttl, name)
+            entries = {k: e for k, e in read.entries.items() if e.expires > now}
+            self._known[tenant] = entries
+            outcomes = [(a, self._place(a, entries, now)) for a in live]
+            added = sum(1 for _, o in outcomes if o is _ADDED)
+            if not added:
+                self._cached[tenant] = read  # unchanged: still the ledger as last known
+                for a, o in outcomes:
+                    a.succeed(o is not False)
+                return
             try:
-                await asyncio.to_thread(self.maps.write, ledger, encode(entries),
-                                        stored.resource_version, LABELS)
+                version = await asyncio.to_thread(self.maps.write, ledger, encode(entries),
+                                                  read.version, LABELS)
             except Conflict:
                 self.conflicts += 1
                 attempt += 1
                 # Jittered backoff so racing replicas do not collide in lockstep.
                 pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
-                if time.monotonic() + pause >= deadline:
-                    raise ReservationUnavailable(
-                        f"the ledger kept changing ({attempt} conflicts)") from None
+                for a in live:
+                    if time.monotonic() + pause >= a.deadline:
+                        a.fail(ReservationUnavailable(
+                            f"the ledger kept changing ({attempt} conflicts)"))
                 await asyncio.sleep(pause)
                 continue
             except KubeError as exc:
-                raise self._unavailable(ledger, exc) from None
-            self._known[charge.tenant] = entries
-            self.commits += 1
+                error = self._unavailable(ledger, exc)
+                for a in live:
+                    a.fail(error)
+                return
+            self._known[tenant] = entries
+            if version is not None:
+                self._cached[tenant] = _Read(dict(entries), version)
+            self.commits += added
             # Counted once the write that drops them has won, so a retry never recounts.
-            self.expired += len(stored_entries) - (len(entries) - 1)
-            return True
+            self.expired += len(read.entries) - (len(entries) - added)
+            for a, o in outcomes:
+                a.succeed(o is not False)
+            return
+
+    def _place(self, ask: _Ask, entries: dict[str, Entry], now: float) -> bool | object:
+        """Decide one pod against ``entries`` (the ledger as read plus the pods before it
+        in the batch), adding its entry when it needs room and fits: ``_ADDED``; True
+        when it is admitted with nothing to write; False when it does not fit."""
+        key, charge, name = ask.key, ask.charge, ask.name
+        if key in entries or self.state.seen(key):
+            return True  # a retried review of a pod already counted
+        if name is not None and any(
+                e.name == name and not self.state.seen(k) and covers(e.charge, charge)
+                for k, e in entries.items()):
+            return True  # the same pod created again (a retry): one charge for a name
+        holder = self.state.holder(name) if name is not None else None
+        taken = (holder is not None and holder[0] != key and holder[1] is not None
+                 and covers(holder[1], charge))
+        # A name held by a pod at least as big: this create fails (AlreadyExists) or
+        # follows that pod's deletion into the room it leaves, so it needs no room
+        # now. It is still recorded, to count once the holder is gone.
+        if not taken and not ask.fits(Combined(self.state.pods, self._unseen([entries]))):
+            return False
+        entries[key] = Entry(charge, now + self.ttl, name)
+        return _ADDED
+
+
+_ADDED = object()  # _place: admitted, and its entry added to the batch's write
+
+
+@dataclass(slots=True)
+class _Ask:
+    """One pod waiting for its tenant's next commit."""
+
+    key: str
+    charge: Charge
+    fits: Callable[[UsageView], bool]
+    name: str | None
+    deadline: float  # time.monotonic()
+    done: asyncio.Future[bool]
+
+    def succeed(self, admitted: bool) -> None:
+        if not self.done.done():
+            self.done.set_result(admitted)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """A tenant's ledger as last read or written: its valid entries and version."""
+
+    entries: dict[str, Entry]
+    version: str | None
