@@ -392,6 +392,7 @@ class Conditions:
             "--kubeconfig", str(self.cp.kubeconfig), "--namespace", LEDGER_NAMESPACE],
             self.work / "ours.log")
         wait_https(self.procs["ours"], port)
+        self.ours_port = port
         ours = self._render(f"https://127.0.0.1:{port}")
         self.configs["ours"] = ours
         self.names["ours"] = _hook_names(ours)
@@ -449,6 +450,21 @@ class Conditions:
                 "kyverno" in n for n in called), "Kyverno's webhooks", timeout=300)
         self.current = condition
 
+    def ours_counters(self) -> dict[str, float]:
+        """Our webhook's own counters: mutating reviews answered and those answered with
+        a reused decision (webhook.server.reuse)."""
+        ctx = ssl.create_default_context(cafile=str(self.cert_dir / "ca.pem"))
+        c = http.client.HTTPSConnection("localhost", self.ours_port, context=ctx, timeout=30)
+        try:
+            c.request("GET", "/metrics")
+            text = c.getresponse().read().decode()
+        finally:
+            c.close()
+        samples = parse_metrics(text, "gpu_webhook_")
+        return {"mutating": total(samples, "gpu_webhook_admission_requests_total",
+                                  webhook="mutate"),
+                "reused": total(samples, "gpu_webhook_mutating_decisions_reused_total")}
+
     def stop(self) -> None:
         for p in self.procs.values():
             p.stop()
@@ -498,9 +514,11 @@ def delete_pods(cp: ControlPlane) -> None:
 def measure(cp: ControlPlane, conds: Conditions, mixed: list[Item], clients: int,
             seconds: float, dry_run: bool) -> dict[str, Any]:
     before = apiserver_hist(cp)
+    counted = conds.ours_counters()
     cpu0 = {n: p.cpu_seconds() for n, p in conds.procs.items()}
     run = load(cp, mixed, clients, seconds, dry_run)
     after = apiserver_hist(cp)
+    counted = {k: v - counted[k] for k, v in conds.ours_counters().items()}
     cpu = {n: p.cpu_seconds() - cpu0[n] for n, p in conds.procs.items()}
     if not dry_run:
         delete_pods(cp)
@@ -512,6 +530,9 @@ def measure(cp: ControlPlane, conds: Conditions, mixed: list[Item], clients: int
         "by_kind_p50_ms": {k: round(1000 * pct(v, 0.5), 3) for k, v in run.by_kind.items()},
         "apiserver": webhook_metric(before, after),
         "server_cpu_ms_per_request": {k: round(1000 * v / n, 3) for k, v in cpu.items() if n},
+        # Of our mutating reviews, the share answered with a reused decision.
+        "ours_reused": round(counted["reused"] / counted["mutating"], 3)
+        if counted["mutating"] else None,
     }
 
 

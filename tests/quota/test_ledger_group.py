@@ -25,7 +25,8 @@ from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
 from webhook.libs.kube import ConfigMaps
 from webhook.quota.cache import ClusterState
-from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore
+from webhook.quota.ledger import LEDGER_PREFIX, Entry, LedgerStore, encode
+from webhook.quota.usage import Charge
 
 NS = "gpu-webhook"
 LEDGER = LEDGER_PREFIX + "team-a"
@@ -99,3 +100,20 @@ def test_a_commit_after_a_commit_is_one_write(api: FakeAPI) -> None:
     asyncio.run(admit_all(store, [pod("b", gpus=1)]))
     assert [m for m, _ in api.requests] == ["PUT"]  # no read: the last write is known
     assert sorted(reserved(api)) == ["uid-a", "uid-b"]
+
+
+def test_an_encoding_from_the_memo_is_the_encoding_made_afresh() -> None:
+    def charge(gpus: float) -> Charge:
+        return Charge("team-a", "team-a", "pod/x", "a100", {"nvidia.com/gpu": gpus}, gpus)
+
+    memo: dict[str, Any] = {}
+    entries = {f"uid-{i}": Entry(charge(1), NOW + i, f"team-a/p{i}") for i in range(200)}
+    assert encode(entries, memo) == encode(entries)
+    entries["uid-7"] = Entry(charge(4), NOW + 99, "team-a/p7")  # replaced
+    del entries["uid-3"]  # expired
+    for i in range(200, 400):
+        entries[f"uid-{i}"] = Entry(charge(2), NOW + i, None)
+    for i in range(0, 150):
+        entries.pop(f"uid-{i}", None)
+    assert encode(entries, memo) == encode(entries)
+    assert len(memo) <= 2 * len(entries) + 64  # what left the ledger left the memo

@@ -68,9 +68,18 @@ class Entry:
     name: str | None = None  # "namespace/name" of the pod (None in ledgers before names)
 
 
-def encode(entries: dict[str, Entry]) -> dict[str, str]:
+def encode(entries: dict[str, Entry], memo: dict[str, tuple[Entry, dict[str, Any]]] | None = None
+           ) -> dict[str, str]:
+    """The ConfigMap data of a ledger. ``memo`` keeps each entry's JSON object from one
+    encoding to the next (a ledger is rewritten whole on every commit and holds a
+    TTL's worth of entries, nearly all unchanged since the last write)."""
     out = {}
     for key, e in entries.items():
+        if memo is not None:
+            known = memo.get(key)
+            if known is not None and known[0] is e:
+                out[key] = known[1]
+                continue
         item: dict[str, Any] = {
             "ns": e.charge.namespace, "owner": e.charge.owner, "product": e.charge.product,
             "resources": dict(e.charge.resources), "gpus": e.charge.gpus,
@@ -80,6 +89,11 @@ def encode(entries: dict[str, Entry]) -> dict[str, str]:
         if e.charge.pods != 1:
             item["pods"] = e.charge.pods  # a DRA claim counts no GPU pod
         out[key] = item
+        if memo is not None:
+            memo[key] = (e, item)
+    if memo is not None and len(memo) > 2 * len(entries) + 64:
+        for key in [k for k in memo if k not in entries]:
+            del memo[key]  # entries gone from the ledger (expired)
     return {"reservations": orjson.dumps(out, option=orjson.OPT_SORT_KEYS).decode()}
 
 
@@ -184,6 +198,7 @@ class LedgerStore:
         self._queued: dict[str, list[_Ask]] = {}
         self._committers: dict[str, asyncio.Task[None]] = {}
         self._cached: dict[str, _Read] = {}
+        self._encoded: dict[str, dict[str, tuple[Entry, dict[str, Any]]]] = {}  # see encode
         self.conflicts = 0
         self.commits = 0
         self.expired = 0  # entries this replica dropped from a ledger after their TTL
@@ -316,7 +331,8 @@ class LedgerStore:
                     a.succeed(o is not False)
                 return
             try:
-                version = await asyncio.to_thread(self.maps.write, ledger, encode(entries),
+                data = encode(entries, self._encoded.setdefault(tenant, {}))
+                version = await asyncio.to_thread(self.maps.write, ledger, data,
                                                   read.version, LABELS)
             except Conflict:
                 self.conflicts += 1

@@ -199,6 +199,7 @@ class AdmissionApp:
         if key is not None:
             reused = self.reuse.get(key)
             if reused is not None:
+                metrics.REUSED.inc()
                 return reused
         decision = mutating(req, policy, self.cluster.labels, self.cluster.claims)
         if key is not None:
