@@ -282,15 +282,19 @@ def webhook_calls(cp: ControlPlane) -> dict[str, float]:
 
 
 def _probe(cp: ControlPlane) -> set[str]:
-    """The webhooks a dry-run GPU pod creation calls now."""
+    """The webhooks a dry-run GPU pod creation calls now and that answer it (a webhook
+    whose call failed, e.g. one still without its serving certificate, is left out)."""
     before = webhook_calls(cp)
     client = Client(cp)
     try:
         body = json.dumps(_gpu_pod(1, generateName="probe-")).encode()
-        client.request("POST", f"/api/v1/namespaces/bench-{TENANTS[0]}/pods?dryRun=All", body)
+        status, _ = client.request(
+            "POST", f"/api/v1/namespaces/bench-{TENANTS[0]}/pods?dryRun=All", body)
     finally:
         client.close()
     after = webhook_calls(cp)
+    if status not in (201, 403):
+        return set()
     return {n for n, v in after.items() if v > before.get(n, 0.0)}
 
 
@@ -421,7 +425,12 @@ class Conditions:
         self.procs["kyverno"] = spawn("kyverno", [
             str(d / "kyverno"), f"--kubeconfig={cp.kubeconfig}",
             f"--serverIP=127.0.0.1:{port}", f"--webhookServerPort={port}",
-            "--admissionReports=false", "--disableMetrics=true", "--v=1",
+            # The Secrets its certificate controller keeps its CA and serving pair in
+            # (the Helm chart's names); it generates both and puts the CA in caBundle.
+            "--caSecretName=kyverno-svc.kyverno.svc.kyverno-tls-ca",
+            "--tlsSecretName=kyverno-svc.kyverno.svc.kyverno-tls-pair",
+            f"--metricsPort={free_port()}", "--disableMetrics=true",
+            "--admissionReports=false", "--v=1", "--disableLogColor",
             "--protectManagedResources=false"], self.work / "kyverno.log",
             env={"KYVERNO_NAMESPACE": KYVERNO_NAMESPACE, "KYVERNO_SERVICEACCOUNT_NAME": "kyverno",
                  "KYVERNO_DEPLOYMENT": "kyverno", "KYVERNO_POD_NAME": "kyverno-bench",
@@ -446,8 +455,16 @@ class Conditions:
                        f"the {condition} webhooks")
         elif condition == "kyverno":
             _kubectl(cp, "apply", "-f", str(KYVERNO_POLICY))
-            wait_calls(cp, lambda called: bool(called) and all(
-                "kyverno" in n for n in called), "Kyverno's webhooks", timeout=300)
+            kyverno = self.procs["kyverno"]
+
+            def kyverno_called(called: set[str]) -> bool:
+                if kyverno.process.poll() is not None:
+                    raise RuntimeError(f"kyverno exited with {kyverno.process.returncode}:\n"
+                                       + kyverno.log.read_text(errors="replace")[-3000:])
+                return bool(called) and all("kyverno" in n for n in called)
+
+            wait_calls(cp, kyverno_called, "Kyverno's webhooks", timeout=300)
+            check_kyverno(cp)
         self.current = condition
 
     def ours_counters(self) -> dict[str, float]:
@@ -468,6 +485,28 @@ class Conditions:
     def stop(self) -> None:
         for p in self.procs.values():
             p.stop()
+
+
+def check_kyverno(cp: ControlPlane) -> None:
+    """Kyverno does the work it is compared on: a GPU pod comes back with the GPU
+    toleration and product affinity, and a GPU request unlike its limit is refused."""
+    client = Client(cp)
+    path = f"/api/v1/namespaces/bench-{TENANTS[0]}/pods?dryRun=All"
+    try:
+        status, body = client.request(
+            "POST", path, json.dumps(_gpu_pod(1, generateName="check-")).encode())
+        spec = json.loads(body).get("spec", {})
+        if status != 201 or not any(t.get("key") == "nvidia.com/gpu"
+                                    for t in spec.get("tolerations", [])) \
+                or "nodeAffinity" not in spec.get("affinity", {}):
+            raise RuntimeError(f"Kyverno did not mutate the GPU pod: {status} {body[:500]!r}")
+        wrong = _gpu_pod(2, generateName="check-")
+        wrong["spec"]["containers"][0]["resources"]["requests"] = {"nvidia.com/gpu": 1}
+        status, body = client.request("POST", path, json.dumps(wrong).encode())
+        if status != 403:
+            raise RuntimeError(f"Kyverno admitted a GPU request unlike its limit: {status}")
+    finally:
+        client.close()
 
 
 def _hook_names(manifests: str) -> set[str]:
