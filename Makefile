@@ -75,11 +75,13 @@ test: lint audit controlplane promtool helm
 
 # Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs
 # (bench/README.md). About 9 minutes; bench-quick is a smoke run of every part (~45 s).
-bench: install
+bench: install controlplane
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.apiserver
 
-bench-quick: install
+bench-quick: install controlplane
 	$(BIN)/python -m bench.run --quick
+	$(BIN)/python -m bench.apiserver --quick
 
 # Scale run on the simulated GPU cluster: 500 kwok GPU nodes, 20 tenants, 2 x 10,000 GPU
 # pods through the Job controller with and without the webhook (about 25 minutes on 2

@@ -156,6 +156,66 @@ def items() -> dict[str, Item]:
     return {f"{i.path[1:]}:{i.name}": i for i in out}
 
 
+@cache
+def all_items() -> dict[str, Item]:
+    """items() and the realistic mix's (kept apart: the in-process timings are per item
+    of items(), and the realistic mix has a thousand one-off pods)."""
+    return {**items(), **{f"{i.path[1:]}:{i.name}": i for i in realistic()}}
+
+
+# Distinct one-off pods in the realistic mix: more than the mutating webhook keeps
+# decisions for (webhook.server.reuse, 1,024), so that wrk's replay of the same bodies
+# does not turn them into repeats the cache answers.
+UNIQUE_PODS = 1100
+
+
+def _owned(name: str, kind: str, gpus: int) -> dict[str, Any]:
+    """A pod as its controller creates it: generateName, no name or uid yet."""
+    obj = pod("", "research", {"nvidia.com/gpu": gpus})
+    meta = obj["metadata"]
+    del meta["name"], meta["uid"]
+    meta["generateName"] = f"{name}-"
+    meta["ownerReferences"] = [{"apiVersion": "apps/v1" if kind == "ReplicaSet" else "batch/v1",
+                                "kind": kind, "name": name, "controller": True,
+                                "uid": "4b1e6c9a-0d3f-4f7e-8a21-6c5d4e3f2a1b"}]
+    return obj
+
+
+def realistic() -> list[Item]:
+    """The mix bench/apiserver.py sends through a real API server, as the reviews our
+    webhook gets from it: per round, a pod of a ReplicaSet and of a Job (one shape
+    each, the same every round), a one-off pod, a non-GPU pod tolerating the GPU taint
+    (stripped), a pod the policy denies; each admitted pod's validating review (dry run).
+    ``realistic`` in MIXES interleaves them as they arrive."""
+    rs = _owned("serve-6d4cf56db7", "ReplicaSet", 1)
+    job = _owned("finetune", "Job", 2)
+    tolerating = pod("etl-0", "research", {})
+    tolerating["spec"]["tolerations"].append({"key": "nvidia.com/gpu", "operator": "Exists"})
+    denied = pod("mig-1", "research", {"nvidia.com/mig-1g.10gb": 1})  # not allowed here
+    out = [_item("rs", "/mutate", rs, "patch"),
+           _item("rs", "/validate", mutated(rs), "allow", dry_run=True),
+           _item("job", "/mutate", job, "patch"),
+           _item("job", "/validate", mutated(job), "allow", dry_run=True),
+           _item("tolerating", "/mutate", tolerating, "patch"),
+           _item("denied-pod", "/mutate", denied, "deny")]
+    for i in range(UNIQUE_PODS):
+        one = pod(f"notebook-{i}", "research", {"nvidia.com/gpu": 1 + i % 4})
+        one["spec"]["containers"][0]["image"] = f"registry.example.com/ml/notebook:{i}"
+        out += [_item(f"unique-{i}", "/mutate", one, "patch"),
+                _item(f"unique-{i}", "/validate", mutated(one), "allow", dry_run=True)]
+    return [Item(f"realistic-{i.name}", i.path, i.body, i.expect) for i in out]
+
+
+def _realistic_keys() -> list[str]:
+    keys: list[str] = []
+    for i in range(UNIQUE_PODS):
+        for name in ("rs", "job"):
+            keys += [f"mutate:realistic-{name}", f"validate:realistic-{name}"]
+        keys += [f"mutate:realistic-unique-{i}", f"validate:realistic-unique-{i}",
+                 "mutate:realistic-tolerating", "mutate:realistic-denied-pod"]
+    return keys
+
+
 # Mixes: (endpoint, mix name) -> item keys, sent round-robin. "gpu" is the GPU-pod mix
 # the targets are stated for; "all" adds the cheap and the expensive paths.
 MIXES: dict[str, list[str]] = {
@@ -165,6 +225,8 @@ MIXES: dict[str, list[str]] = {
     "validate/gpu": ["validate:gpu-quota-dryrun", "validate:gpu-ns-quota-dryrun"],
     "validate/all": ["validate:gpu-quota-dryrun", "validate:gpu-ns-quota-dryrun",
                      "validate:non-gpu", "validate:deployment-quota", "validate:denied"],
+    # Both webhooks, the pods bench/apiserver.py creates (see realistic()).
+    "realistic": _realistic_keys(),
 }
 
 
@@ -191,7 +253,7 @@ def run_now(coro: Coroutine[Any, Any, Decision]) -> Decision:
 
 def check(store: UsageStore | None) -> None:
     """Every item gets the outcome its name promises (raises AssertionError if not)."""
-    for key, item in items().items():
+    for key, item in all_items().items():
         r = decide(item, store)["response"]
         got = "deny" if not r["allowed"] else ("patch" if "patch" in r else "allow")
         assert got == item.expect, f"{key}: expected {item.expect}, got {got}: {r}"

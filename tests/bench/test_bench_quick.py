@@ -34,7 +34,8 @@ def test_quick_bench_writes_every_section(tmp_path: Path) -> None:
     assert set(res["quota"]["sizes"]) == {"1000", "100000"}
     assert res["store"]["pods"] == 100_000
     mixes = res["http"]["mixes"]
-    assert set(mixes) == {"mutate/gpu", "mutate/all", "validate/gpu", "validate/all"}
+    assert set(mixes) == {"mutate/gpu", "mutate/all", "validate/gpu", "validate/all",
+                          "realistic"}
     for m in mixes.values():
         assert m["cpu_us_per_request"]["ours"] > 0 and m["cpu_ratio"] > 0
         # The baseline was also paced at the webhook's own maximum rate.

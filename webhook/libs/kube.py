@@ -141,7 +141,11 @@ class StoredMap:
 
 
 class ConfigMaps:
-    """Read and compare-and-swap write of ConfigMaps in one namespace."""
+    """Read and compare-and-swap write of ConfigMaps in one namespace.
+
+    Both read the API server's JSON with orjson (``_preload_content=False``) rather than
+    through the client's model classes: a ledger commit is on the admission path of every
+    GPU pod, and building and walking the models cost more CPU than the call itself."""
 
     def __init__(self, api: client.ApiClient, namespace: str, timeout: float = 2.0) -> None:
         self.core = client.CoreV1Api(api)
@@ -149,31 +153,58 @@ class ConfigMaps:
         self.timeout = timeout
 
     def read(self, name: str) -> StoredMap:
+        what = f"read configmap {self.namespace}/{name}"
         try:
-            with translated(f"read configmap {self.namespace}/{name}", self.timeout):
-                cm = self.core.read_namespaced_config_map(name, self.namespace,
-                                                          _request_timeout=self.timeout)
+            with translated(what, self.timeout):
+                resp = self.core.read_namespaced_config_map(
+                    name, self.namespace, _preload_content=False, _request_timeout=self.timeout)
+                cm = _json_object(what, _body(resp))
         except NotFound:
             return StoredMap({}, None)
-        return StoredMap(dict(cm.data or {}), cm.metadata.resource_version if cm.metadata
-                         else None)
+        return StoredMap(_string_map(cm.get("data")), _resource_version(cm))
 
     def write(self, name: str, data: dict[str, str], resource_version: str | None,
-              labels: dict[str, str]) -> None:
+              labels: dict[str, str]) -> str | None:
         """Create (when ``resource_version`` is None) or replace only if unchanged since
-        it was read; raise Conflict otherwise."""
+        it was read; raise Conflict otherwise. Returns the resourceVersion written (None
+        when the answer does not say), against which the next write can be made without
+        reading the map again."""
         body = client.V1ConfigMap(
             metadata=client.V1ObjectMeta(name=name, namespace=self.namespace, labels=labels,
                                          resource_version=resource_version),
             data=data,
         )
-        with translated(f"write configmap {self.namespace}/{name}", self.timeout):
+        what = f"write configmap {self.namespace}/{name}"
+        with translated(what, self.timeout):
             if resource_version is None:  # AlreadyExists (409) is a Conflict too
-                self.core.create_namespaced_config_map(
-                    self.namespace, body, _request_timeout=self.timeout)
+                resp = self.core.create_namespaced_config_map(
+                    self.namespace, body, _preload_content=False, _request_timeout=self.timeout)
             else:
-                self.core.replace_namespaced_config_map(
-                    name, self.namespace, body, _request_timeout=self.timeout)
+                resp = self.core.replace_namespaced_config_map(
+                    name, self.namespace, body, _preload_content=False,
+                    _request_timeout=self.timeout)
+            try:
+                return _resource_version(orjson.loads(_body(resp)))
+            except orjson.JSONDecodeError:
+                return None  # written; only the version is unknown: read before the next
+
+
+def _body(resp: Any) -> bytes:
+    """A raw answer's body; its connection back to the pool (urllib3 keeps a connection
+    whose content was not preloaded until told), so the next call reuses it."""
+    data: bytes = resp.data
+    resp.release_conn()
+    return data
+
+
+def _string_map(v: object) -> dict[str, str]:
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
+
+
+def _resource_version(obj: object) -> str | None:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return rv if isinstance(rv, str) and rv else None
 
 
 class Watcher:

@@ -11,7 +11,10 @@ Admitting a GPU pod: read the tenant's ledger; usage = pods this replica has see
 live reservations for pods it has not seen yet; if the pod fits, write the ledger back
 with its reservation, conditional on the version read. A conflict means another
 admission committed first: read again and decide again, within the request's budget.
-Inside one process, commits for a tenant queue on a lock, so only replicas conflict.
+Inside one process, one commit per tenant runs at a time and the operations that arrive
+meanwhile (pods, a gang's slots, a gang's release) are committed together by the next
+(group commit, see ``_drain``), so only replicas conflict; the ledger as last written is
+reused as the next read.
 
 Reservations are never removed when a pod is seen (another replica may not have seen it
 yet); they expire after the TTL, by wall-clock time written in the entry. See
@@ -79,9 +82,18 @@ class Entry:
     gang: tuple[str, ...] = ()
 
 
-def encode(entries: dict[str, Entry]) -> dict[str, str]:
+def encode(entries: dict[str, Entry], memo: dict[str, tuple[Entry, dict[str, Any]]] | None = None
+           ) -> dict[str, str]:
+    """The ConfigMap data of a ledger. ``memo`` keeps each entry's JSON object from one
+    encoding to the next (a ledger is rewritten whole on every commit and holds a
+    TTL's worth of entries, nearly all unchanged since the last write)."""
     out = {}
     for key, e in entries.items():
+        if memo is not None:
+            known = memo.get(key)
+            if known is not None and known[0] is e:
+                out[key] = known[1]
+                continue
         item: dict[str, Any] = {
             "ns": e.charge.namespace, "owner": e.charge.owner, "product": e.charge.product,
             "resources": dict(e.charge.resources), "gpus": e.charge.gpus,
@@ -95,6 +107,11 @@ def encode(entries: dict[str, Entry]) -> dict[str, str]:
         if e.gang:
             item["gang"] = list(e.gang)
         out[key] = item
+        if memo is not None:
+            memo[key] = (e, item)
+    if memo is not None and len(memo) > 2 * len(entries) + 64:
+        for key in [k for k in memo if k not in entries]:
+            del memo[key]  # entries gone from the ledger (expired)
     return {"reservations": orjson.dumps(out, option=orjson.OPT_SORT_KEYS).decode()}
 
 
@@ -205,12 +222,19 @@ class LedgerStore:
         self.ttl = ttl
         self.wall = wall
         self._known: dict[str, dict[str, Entry]] = {}  # last ledger read, per tenant
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Group commit (see _drain): operations waiting per tenant, the task committing
+        # them, and the ledger as this replica last wrote it.
+        self._queued: dict[str, list[_Ask]] = {}
+        self._committers: dict[str, asyncio.Task[None]] = {}
+        self._cached: dict[str, _Read] = {}
+        self._encoded: dict[str, dict[str, tuple[Entry, dict[str, Any]]]] = {}  # see encode
         self.conflicts = 0
         self.commits = 0
         self.expired = 0  # entries this replica dropped from a ledger after their TTL
-        # Borrowed pods' reservations, per cohort (see reserve_borrowed), last read.
+        # Borrowed pods' reservations, per cohort (see reserve_borrowed), last read, and
+        # the lock that queues one process's commits to a cohort's ledger.
         self._borrowed: dict[str, dict[str, Entry]] = {}
+        self._cohort_locks: dict[str, asyncio.Lock] = {}
 
     def ready(self) -> bool:
         return self.state.synced()
@@ -263,108 +287,10 @@ class LedgerStore:
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
                       budget: float, name: str | None = None,
                       gangs: tuple[str, ...] = ()) -> bool:
-        deadline = time.monotonic() + budget
-        lock = self._locks.setdefault(charge.tenant, asyncio.Lock())
-        try:
-            async with asyncio.timeout(budget):
-                async with lock:
-                    return await self._commit(key, charge, fits, deadline, name, gangs)
-        except TimeoutError:
-            raise ReservationUnavailable(
-                f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
+        def place(entries: dict[str, Entry], now: float) -> tuple[bool, bool]:
+            return self._place(key, charge, fits, name, gangs, entries, now)
 
-    def _unavailable(self, ledger: str, exc: KubeError) -> ReservationUnavailable:
-        # The developer reads ``reason`` in product words; the client library's text
-        # (exception chain, the API server's address) goes to the log only.
-        logs.event("quota ledger unavailable", logging.WARNING, ledger=ledger,
-                   error=str(exc), detail=exc.detail)
-        return ReservationUnavailable(exc.reason)
-
-    async def _commit(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-                      deadline: float, name: str | None, gangs: tuple[str, ...] = ()
-                      ) -> bool:
-        ledger = LEDGER_PREFIX + charge.tenant
-        if not self.state.synced():
-            # A cache that is not known to be current would count expired reservations
-            # as free for pods it has not seen (a stalled watch): refuse to decide.
-            raise ReservationUnavailable(
-                "the webhook's view of the cluster's pods is not up to date")
-        attempt = 0
-        while True:
-            try:
-                stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
-            except KubeError as exc:
-                raise self._unavailable(ledger, exc) from None
-            now = self.wall()
-            stored_entries = decode(charge.tenant, stored.data, now, ledger)
-            entries = {k: e for k, e in stored_entries.items() if e.expires > now}
-            self._known[charge.tenant] = entries
-            if key in entries or self.state.seen(key):
-                return True  # a retried review of a pod already counted
-            if name is not None and any(
-                    e.name == name and not self.state.seen(k) and covers(e.charge, charge)
-                    for k, e in entries.items()):
-                return True  # the same pod created again (a retry): one charge for a name
-            holder = self.state.holder(name) if name is not None else None
-            taken = (holder is not None and holder[0] != key and holder[1] is not None
-                     and covers(holder[1], charge))
-            # A name held by a pod at least as big: this create fails (AlreadyExists) or
-            # follows that pod's deletion into the room it leaves, so it needs no room
-            # now. It is still recorded, to count once the holder is gone.
-
-            # A pod of a reserved gang replaces a slot of its shape, in this same write,
-            # and is checked without it (store.GangStore: a forged slot admits nothing).
-            slot = None if taken or not gangs else _slot(entries, gangs, charge)
-            if slot is not None:
-                entries = {k: e for k, e in entries.items() if k != slot}
-            if not taken and not fits(
-                    Combined(self.state.pods, self._unseen([entries]))):
-                return False
-            entries[key] = Entry(charge, now + self.ttl, name)
-            try:
-                await asyncio.to_thread(self.maps.write, ledger, encode(entries),
-                                        stored.resource_version, LABELS)
-            except Conflict:
-                self.conflicts += 1
-                attempt += 1
-                # Jittered backoff so racing replicas do not collide in lockstep.
-                pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
-                if time.monotonic() + pause >= deadline:
-                    raise ReservationUnavailable(
-                        f"the ledger kept changing ({attempt} conflicts)") from None
-                await asyncio.sleep(pause)
-                continue
-            except KubeError as exc:
-                raise self._unavailable(ledger, exc) from None
-            self._known[charge.tenant] = entries
-            self.commits += 1
-            # Counted once the write that drops them has won, so a retry never recounts.
-            self.expired += len(stored_entries) - (len(entries) - 1) - (slot is not None)
-            return True
-
-    # --- borrowed pods: one ledger per cohort ----------------------------------------
-
-    async def reserve_borrowed(self, key: str, charge: Charge, cohort: str,
-                               lenders: tuple[str, ...], fits: Callable[[UsageView], bool],
-                               budget: float, name: str | None = None) -> bool:
-        """Commit a pod on borrowed GPUs to its cohort's ledger (see
-        :data:`BORROWED_PREFIX`): every borrowed reservation of the cohort lives in that
-        one object, so two commits (any replicas) that would lend the same idle GPUs
-        conflict there and the second decides again. What is idle is computed at each
-        attempt from the lenders' pods and their own ledgers, read afresh. The lenders'
-        own commits never read this ledger: their quota is always their own."""
-        deadline = time.monotonic() + budget
-        lock = self._locks.setdefault(BORROWED_PREFIX + cohort, asyncio.Lock())
-        try:
-            async with asyncio.timeout(budget):
-                async with lock:
-                    return await self._commit_borrowed(key, charge, cohort, lenders, fits,
-                                                       deadline, name)
-        except TimeoutError:
-            raise ReservationUnavailable(
-                f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
-
-    # --- gang reservations (webhook.quota.gang) -------------------------------------
+        return bool(await self._enqueue(charge.tenant, place, budget))
 
     async def reserve_gang(self, key: str, ids: tuple[str, ...],
                            charges: list[tuple[Charge, int]],
@@ -378,7 +304,7 @@ class LedgerStore:
             return True
         slots = slots_of(key, charges)
 
-        def change(entries: dict[str, Entry], now: float) -> tuple[bool, bool]:
+        def place(entries: dict[str, Entry], now: float) -> tuple[bool, bool]:
             if any(k in entries for k in slots):
                 return True, False  # a retried review: reserved already
             if not fits(Combined(self.state.pods, self._unseen([entries]))):
@@ -387,66 +313,187 @@ class LedgerStore:
                 entries[k] = Entry(c, now + ttl, gang=ids)
             return True, True
 
-        return await self._swap(charges[0][0].tenant, budget, change)
+        return bool(await self._enqueue(charges[0][0].tenant, place, budget))
 
     async def release_gang(self, key: str, tenant: str, budget: float = 1.0) -> int:
-        """Drop the slots of ``key``'s gang that no pod took from the tenant's ledger."""
-        freed = 0
+        """Drop the slots of ``key``'s gang that no pod took from the tenant's ledger;
+        how many."""
 
-        def change(entries: dict[str, Entry], now: float) -> tuple[bool, bool]:
-            nonlocal freed
+        def place(entries: dict[str, Entry], now: float) -> tuple[int, bool]:
             mine = [k for k, e in entries.items() if e.gang and e.gang[0] == key]
             for k in mine:
                 del entries[k]
-            freed = len(mine)
-            return True, bool(mine)
+            return len(mine), bool(mine)
 
-        await self._swap(tenant, budget, change)
-        return freed
+        return int(await self._enqueue(tenant, place, budget))
 
-    async def _swap(self, tenant: str, budget: float,
-                    change: Callable[[dict[str, Entry], float], tuple[bool, bool]]) -> bool:
-        """Read the tenant's ledger, let ``change`` edit its live entries (it returns its
-        answer and whether to write), and write them back conditional on the version
-        read; on a conflict, read and decide again, within ``budget``."""
-        ledger = LEDGER_PREFIX + tenant
-        if not self.state.synced():
-            raise ReservationUnavailable(
-                "the webhook's view of the cluster's pods is not up to date")
-        deadline = time.monotonic() + budget
-        lock = self._locks.setdefault(tenant, asyncio.Lock())
-        attempt = 0
+    async def _enqueue(self, tenant: str, op: _Op, budget: float) -> Any:
+        """Queue ``op`` for the tenant's next commit and wait for its answer."""
+        ask = _Ask(op, time.monotonic() + budget, asyncio.get_running_loop().create_future())
+        self._queued.setdefault(tenant, []).append(ask)
+        if tenant not in self._committers:
+            task = asyncio.get_running_loop().create_task(self._drain(tenant))
+            self._committers[tenant] = task
         try:
-            async with asyncio.timeout(budget), lock:
-                while True:
-                    try:
-                        stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
-                    except KubeError as exc:
-                        raise self._unavailable(ledger, exc) from None
-                    now = self.wall()
-                    entries = {k: e for k, e in decode(tenant, stored.data, now,
-                                                       ledger).items() if e.expires > now}
-                    self._known[tenant] = dict(entries)
-                    answer, write = change(entries, now)
-                    if not write:
-                        return answer
-                    try:
-                        await asyncio.to_thread(self.maps.write, ledger, encode(entries),
-                                                stored.resource_version, LABELS)
-                    except Conflict:
-                        self.conflicts += 1
-                        attempt += 1
-                        pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
-                        if time.monotonic() + pause >= deadline:
-                            raise ReservationUnavailable(
-                                f"the ledger kept changing ({attempt} conflicts)") from None
-                        await asyncio.sleep(pause)
-                        continue
-                    except KubeError as exc:
-                        raise self._unavailable(ledger, exc) from None
-                    self._known[tenant] = entries
-                    self.commits += 1
-                    return answer
+            async with asyncio.timeout(budget):
+                return await ask.done
+        except TimeoutError:
+            raise ReservationUnavailable(
+                f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
+
+    def _unavailable(self, ledger: str, exc: KubeError) -> ReservationUnavailable:
+        # The developer reads ``reason`` in product words; the client library's text
+        # (exception chain, the API server's address) goes to the log only.
+        logs.event("quota ledger unavailable", logging.WARNING, ledger=ledger,
+                   error=str(exc), detail=exc.detail)
+        return ReservationUnavailable(exc.reason)
+
+    # -- group commit ------------------------------------------------------------------
+    #
+    # One commit per tenant is in flight at a time (per-tenant CAS on one ConfigMap); the
+    # operations that arrive meanwhile queue, and the next commit takes all of them: each
+    # is decided in arrival order against the entries the ones before it left, then one
+    # conditional write records them together. Under load a tenant's pods cost one
+    # write per batch instead of a read and a write each, one after the other. A
+    # conflict re-reads and re-decides the whole batch, so a batch admits exactly what
+    # the same operations committed one by one would.
+    #
+    # The read: after a write that won, the ledger is what was written, at the version
+    # the API server returned; the next commit writes against that without reading it
+    # again. Another replica's write in between makes that write conflict (409), and
+    # the conflict re-reads. So a commit is one API call unless replicas contend.
+
+    async def _drain(self, tenant: str) -> None:
+        try:
+            while batch := self._queued.pop(tenant, None):
+                try:
+                    await self._commit(tenant, batch)
+                except BaseException as exc:  # a bug must fail its asks, never hang them
+                    for ask in batch:
+                        ask.fail(exc if isinstance(exc, Exception) else
+                                 ReservationUnavailable("the commit was interrupted"))
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            del self._committers[tenant]
+
+    async def _read(self, tenant: str, ledger: str) -> _Read:
+        cached = self._cached.pop(tenant, None)
+        if cached is not None:
+            return cached
+        try:
+            stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
+        except KubeError as exc:
+            raise self._unavailable(ledger, exc) from None
+        return _Read(decode(tenant, stored.data, self.wall(), ledger), stored.resource_version)
+
+    async def _commit(self, tenant: str, batch: list[_Ask]) -> None:
+        ledger = LEDGER_PREFIX + tenant
+        attempt = 0
+        while True:
+            live = [a for a in batch if not a.done.done()]  # a caller past its budget left
+            if not live:
+                return
+            if not self.state.synced():
+                # A cache that is not known to be current would count expired reservations
+                # as free for pods it has not seen (a stalled watch): refuse to decide.
+                raise ReservationUnavailable(
+                    "the webhook's view of the cluster's pods is not up to date")
+            try:
+                read = await self._read(tenant, ledger)
+            except ReservationUnavailable as exc:
+                for a in live:
+                    a.fail(exc)
+                return
+            now = self.wall()
+            entries = {k: e for k, e in read.entries.items() if e.expires > now}
+            dropped = len(read.entries) - len(entries)
+            self._known[tenant] = entries
+            outcomes = [(a, *a.op(entries, now)) for a in live]
+            changed = sum(1 for _, _, c in outcomes if c)
+            if not changed:
+                self._cached[tenant] = read  # unchanged: still the ledger as last known
+                for a, answer, _ in outcomes:
+                    a.succeed(answer)
+                return
+            try:
+                data = encode(entries, self._encoded.setdefault(tenant, {}))
+                version = await asyncio.to_thread(self.maps.write, ledger, data,
+                                                  read.version, LABELS)
+            except Conflict:
+                self.conflicts += 1
+                attempt += 1
+                # Jittered backoff so racing replicas do not collide in lockstep.
+                pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
+                for a in live:
+                    if time.monotonic() + pause >= a.deadline:
+                        a.fail(ReservationUnavailable(
+                            f"the ledger kept changing ({attempt} conflicts)"))
+                await asyncio.sleep(pause)
+                continue
+            except KubeError as exc:
+                error = self._unavailable(ledger, exc)
+                for a in live:
+                    a.fail(error)
+                return
+            self._known[tenant] = entries
+            if version is not None:
+                self._cached[tenant] = _Read(dict(entries), version)
+            self.commits += changed
+            # Counted once the write that drops them has won, so a retry never recounts.
+            self.expired += dropped
+            for a, answer, _ in outcomes:
+                a.succeed(answer)
+            return
+
+    def _place(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
+               name: str | None, gangs: tuple[str, ...], entries: dict[str, Entry],
+               now: float) -> tuple[bool, bool]:
+        """Decide one pod against ``entries`` (the ledger as read plus the operations
+        before it in the batch), adding its entry when it needs room and fits: whether it
+        is admitted, and whether ``entries`` changed."""
+        if key in entries or self.state.seen(key):
+            return True, False  # a retried review of a pod already counted
+        if name is not None and any(
+                e.name == name and not self.state.seen(k) and covers(e.charge, charge)
+                for k, e in entries.items()):
+            return True, False  # the same pod created again (a retry): one charge for a name
+        holder = self.state.holder(name) if name is not None else None
+        taken = (holder is not None and holder[0] != key and holder[1] is not None
+                 and covers(holder[1], charge))
+        # A name held by a pod at least as big: this create fails (AlreadyExists) or
+        # follows that pod's deletion into the room it leaves, so it needs no room
+        # now. It is still recorded, to count once the holder is gone.
+
+        # A pod of a reserved gang replaces a slot of its shape, in this same write,
+        # and is checked without it (store.GangStore: a forged slot admits nothing).
+        slot = None if taken or not gangs else _slot(entries, gangs, charge)
+        drawn = entries.pop(slot) if slot is not None else None
+        if not taken and not fits(Combined(self.state.pods, self._unseen([entries]))):
+            if slot is not None and drawn is not None:
+                entries[slot] = drawn  # the batch's entries are shared: put the slot back
+            return False, False
+        entries[key] = Entry(charge, now + self.ttl, name)
+        return True, True
+
+    # --- borrowed pods: one ledger per cohort ----------------------------------------
+
+    async def reserve_borrowed(self, key: str, charge: Charge, cohort: str,
+                               lenders: tuple[str, ...], fits: Callable[[UsageView], bool],
+                               budget: float, name: str | None = None) -> bool:
+        """Commit a pod on borrowed GPUs to its cohort's ledger (see
+        :data:`BORROWED_PREFIX`): every borrowed reservation of the cohort lives in that
+        one object, so two commits (any replicas) that would lend the same idle GPUs
+        conflict there and the second decides again. What is idle is computed at each
+        attempt from the lenders' pods and their own ledgers, read afresh. The lenders'
+        own commits never read this ledger: their quota is always their own."""
+        deadline = time.monotonic() + budget
+        lock = self._cohort_locks.setdefault(cohort, asyncio.Lock())
+        try:
+            async with asyncio.timeout(budget):
+                async with lock:
+                    return await self._commit_borrowed(key, charge, cohort, lenders, fits,
+                                                       deadline, name)
         except TimeoutError:
             raise ReservationUnavailable(
                 f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
@@ -505,6 +552,37 @@ class LedgerStore:
             return True
 
 
+# An operation on a tenant's ledger, decided in its commit: given the live entries (the
+# ledger as read, edited by the operations before it in the batch) and the time, it
+# edits them and returns its answer and whether it changed them.
+_Op = Callable[[dict[str, Entry], float], tuple[Any, bool]]
+
+
+@dataclass(slots=True)
+class _Ask:
+    """One operation waiting for its tenant's next commit."""
+
+    op: _Op
+    deadline: float  # time.monotonic()
+    done: asyncio.Future[Any]
+
+    def succeed(self, answer: Any) -> None:
+        if not self.done.done():
+            self.done.set_result(answer)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """A tenant's ledger as last read or written: its valid entries and version."""
+
+    entries: dict[str, Entry]
+    version: str | None
+
+
 # A cohort's ledger of borrowed reservations: ``gpu-webhook-borrowed-<cohort>``, a data
 # key per borrowing tenant (``borrowed.<tenant>``) in the tenant ledger's format, whose
 # entries are charged to the tenant's borrowed account (webhook.engine.borrowed).
@@ -532,6 +610,7 @@ def decode_borrowed(data: dict[str, str], now: float | None = None, ledger: str 
         out.update(decode(account(k[len(_BORROWER_KEY):]), {"reservations": v}, now,
                           ledger))
     return out
+
 
 def _slot(entries: dict[str, Entry], gangs: tuple[str, ...], charge: Charge) -> str | None:
     """A slot of a gang the pod belongs to (by owner uid or label), of the pod's shape

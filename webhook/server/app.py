@@ -33,16 +33,18 @@ import orjson
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from webhook.admission import Cluster, Phase, WorkloadReader, admit, reply
+from webhook.admission import Cluster, Phase, WorkloadReader, admit, mutating, reply
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
 from webhook.libs import logs
+from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import UsageStore
 from webhook.server import metrics, policyhook
 from webhook.server.reload import PolicySource
+from webhook.server.reuse import DecisionCache
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -69,6 +71,8 @@ class Runtime:
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
     request_timeout: float = 8.0  # seconds from a request's first byte to its answer
+    # Mutating decisions kept for pods of one shape (webhook.server.reuse); 0: none.
+    reuse_size: int = 1024
 
 
 _PATHS = {"/mutate": Phase.MUTATE, "/validate": Phase.VALIDATE}
@@ -90,6 +94,7 @@ class AdmissionApp:
         self.other = _control_app(runtime, self.state)
         self.inflight = 0
         self.deadlines = BodyDeadlines()
+        self.reuse = DecisionCache(runtime.reuse_size) if runtime.reuse_size > 0 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -168,7 +173,10 @@ class AdmissionApp:
         active = self.runtime.policy.active
         assert active is not None, "the server starts only after a policy loaded"
         try:
-            decision = await admit(phase, req, active.policy, self.cluster, budget)
+            if phase is Phase.MUTATE and self.reuse is not None:
+                decision = self._mutating(req, active.policy, active.generation)
+            else:
+                decision = await admit(phase, req, active.policy, self.cluster, budget)
         except Exception as exc:  # a bug must deny (fail closed), never 500 or allow
             metrics.ERRORS.labels(phase).inc()
             logging.getLogger("gpu_webhook").exception(
@@ -180,6 +188,23 @@ class AdmissionApp:
                 api_version=req.api_version)
         _record(phase, req, decision, active.policy.name, active.generation)
         return reply(phase, req.uid, decision, req.api_version)
+
+
+    def _mutating(self, req: AdmissionRequest, policy: CompiledPolicy, generation: int
+                  ) -> Decision:
+        """The mutating decision, reused for a pod of a shape already decided under this
+        policy generation and these namespace labels (webhook.server.reuse)."""
+        assert self.reuse is not None
+        key = self.reuse.key(req, self.cluster.labels(req.namespace), generation)
+        if key is not None:
+            reused = self.reuse.get(key)
+            if reused is not None:
+                metrics.REUSED.inc()
+                return reused
+        decision = mutating(req, policy, self.cluster.labels, self.cluster.claims)
+        if key is not None:
+            self.reuse.put(key, decision)
+        return decision
 
 
 _FAULTS = {"ledger-unavailable": metrics.RESERVATIONS_UNAVAILABLE,

@@ -34,6 +34,12 @@ FINDINGS = Counter(
     ["webhook", "rule", "mode", "tenant"],
     registry=REGISTRY,
 )
+REUSED = Counter(
+    "gpu_webhook_mutating_decisions_reused_total",
+    "Mutating reviews answered with the decision already made for a pod of the same "
+    "shape (a ReplicaSet's or a Job's pods), under the same policy and namespace labels.",
+    registry=REGISTRY,
+)
 MUTATIONS = Counter(
     "gpu_webhook_mutations_total",
     "Changes made by the mutating webhook, by kind of change.",

@@ -1,0 +1,53 @@
+"""``python -m bench.apiserver --quick``: the admission benchmark through a real
+kube-apiserver runs every condition it promises and writes what bench/README.md reads.
+
+It checks that the benchmark works (the control plane starts, each condition's webhooks
+are the ones a pod creation calls, clients create pods in dry-run and real runs, the
+API server's admission metric is read), not how fast anything is: timings on a shared
+CI machine prove nothing. Kyverno is not part of the quick run (CI does not build it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # a control plane, two webhook servers and a dozen short load runs
+def test_quick_apiserver_bench_measures_every_condition(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.apiserver", "--quick",
+                           "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    res = json.loads((tmp_path / "apiserver.json").read_text())
+    assert res["apiserver_version"] == "v1.37.2"
+    assert res["conditions"] == ["none", "nothing", "ours"]
+    seen = {(r["condition"], r["mode"], r["clients"]) for r in res["runs"]}
+    assert seen == {(c, m, n) for c in ("none", "nothing", "ours")
+                    for m in ("dry-run", "real") for n in (1, 8)}
+    for r in res["runs"]:
+        assert r["requests"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
+        # Every kind of pod in the mix was sent; only the denied ones may be refused,
+        # and only where a webhook judges them.
+        assert {"replicaset", "job", "unique", "non-gpu", "non-gpu-tolerating",
+                "denied"} <= r["by_kind_p50_ms"].keys() or r["requests"] < 40
+        assert set(r["statuses"]) <= {"201", "403"}
+        calls = r["apiserver"]["calls"]
+        if r["condition"] == "none":
+            assert calls == 0  # no webhook was called
+        else:
+            assert calls > 0 and r["apiserver"]["mean_ms"] > 0
+            if r["condition"] == "ours" and r["requests"] >= 40:
+                assert "403" in r["statuses"]  # our policy denied the too-big pods
+    for load in ("dry-run/1", "dry-run/8", "real/1", "real/8"):
+        entry = res["summary"][load]
+        assert {"added_p50_ms", "added_p99_ms", "apiserver_mean_ms_per_call"} \
+            <= entry["ours"].keys()
+        assert "ours/nothing_p50" in entry
+    assert "| dry-run/8 |" in proc.stdout and "targets:" in proc.stdout

@@ -1,0 +1,119 @@
+"""``LedgerStore`` under concurrency: a tenant's pods that arrive while its ledger is
+being written are committed together by the next write (group commit), and the ledger
+as last written is the next commit's read.
+
+Against the fake ConfigMaps API over HTTP (``fakeapi``), through the real admission
+pipeline. What a platform team relies on: many pods of one tenant at once never get
+past the cap, another replica's write in the middle of a batch is noticed and every pod
+of the batch is decided again, and a commit costs one API call while no other replica
+writes the tenant's ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from fakeapi import FakeAPI, running
+from quotakit import pod, policy
+
+from webhook.admission import Cluster, validating
+from webhook.engine.decision import Decision
+from webhook.k8s.review import parse_review, request_review
+from webhook.libs.kube import ConfigMaps
+from webhook.quota.cache import ClusterState
+from webhook.quota.ledger import LEDGER_PREFIX, Entry, LedgerStore, encode
+from webhook.quota.usage import Charge
+
+NS = "gpu-webhook"
+LEDGER = LEDGER_PREFIX + "team-a"
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAPI]:
+    with running() as fake:
+        yield fake
+
+
+def make_store(api: FakeAPI) -> LedgerStore:
+    p = policy()
+    state = ClusterState(lambda: p)
+    state.pod_event("SYNCED", {})
+    state.namespace_event("SYNCED", {})
+    return LedgerStore(state, ConfigMaps(api.api_client(), NS, timeout=2.0), ttl=60,
+                       wall=lambda: NOW)
+
+
+async def admit_all(store: LedgerStore, pods: list[dict[str, Any]]) -> list[Decision]:
+    cluster = Cluster(store=store)
+    reqs = [parse_review(orjson.dumps(request_review(p))) for p in pods]
+    return list(await asyncio.gather(*(validating(r, policy(), cluster, 5.0) for r in reqs)))
+
+
+def reserved(api: FakeAPI) -> dict[str, Any]:
+    out: dict[str, Any] = orjson.loads(api.data(NS, LEDGER)["reservations"])
+    return out
+
+
+def writes(api: FakeAPI) -> int:
+    return sum(1 for method, _ in api.requests if method in ("POST", "PUT"))
+
+
+def test_pods_arriving_together_fill_the_cap_exactly_in_fewer_writes(api: FakeAPI) -> None:
+    store = make_store(api)
+    # team-a may run 5 pods; 12 arrive at once.
+    decisions = asyncio.run(admit_all(store, [pod(f"p{i}", gpus=1) for i in range(12)]))
+    admitted = [d for d in decisions if d.allowed]
+    assert len(admitted) == 5
+    assert len(reserved(api)) == 5
+    assert all("pods" in d.message for d in decisions if not d.allowed)
+    assert writes(api) < 5  # batched: fewer writes than reservations
+    assert store.commits == 5
+
+
+def test_another_replica_writing_mid_batch_makes_the_batch_decide_again(
+        api: FakeAPI) -> None:
+    store = make_store(api)
+    other = {"ns": "team-a", "owner": "pod/elsewhere", "product": "a100",
+             "resources": {"nvidia.com/gpu": 4}, "gpus": 4, "expires": NOW + 30}
+    asyncio.run(admit_all(store, [pod("first", gpus=1)]))
+    # Before this replica's next write lands, another replica reserves 4 of the 6 a100
+    # GPUs: the write conflicts, and of the 4 pods only 1 still fits (1 + 4 + 1 = 6).
+    api.before_write = lambda: api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps(
+        {**reserved(api), "uid-elsewhere": other}).decode()})
+    decisions = asyncio.run(admit_all(store, [pod(f"q{i}", gpus=1) for i in range(4)]))
+    assert sum(d.allowed for d in decisions) == 1
+    held = reserved(api)
+    assert "uid-elsewhere" in held and "uid-first" in held
+    assert sum(e["gpus"] for e in held.values()) == 6  # the a100 cap, not a GPU more
+    assert store.conflicts == 1
+
+
+def test_a_commit_after_a_commit_is_one_write(api: FakeAPI) -> None:
+    store = make_store(api)
+    asyncio.run(admit_all(store, [pod("a", gpus=1)]))
+    api.requests.clear()
+    asyncio.run(admit_all(store, [pod("b", gpus=1)]))
+    assert [m for m, _ in api.requests] == ["PUT"]  # no read: the last write is known
+    assert sorted(reserved(api)) == ["uid-a", "uid-b"]
+
+
+def test_an_encoding_from_the_memo_is_the_encoding_made_afresh() -> None:
+    def charge(gpus: float) -> Charge:
+        return Charge("team-a", "team-a", "pod/x", "a100", {"nvidia.com/gpu": gpus}, gpus)
+
+    memo: dict[str, Any] = {}
+    entries = {f"uid-{i}": Entry(charge(1), NOW + i, f"team-a/p{i}") for i in range(200)}
+    assert encode(entries, memo) == encode(entries)
+    entries["uid-7"] = Entry(charge(4), NOW + 99, "team-a/p7")  # replaced
+    del entries["uid-3"]  # expired
+    for i in range(200, 400):
+        entries[f"uid-{i}"] = Entry(charge(2), NOW + i, None)
+    for i in range(0, 150):
+        entries.pop(f"uid-{i}", None)
+    assert encode(entries, memo) == encode(entries)
+    assert len(memo) <= 2 * len(entries) + 64  # what left the ledger left the memo
