@@ -195,13 +195,22 @@ class AdmissionApp:
         """The mutating decision, reused for a pod of a shape already decided under this
         policy generation and these namespace labels (webhook.server.reuse)."""
         assert self.reuse is not None
-        key = self.reuse.key(req, self.cluster.labels(req.namespace), generation)
+        labels = self.cluster.labels(req.namespace)
+        if policy.cohorts:
+            owner = policy.tenant_for(req.namespace, labels)
+            if owner is not None and owner.cohort is not None:
+                # A cohort tenant's pod is marked as borrowed by what its tenant uses
+                # now (webhook.quota.borrow): decided afresh each time, never reused.
+                return mutating(req, policy, self.cluster.labels, self.cluster.claims,
+                                self.cluster.store)
+        key = self.reuse.key(req, labels, generation)
         if key is not None:
             reused = self.reuse.get(key)
             if reused is not None:
                 metrics.REUSED.inc()
                 return reused
-        decision = mutating(req, policy, self.cluster.labels, self.cluster.claims)
+        decision = mutating(req, policy, self.cluster.labels, self.cluster.claims,
+                            self.cluster.store)
         if key is not None:
             self.reuse.put(key, decision)
         return decision
