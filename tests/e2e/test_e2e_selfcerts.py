@@ -51,8 +51,9 @@ pytestmark = pytest.mark.e2e
 SECRET = "gpu-webhook-selfcerts-e2e"
 CONFIGURATION = "gpu-webhook-selfcerts-e2e"
 KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
-# mutate, claims.mutate; validate, scale, claims.validate, policies (GPUPolicy objects)
-WEBHOOKS = 6
+# mutate, claims.mutate; validate, scale, claims.validate, release (a gang workload's
+# DELETE), policies (GPUPolicy objects)
+WEBHOOKS = 7
 VALIDITY_HOURS = "0.02"  # 72 seconds
 CREATED = "certificate Secret created"
 
