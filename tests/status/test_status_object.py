@@ -70,3 +70,13 @@ def test_every_status_field_is_in_the_crd_schema() -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert all(columns[k.title()] == f".status.{k}"
                for k in ("tenant", "used", "reserved", "limit", "free", "pods"))
+
+
+def test_one_report_per_tenant_seen_from_each_namespace_is_the_namespaces_report() -> None:
+    from webhook.quota.status import seen_from
+
+    cluster = Cluster(pods=[pod("a", "research", 4), pod("b", "research-dev", 2)])
+    whole = report(policy(), cluster, tenant="research")
+    for ns in ("research", "research-dev"):
+        assert seen_from(whole, ns).rows == report(policy(), cluster, tenant="research",
+                                                   namespace=ns).rows
