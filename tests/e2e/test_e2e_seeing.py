@@ -166,6 +166,14 @@ def test_a_developer_sees_used_and_free_gpus_and_the_audit_lists_pods_over_a_low
         {"scope": "tenant", "cap": "gpus", "used": 6, "reserved": 0, "limit": 8, "free": 2}]
     assert [c["gpus"] for c in status["topConsumers"]] == [2, 2, 2]
     assert status["policy"] == "e2e"
+    # gpu-webhook status, as the same developer: it may not read the other namespaces,
+    # their labels or the ledger, and shows the webhook's numbers from the object.
+    done = gpu_webhook("status", "--kubeconfig", str(tmp_path / "dev.kubeconfig"),
+                       "--policy", str(policy_file), "-n", ns, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ["audit", "tenant", "gpus", "6", "0", "8", "2"] in [
+        line.split() for line in done.stdout.splitlines()]
+    assert f"note: numbers from the webhook's GPUQuota {ns}/audit" in done.stdout
     # Its own namespace only: the same tenant's other namespace is not theirs to read.
     code, _, err = run([*kubectl, "get", "gpuquotas", "-n", other])
     assert code != 0 and "forbidden" in err.lower(), err

@@ -70,3 +70,31 @@ def test_every_status_field_is_in_the_crd_schema() -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert all(columns[k.title()] == f".status.{k}"
                for k in ("tenant", "used", "reserved", "limit", "free", "pods"))
+
+
+def test_one_report_per_tenant_seen_from_each_namespace_is_the_namespaces_report() -> None:
+    from webhook.quota.status import seen_from
+
+    cluster = Cluster(pods=[pod("a", "research", 4), pod("b", "research-dev", 2)])
+    whole = report(policy(), cluster, tenant="research")
+    for ns in ("research", "research-dev"):
+        assert seen_from(whole, ns).rows == report(policy(), cluster, tenant="research",
+                                                   namespace=ns).rows
+
+
+def test_an_account_that_reads_little_gets_the_objects_numbers() -> None:
+    # A developer: its namespace's pods only, no ledger, no labels; the GPUQuota the
+    # webhook keeps there (readable under `view`) has the tenant-wide numbers.
+    now = time.time()
+    full = report(policy(), Cluster(pods=[pod("a", "research", 4), pod("b", "research-dev", 2)],
+                                    ledgers={"research": ledger(("x", "research", 3, now + 30))}),
+                  tenant="research", namespace="research", now=now)
+    obj = gpuquota("research", "research", {**gpuquota_status(full, "research", "p"),
+                                           "updated": "2026-12-01T12:00:00Z"})
+    dev = Cluster(pods=[pod("a", "research", 4)], quotas=[obj],
+                  unread=["namespace labels not read (...)"])
+    r = report(policy(), dev, namespace="research")  # no --tenant needed
+    assert r.rows == full.rows and r.pods == full.pods and r.top == full.top
+    assert r.unread == ["numbers from the webhook's GPUQuota research/research (updated "
+                        "2026-12-01T12:00:00Z): it counts the pods, namespaces and "
+                        "reservations this account may not read"]

@@ -593,16 +593,20 @@ class CustomObjects:
                field_manager=self.field_manager, force=True, _content_type=APPLY,
                _preload_content=False, _request_timeout=self.timeout)
 
-    def list(self, label_selector: str = "") -> list[dict[str, Any]]:
-        """Every object in every namespace (with ``label_selector``). A resource the API
-        server does not serve (its CRD not installed) is a NotFound."""
-        what = f"list {self.plural}.{self.group}"
+    def list(self, label_selector: str = "", namespace: str | None = None
+             ) -> list[dict[str, Any]]:
+        """Every object in every namespace, or in ``namespace`` (with
+        ``label_selector``). A resource the API server does not serve (its CRD not
+        installed) is a NotFound."""
+        what = f"list {self.plural}.{self.group}" + (f" in {namespace}" if namespace else "")
         kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
         if label_selector:
             kw["label_selector"] = label_selector
         with translated(what, self.timeout):
-            resp: Any = self.custom.list_cluster_custom_object(
-                self.group, self.version, self.plural, **kw)
+            resp: Any = (self.custom.list_namespaced_custom_object(
+                self.group, self.version, namespace, self.plural, **kw) if namespace else
+                self.custom.list_cluster_custom_object(
+                    self.group, self.version, self.plural, **kw))
         return list(_json_object(what, resp.data).get("items") or ())
 
     def delete(self, namespace: str, name: str) -> None:

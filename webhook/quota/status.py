@@ -114,6 +114,14 @@ def _cohort_lines(policy: CompiledPolicy, tenants: Sequence[TenantRules], seen: 
     return out
 
 
+def seen_from(report: Report, namespace: str) -> Report:
+    """``report`` (of whole tenants) as :func:`of` with ``namespace`` gives it: the
+    tenants' own caps and that namespace's, the others' left out. For the GPUQuota
+    objects: one report per tenant, then one view per namespace."""
+    rows = [r for r in report.rows if r.scope in ("tenant", f"namespace {namespace}")]
+    return Report(rows, report.pods, report.top, list(report.unread))
+
+
 def _caps(limits: Limits, used: Totals, reserved: Totals
           ) -> Iterator[tuple[str, float, float, float]]:
     if limits.gpus is not None:

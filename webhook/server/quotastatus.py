@@ -37,14 +37,18 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
     """(namespace, tenant) -> the GPUQuota status that namespace should show now."""
     held = store.reserved(fresh)
     out: dict[tuple[str, str], dict[str, Any]] = {}
+    by_tenant: dict[str, status.Report] = {}  # once per tenant, not per namespace
     for ns, labels in sorted(state.labels.items()):
         tenant = policy.tenant_for(ns, labels)
         if tenant is None or not status.has_quota(tenant):
             continue
-        rep = status.of([tenant], state.pods, held, ns)
-        if not rep.rows:
+        whole = by_tenant.get(tenant.name)
+        if whole is None:
+            whole = by_tenant[tenant.name] = status.of([tenant], state.pods, held)
+        mine = status.seen_from(whole, ns)
+        if not mine.rows:
             continue  # caps only on the tenant's other namespaces: none that bind here
-        out[(ns, tenant.name)] = status.gpuquota_status(rep, tenant.name, policy.name)
+        out[(ns, tenant.name)] = status.gpuquota_status(mine, tenant.name, policy.name)
     return out
 
 

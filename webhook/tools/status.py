@@ -13,6 +13,7 @@ own namespace, not the ledger) is said in the report, not guessed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,9 @@ class Cluster:
     ledgers: dict[str, dict[str, str]] = field(default_factory=dict)
     unread: list[str] = field(default_factory=list)
     borrowed: dict[str, dict[str, str]] = field(default_factory=dict)  # cohort -> data
+    # The namespace's GPUQuota objects, read when the account could not read the rest:
+    # the webhook's own numbers, counted from what the account may not see.
+    quotas: list[dict[str, Any]] = field(default_factory=list)
 
 
 def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = None,
@@ -53,6 +57,10 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
     """The quota of the tenants asked for (all; the one owning ``namespace``; ``tenant``),
     from the cluster's pods and ledger reservations."""
     now = time.time() if now is None else now
+    if namespace is not None and cluster.quotas:
+        kept = _from_object(policy, cluster, namespace, tenant)
+        if kept is not None:
+            return kept
     if namespace is not None and tenant is not None and namespace not in cluster.namespaces:
         # Told the tenant of a namespace whose labels could not be read (a developer's
         # account): take the namespace to carry the labels that select that tenant.
@@ -78,6 +86,26 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
                 held.put(key, entry.charge)
     tenants = _chosen(policy, cluster, namespace, tenant)
     return quota_status.of(tenants, seen, held, namespace, cluster.unread, policy)
+
+
+def _from_object(policy: CompiledPolicy, cluster: Cluster, namespace: str,
+                 tenant: str | None) -> Report | None:
+    """The report from the namespace's GPUQuota object (of ``tenant``, or the one there
+    is), when the account could not read what the webhook counts from."""
+    objs = [o for o in cluster.quotas if tenant in (None, o["metadata"]["name"])]
+    if len(objs) != 1:
+        return None
+    meta, st = objs[0]["metadata"], objs[0].get("status") or {}
+    name = str(st.get("tenant") or meta["name"])
+    if name not in policy.by_name:
+        return None  # written under another policy: count from the pods instead
+    rows = [Row(name, str(c["scope"]), str(c["cap"]), float(c["used"]),
+                float(c["reserved"]), float(c["limit"])) for c in st.get("caps") or ()]
+    top = [(str(c["owner"]), float(c["gpus"])) for c in st.get("topConsumers") or ()]
+    note = (f"numbers from the webhook's GPUQuota {namespace}/{meta['name']} (updated "
+            f"{st.get('updated', '?')}): it counts the pods, namespaces and reservations "
+            "this account may not read")
+    return Report(rows, {name: int(st.get("pods") or 0)}, {name: top}, [note])
 
 
 def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
@@ -152,16 +180,24 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None) -> Clus
     except kube.KubeError as exc:
         out.unread.append(f"quota reservations not read ({exc}): RESERVED shows 0; pods "
                           "admitted in the last minute may not be counted yet")
-        return out
-    selector = ",".join(f"{k}={v}" for k, v in sorted(BORROWED_LABELS.items()))
-    try:
-        for cm in kube.list_objects(api, "configmaps", ledger_namespace, selector):
-            name = str(cm["metadata"]["name"])
-            if name.startswith(BORROWED_PREFIX):
-                out.borrowed[name.removeprefix(BORROWED_PREFIX)] = dict(cm.get("data") or {})
-    except kube.KubeError as exc:
-        out.unread.append(f"borrowed reservations not read ({exc}): RESERVED of borrowed "
-                          "gpus shows 0")
+    else:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(BORROWED_LABELS.items()))
+        try:
+            for cm in kube.list_objects(api, "configmaps", ledger_namespace, selector):
+                name = str(cm["metadata"]["name"])
+                if name.startswith(BORROWED_PREFIX):
+                    out.borrowed[name.removeprefix(BORROWED_PREFIX)] = dict(
+                        cm.get("data") or {})
+        except kube.KubeError as exc:
+            out.unread.append(f"borrowed reservations not read ({exc}): RESERVED of "
+                              "borrowed gpus shows 0")
+    if namespace is not None and out.unread:
+        # What the webhook keeps for such an account (readable under the namespace's
+        # `view`): none there (an older install, no quota) leaves the notes as they are.
+        with contextlib.suppress(kube.KubeError):
+            out.quotas = kube.CustomObjects(
+                api, quota_status.GROUP, quota_status.VERSION, quota_status.PLURAL,
+                timeout=15.0).list(namespace=namespace)
     return out
 
 
