@@ -74,7 +74,9 @@ test: lint audit controlplane promtool helm
 	$(BIN)/pytest
 
 # Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs
-# (bench/README.md). About 9 minutes; bench-quick is a smoke run of every part (~45 s).
+# (bench/README.md). About 9 minutes, then bench/apiserver.py: pod creations through a real
+# kube-apiserver with no webhook, a do-nothing one, ours and Kyverno (when tools/kyverno.sh
+# has built it), ~15 minutes; bench-quick is a smoke run of every part (~2 min).
 bench: install controlplane
 	$(BIN)/python -m bench.run
 	$(BIN)/python -m bench.apiserver
