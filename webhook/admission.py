@@ -177,11 +177,18 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
         await store.reserve(res.key, res.charge, fits, budget, name=res.name,
                             gangs=res.gangs)
     except ReservationUnavailable as exc:
-        check.findings.clear()
-        check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
-                     at_most=Mode.WARN if policy.quota_fail_open else None)
-        return check.findings, ["ledger-unavailable"]
+        return _unavailable(check, policy, exc)
     return check.findings, []
+
+
+def _unavailable(check: Checker, policy: CompiledPolicy, exc: ReservationUnavailable
+                 ) -> tuple[list[Finding], list[str]]:
+    """No commit could be made (the ledger unreachable, kept changing, or the cache not
+    current): the pod is refused, or warned where the policy fails open on quota."""
+    check.findings.clear()
+    check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
+                 at_most=Mode.WARN if policy.quota_fail_open else None)
+    return check.findings, ["ledger-unavailable"]
 
 
 async def _borrowed(step: QuotaStep, ask: Ask, policy: CompiledPolicy, check: Checker,
@@ -206,10 +213,7 @@ async def _borrowed(step: QuotaStep, ask: Ask, policy: CompiledPolicy, check: Ch
         else:
             await store.reserve(res.key, res.charge, fits, budget, name=res.name)
     except ReservationUnavailable as exc:
-        check.findings.clear()
-        check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
-                     at_most=Mode.WARN if policy.quota_fail_open else None)
-        return check.findings, ["ledger-unavailable"]
+        return _unavailable(check, policy, exc)
     return check.findings, []
 
 

@@ -3,16 +3,25 @@ stores them, and validating-webhook runs against a usage store."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from kit import validating
 
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
+from webhook.libs.kube import ConfigMaps
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
+from webhook.quota.cache import ClusterState
+from webhook.quota.ledger import LedgerStore
 from webhook.quota.store import MemoryStore
+
+if TYPE_CHECKING:
+    from fakeapi import FakeAPI
+
+LEDGER_NAMESPACE = "gpu-webhook"
+NOW = 1_800_000_000.0  # the wall clock of ledger tests: expiries are set against it
 
 POLICY = """
 apiVersion: gpu-webhook.dev/v1alpha1
@@ -81,3 +90,15 @@ def admit(store: MemoryStore, p: CompiledPolicy, obj: dict[str, Any], *,
     review["request"]["oldObject"] = old
     req = parse_review(orjson.dumps(review))
     return validating(req, p, store=store)
+
+
+def ledger_replica(api: FakeAPI, p: CompiledPolicy | None = None, *,
+                   timeout: float = 2.0) -> LedgerStore:
+    """One webhook replica's store: its own cache (synced, empty) and the ledger shared
+    through ``api``, on a wall clock stopped at :data:`NOW`."""
+    p = p or policy()
+    state = ClusterState(lambda: p)
+    state.pod_event("SYNCED", {})
+    state.namespace_event("SYNCED", {})
+    return LedgerStore(state, ConfigMaps(api.api_client(), LEDGER_NAMESPACE,
+                                         timeout=timeout), ttl=60, wall=lambda: NOW)

@@ -11,25 +11,22 @@ idle GPUs, and the lender's own quota is never refused while others borrow.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import orjson
-import pytest
-from fakeapi import FakeAPI, running
+from fakeapi import FakeAPI
 from kit import validating
+from quotakit import NOW, ledger_replica
 
 from webhook.admission import mutating
 from webhook.engine.borrowed import BORROWED_LABEL, account
 from webhook.engine.charge import Charge
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
-from webhook.libs.kube import ConfigMaps
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
-from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import (
     BORROWED_PREFIX,
     LEDGER_PREFIX,
@@ -62,7 +59,6 @@ spec:
       quota: {gpus: 2}
 """
 NS = "gpu-webhook"
-NOW = 1_800_000_000.0
 
 
 def policy() -> CompiledPolicy:
@@ -228,18 +224,8 @@ def test_a_refusal_on_own_quota_says_what_the_cohort_can_lend() -> None:
 
 # --------------------------------------------------------------------------- the ledger
 
-@pytest.fixture
-def api() -> Iterator[FakeAPI]:
-    with running() as fake:
-        yield fake
-
-
 def replica(api: FakeAPI, p: CompiledPolicy) -> LedgerStore:
-    state = ClusterState(lambda: p)
-    state.pod_event("SYNCED", {})
-    state.namespace_event("SYNCED", {})
-    return LedgerStore(state, ConfigMaps(api.api_client(), NS, timeout=2.0), ttl=60,
-                       wall=lambda: NOW)
+    return ledger_replica(api, p)
 
 
 def borrowed_entries(api: FakeAPI) -> dict[str, Any]:

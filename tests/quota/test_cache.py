@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from fakeapi import FakeAPI, running
+from fakeapi import FakeAPI
 from quotakit import pod, policy
 
 from webhook.libs.kube import Watcher
@@ -104,12 +102,6 @@ def test_not_synced_until_both_lists_arrived() -> None:
 
 
 # -- the watcher, against the fake API ----------------------------------------------------
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAPI]:
-    with running() as fake:
-        yield fake
 
 
 class Events:

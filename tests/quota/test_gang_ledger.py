@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
-from fakeapi import FakeAPI, running
-from quotakit import admit, pod, policy
+from fakeapi import FakeAPI
+from quotakit import NOW, admit, ledger_replica, pod, policy
 from test_gang_quota import vcjob
 from test_gang_reservation import gang_pod
 
@@ -27,31 +26,16 @@ from webhook import admission
 from webhook.admission import Cluster, Phase
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
-from webhook.libs.kube import ConfigMaps
-from webhook.quota.cache import ClusterState
 from webhook.quota.gang import GANG_BOUND_SECONDS
 from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore, decode
 from webhook.quota.store import MemoryStore, UsageStore
 
 NS = "gpu-webhook"
 LEDGER = LEDGER_PREFIX + "team-a"
-NOW = 1_800_000_000.0
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAPI]:
-    with running() as fake:
-        yield fake
 
 
 def replica(api: FakeAPI) -> LedgerStore:
-    """One webhook replica's store: its own cache (synced, empty), the shared ledger."""
-    p = policy()
-    state = ClusterState(lambda: p)
-    state.pod_event("SYNCED", {})
-    state.namespace_event("SYNCED", {})
-    return LedgerStore(state, ConfigMaps(api.api_client(), NS, timeout=1.0), ttl=60,
-                       wall=lambda: NOW)
+    return ledger_replica(api, timeout=1.0)
 
 
 def entries(api: FakeAPI) -> dict[str, Any]:

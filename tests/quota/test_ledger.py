@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
-from fakeapi import FakeAPI, running
+from fakeapi import FakeAPI
 from quotakit import POLICY, admit, pod, policy
 
 from webhook.libs.kube import ConfigMaps
@@ -41,12 +40,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAPI]:
-    with running() as fake:
-        yield fake
 
 
 def make_store(api: FakeAPI, p: CompiledPolicy | None = None, *, wall: float = NOW,

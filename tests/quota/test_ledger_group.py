@@ -12,40 +12,24 @@ writes the tenant's ledger.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
-import pytest
-from fakeapi import FakeAPI, running
-from quotakit import pod, policy
+from fakeapi import FakeAPI
+from quotakit import NOW, ledger_replica, pod, policy
 
 from webhook.admission import Cluster, validating
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
-from webhook.libs.kube import ConfigMaps
-from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import LEDGER_PREFIX, Entry, LedgerStore, encode
 from webhook.quota.usage import Charge
 
 NS = "gpu-webhook"
 LEDGER = LEDGER_PREFIX + "team-a"
-NOW = 1_800_000_000.0
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAPI]:
-    with running() as fake:
-        yield fake
 
 
 def make_store(api: FakeAPI) -> LedgerStore:
-    p = policy()
-    state = ClusterState(lambda: p)
-    state.pod_event("SYNCED", {})
-    state.namespace_event("SYNCED", {})
-    return LedgerStore(state, ConfigMaps(api.api_client(), NS, timeout=2.0), ttl=60,
-                       wall=lambda: NOW)
+    return ledger_replica(api)
 
 
 async def admit_all(store: LedgerStore, pods: list[dict[str, Any]]) -> list[Decision]:

@@ -32,7 +32,7 @@ from webhook.audit import (
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
-from webhook.server import metrics
+from webhook.server import leader, metrics
 
 _SELECTOR = ",".join(f"{k}={v}" for k, v in REPORT_LABELS.items())
 
@@ -98,25 +98,9 @@ class BackgroundAudit:
     async def run(self) -> None:
         """An audit every ``interval`` seconds while this replica leads (the first as
         soon as it leads), until cancelled."""
-        due = 0.0
-        failing = ""  # the last failure logged: a failure that repeats is logged once
-        while True:
-            if self.leading() and self.state.synced() and time.monotonic() >= due:
-                due = time.monotonic() + self.interval
-                try:
-                    await asyncio.to_thread(self.round, dict(self.state.labels))
-                    failing = ""
-                except kube.NotFound as exc:
-                    if failing != str(exc):
-                        logs.event("audit reports not written: the PolicyReport CRD "
-                                   "(wgpolicyk8s.io/v1alpha2) is not installed",
-                                   logging.WARNING, error=str(exc))
-                    failing = str(exc)
-                except kube.KubeError as exc:
-                    if failing != str(exc):
-                        logs.event("audit not done", logging.WARNING, error=str(exc),
-                                   detail=exc.detail)
-                    failing = str(exc)
-            elif not self.leading():
-                due = 0.0  # leading again: audit at once
-            await asyncio.sleep(min(self.interval, 1.0))
+        await leader.every(
+            self.interval, self.leading, self.state.synced,
+            lambda: asyncio.to_thread(self.round, dict(self.state.labels)),
+            missing="audit reports not written: the PolicyReport CRD "
+                    "(wgpolicyk8s.io/v1alpha2) is not installed",
+            failed="audit not done")

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from webhook.libs import kube, logs
@@ -127,3 +127,30 @@ class Leadership:
         while True:
             await asyncio.to_thread(self.try_once)
             await asyncio.sleep(self.duration / 3)
+
+
+async def every(interval: float, leading: Callable[[], bool], ready: Callable[[], bool],
+                round_: Callable[[], Awaitable[None]], *, missing: str, failed: str) -> None:
+    """Run ``round_`` every ``interval`` seconds while this replica leads and ``ready()``
+    (the first as soon as it leads), until cancelled. A failure is logged once until it
+    changes: ``missing`` when the API server does not serve the kind (its CRD is not
+    installed), ``failed`` for any other API error; the next round tries again."""
+    due = 0.0
+    failing = ""  # the last failure logged
+    while True:
+        if leading() and ready() and time.monotonic() >= due:
+            due = time.monotonic() + interval
+            try:
+                await round_()
+                failing = ""
+            except kube.NotFound as exc:
+                if failing != str(exc):
+                    logs.event(missing, logging.WARNING, error=str(exc))
+                failing = str(exc)
+            except kube.KubeError as exc:
+                if failing != str(exc):
+                    logs.event(failed, logging.WARNING, error=str(exc), detail=exc.detail)
+                failing = str(exc)
+        elif not leading():
+            due = 0.0  # leading again: a round at once
+        await asyncio.sleep(min(interval, 1.0))

@@ -27,6 +27,7 @@ from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
 from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore
+from webhook.server import leader
 
 _SELECTOR = ",".join(f"{k}={v}" for k, v in status.MANAGED_BY.items())
 
@@ -125,25 +126,8 @@ class QuotaStatusWriter:
     async def run(self) -> None:
         """A round every ``interval`` seconds while this replica leads (the first as soon
         as it leads), until cancelled."""
-        due = 0.0
-        failing = ""  # the last failure logged: a failure that repeats is logged once
-        while True:
-            if self.leading() and self.state.synced() and time.monotonic() >= due:
-                due = time.monotonic() + self.interval
-                try:
-                    await self.round()
-                    failing = ""
-                except kube.NotFound as exc:
-                    if failing != str(exc):
-                        logs.event("quota status not written: the GPUQuota CRD is not "
-                                   "installed (deploy/base/crd-gpuquota.yaml)",
-                                   logging.WARNING, error=str(exc))
-                    failing = str(exc)
-                except kube.KubeError as exc:
-                    if failing != str(exc):
-                        logs.event("quota status not written", logging.WARNING,
-                                   error=str(exc), detail=exc.detail)
-                    failing = str(exc)
-            elif not self.leading():
-                due = 0.0
-            await asyncio.sleep(min(self.interval, 1.0))
+        await leader.every(
+            self.interval, self.leading, self.state.synced, self.round,
+            missing="quota status not written: the GPUQuota CRD is not installed "
+                    "(deploy/base/crd-gpuquota.yaml)",
+            failed="quota status not written")
