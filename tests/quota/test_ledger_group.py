@@ -101,3 +101,25 @@ def test_an_encoding_from_the_memo_is_the_encoding_made_afresh() -> None:
         entries.pop(f"uid-{i}", None)
     assert encode(entries, memo) == encode(entries)
     assert len(memo) <= 2 * len(entries) + 64  # what left the ledger left the memo
+
+
+def test_a_refusal_is_decided_on_the_ledger_as_it_is_not_on_the_last_write(
+        api: FakeAPI) -> None:
+    # Two replicas. This one fills the a100 cap (6) and keeps its last write as its
+    # next read; the other then frees 4 of those GPUs (a gang released, reservations
+    # dropped) in a write this replica never sees.
+    store, other = make_store(api), make_store(api)
+    asyncio.run(admit_all(store, [pod(f"p{i}", gpus=1) for i in range(2)]
+                          + [pod("big", gpus=4)]))
+    assert sum(e["gpus"] for e in reserved(api).values()) == 6
+    held = reserved(api)
+    del held["uid-big"]
+    api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps(held).decode()})
+    # A pod that fits only in the room freed elsewhere: admitted, not refused on the
+    # stale copy (a refusal writes nothing, so no conflict would have caught it).
+    [d] = asyncio.run(admit_all(store, [pod("after", gpus=4)]))
+    assert d.allowed, d.message
+    assert sorted(reserved(api)) == ["uid-after", "uid-p0", "uid-p1"]
+    # And one that does not fit is refused on the fresh ledger too.
+    [d] = asyncio.run(admit_all(other, [pod("more", gpus=1)]))
+    assert not d.allowed and "exceeded quota" in d.message

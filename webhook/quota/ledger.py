@@ -48,7 +48,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -380,7 +380,7 @@ class LedgerStore:
     async def _read(self, tenant: str, ledger: str) -> _Read:
         cached = self._cached.pop(tenant, None)
         if cached is not None:
-            return cached
+            return replace(cached, fresh=False)
         try:
             stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
         except KubeError as exc:
@@ -412,6 +412,12 @@ class LedgerStore:
             outcomes = [(a, *a.op(entries, now)) for a in live]
             changed = sum(1 for _, _, c in outcomes if c)
             if not changed:
+                if not read.fresh:
+                    # Nothing to write, so no write would catch a stale copy: another
+                    # replica may have freed room or written slots since. An answer
+                    # that writes nothing (a refusal, a release that found nothing) is
+                    # given on the ledger as it is now.
+                    continue
                 self._cached[tenant] = read  # unchanged: still the ledger as last known
                 for a, answer, _ in outcomes:
                     a.succeed(answer)
@@ -581,6 +587,7 @@ class _Read:
 
     entries: dict[str, Entry]
     version: str | None
+    fresh: bool = True  # read from the API server for this commit, not kept from the last
 
 
 # A cohort's ledger of borrowed reservations: ``gpu-webhook-borrowed-<cohort>``, a data
