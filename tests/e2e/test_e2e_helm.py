@@ -109,8 +109,16 @@ def uninstall_leaves_nothing(cp: ControlPlane, helm_run: Any,
     out = helm_run(readme_command("helm", "uninstall"))
     assert out.returncode == 0, out.stderr
     assert "uninstalled" in out.stdout
-    wait_until("every object of the chart to be gone",
-               lambda: not [o for o in objects if exists(cp, o)], timeout=120, every=0.5)
+    left: list[str] = []
+
+    def gone() -> bool:
+        left[:] = [" ".join(ref(o)) for o in objects if exists(cp, o)]
+        return not left
+
+    try:
+        wait_until("every object of the chart to be gone", gone, timeout=120, every=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; still there: {', '.join(left)}") from None
     listed = cp.kubectl("get", "all,configmaps,secrets,roles,rolebindings,poddisruptionbudgets,"
                         "resourcequotas,serviceaccounts", "-n", NS, "-l",
                         "app.kubernetes.io/instance=gpu-webhook", "-o", "name").stdout
