@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 from fakeapi import FakeAPI, running
+from kubernetes import client
 from quotakit import pod, policy
 
 from webhook.admission import Cluster, validating
@@ -117,3 +118,22 @@ def test_an_encoding_from_the_memo_is_the_encoding_made_afresh() -> None:
         entries.pop(f"uid-{i}", None)
     assert encode(entries, memo) == encode(entries)
     assert len(memo) <= 2 * len(entries) + 64  # what left the ledger left the memo
+
+
+def test_ledger_calls_carry_the_service_account_token_as_refreshed(api: FakeAPI) -> None:
+    # In a cluster the webhook authenticates with its service account token, which the
+    # kubelet rotates: every ledger call asks the client for the current one.
+    cfg = client.Configuration()
+    cfg.host, cfg.retries = api.url, 0
+    tokens = iter(["Bearer first", "Bearer second", "Bearer third"])
+    cfg.api_key = {"authorization": "Bearer stale"}
+
+    def refresh(c: client.Configuration) -> None:
+        c.api_key["authorization"] = next(tokens)
+
+    cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]
+    maps = ConfigMaps(client.ApiClient(cfg), NS, timeout=2.0)
+    assert maps.read(LEDGER).resource_version is None  # absent: created by the write
+    version = maps.write(LEDGER, {"reservations": "{}"}, None, {})
+    maps.write(LEDGER, {"reservations": "{}"}, version, {})
+    assert api.authorizations == ["Bearer first", "Bearer second", "Bearer third"]
