@@ -34,6 +34,7 @@ class FakeAPI:
         self.faults: list[str] = []  # next requests: "503", "403", "hang"
         self.before_write: Callable[[], None] | None = None  # runs once, before a write
         self.requests: list[tuple[str, str]] = []
+        self.authorizations: list[str | None] = []  # each request's Authorization header
         self.pods: list[dict[str, Any]] = []
         self.watch_events: queue.Queue[dict[str, Any] | str] = queue.Queue()
         self.released = threading.Event()  # set at stop: "hang" replies give up
@@ -121,6 +122,7 @@ def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path, _, query = self.path.partition("?")
             api.requests.append(("GET", path))
+            api.authorizations.append(self.headers.get("Authorization"))
             if self._fault():
                 return
             if path == "/api/v1/pods":
@@ -170,6 +172,7 @@ def _handler(api: FakeAPI) -> type[BaseHTTPRequestHandler]:
         def _write(self, create: bool) -> None:
             path = self.path.partition("?")[0]
             api.requests.append(("POST" if create else "PUT", path))
+            api.authorizations.append(self.headers.get("Authorization"))
             body = self._body()
             hook, api.before_write = api.before_write, None
             if hook is not None:

@@ -16,11 +16,13 @@ from typing import Any
 
 import orjson
 from fakeapi import FakeAPI
+from kubernetes import client
 from quotakit import NOW, ledger_replica, pod, policy
 
 from webhook.admission import Cluster, validating
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
+from webhook.libs.kube import ConfigMaps
 from webhook.quota.ledger import LEDGER_PREFIX, Entry, LedgerStore, encode
 from webhook.quota.usage import Charge
 
@@ -123,3 +125,20 @@ def test_a_refusal_is_decided_on_the_ledger_as_it_is_not_on_the_last_write(
     # And one that does not fit is refused on the fresh ledger too.
     [d] = asyncio.run(admit_all(other, [pod("more", gpus=1)]))
     assert not d.allowed and "exceeded quota" in d.message
+def test_ledger_calls_carry_the_service_account_token_as_refreshed(api: FakeAPI) -> None:
+    # In a cluster the webhook authenticates with its service account token, which the
+    # kubelet rotates: every ledger call asks the client for the current one.
+    cfg = client.Configuration()
+    cfg.host, cfg.retries = api.url, 0
+    tokens = iter(["Bearer first", "Bearer second", "Bearer third"])
+    cfg.api_key = {"authorization": "Bearer stale"}
+
+    def refresh(c: client.Configuration) -> None:
+        c.api_key["authorization"] = next(tokens)
+
+    cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]
+    maps = ConfigMaps(client.ApiClient(cfg), NS, timeout=2.0)
+    assert maps.read(LEDGER).resource_version is None  # absent: created by the write
+    version = maps.write(LEDGER, {"reservations": "{}"}, None, {})
+    maps.write(LEDGER, {"reservations": "{}"}, version, {})
+    assert api.authorizations == ["Bearer first", "Bearer second", "Bearer third"]
