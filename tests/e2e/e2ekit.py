@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,28 @@ class Replica:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
+
+
+def capped_policy(workdir: Path, file: str, tenants: Iterable[str], gpus: int, *,
+                  ttl: float | None = None) -> Path:
+    """The e2e policy plus one tenant per name, chosen by the namespace label
+    ``gpu.example.com/tenant`` and capped at ``gpus`` GPUs (reservations lasting ``ttl``
+    seconds when given), written to ``workdir/file``."""
+    text = POLICY.read_text()
+    if ttl is not None:
+        text = text.replace(
+            "spec:\n", f"spec:\n  quotaLedger:\n    reservationTTLSeconds: {ttl}\n", 1)
+    text += "".join(f"""
+    - name: {t}
+      namespaceSelector:
+        matchLabels: {{gpu.example.com/tenant: {t}}}
+      maxGpusPerPod: 8
+      quota:
+        gpus: {gpus}
+""" for t in tenants)
+    path = workdir / file
+    path.write_text(text)
+    return path
 
 
 def start_replica(workdir: Path, cert_dir: Path, policy: Path, kubeconfig: Path,

@@ -31,10 +31,10 @@ import pytest
 from controlplane.cluster import ControlPlane
 from e2ekit import (
     LEDGER_NAMESPACE,
-    POLICY,
     Deployment,
     NamespaceFactory,
     RoundRobinProxy,
+    capped_policy,
     gpu_pod,
     gpu_webhook,
     sees_free_gpus,
@@ -154,19 +154,7 @@ class StallRelay:
 
 
 def _policy(workdir: Path) -> Path:
-    text = POLICY.read_text().replace(
-        "spec:\n", f"spec:\n  quotaLedger:\n    reservationTTLSeconds: {TTL}\n", 1)
-    text += "".join(f"""
-    - name: {t}
-      namespaceSelector:
-        matchLabels: {{gpu.example.com/tenant: {t}}}
-      maxGpusPerPod: 8
-      quota:
-        gpus: {CAP}
-""" for t in TENANTS)
-    path = workdir / "faults.yaml"
-    path.write_text(text)
-    return path
+    return capped_policy(workdir, "faults.yaml", TENANTS, CAP, ttl=TTL)
 
 
 def _relayed_kubeconfig(cp: ControlPlane, relay: StallRelay, workdir: Path) -> Path:

@@ -35,10 +35,10 @@ from controlplane.cluster import ControlPlane
 from e2ekit import (
     LEDGER_NAMESPACE,
     MUTATED_ANNOTATION,
-    POLICY,
     Deployment,
     NamespaceFactory,
     apply,
+    capped_policy,
     create_namespace,
     deployed,
     gpu_pod,
@@ -60,17 +60,7 @@ PROBE_NS = "e2e-gang-probe"
 
 
 def _policy(workdir: Path) -> Path:
-    text = POLICY.read_text() + "".join(f"""
-    - name: {t}
-      namespaceSelector:
-        matchLabels: {{gpu.example.com/tenant: {t}}}
-      maxGpusPerPod: 8
-      quota:
-        gpus: {CAP}
-""" for t in TENANTS)
-    path = workdir / "gangs.yaml"
-    path.write_text(text)
-    return path
+    return capped_policy(workdir, "gangs.yaml", TENANTS, CAP)
 
 
 def routed(d: Deployment, index: int) -> list[dict[str, Any]]:
