@@ -28,10 +28,9 @@ from typing import Any
 import pytest
 import yaml
 from e2ekit import short_id, wait_until
-from gpucluster.fixtures import SCHEDULE_TIMEOUT, pod, pods, running
+from gpucluster.fixtures import SCHEDULE_TIMEOUT, core_api, namespaces, pod, pods, running, started
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 pytestmark = pytest.mark.e2e
 
@@ -87,37 +86,23 @@ def cohort_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]
     (work / "policy.yaml").write_text(POLICY)
     cluster = SimCluster(work, policy=work / "policy.yaml",
                          description=work / "cluster.yaml", replicas=2)
-    cluster.start()
-    try:
+    with started(cluster):
         # The shipped PriorityClass the policy's default borrowedPriorityClass names.
         cluster.cp.kubectl("apply", "-f", str(ROOT / "deploy/base/priority-borrowed.yaml"))
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
 def api(cohort_sim: SimCluster) -> k8s.CoreV1Api:
-    return k8s.CoreV1Api(k8s_config.new_client_from_config(
-        config_file=str(cohort_sim.cp.kubeconfig)))
+    return core_api(cohort_sim)
 
 
 @pytest.fixture
-def lab(cohort_sim: SimCluster, api: k8s.CoreV1Api) -> Iterator[Callable[[str], str]]:
+def lab(cohort_sim: SimCluster, api: k8s.CoreV1Api) -> Iterator[Callable[[str | None], str]]:
     """``lab(tenant)``: a fresh namespace of the tenant, deleted (and its pods waited
     for) when the test ends, so that the next test starts with the node's GPUs free."""
-    made: list[str] = []
-
-    def make(tenant: str) -> str:
-        made.append(cohort_sim.namespace(f"{tenant}-{short_id()}", tenant))
-        return made[-1]
-
-    yield make
-    for ns in made:
-        cohort_sim.cp.kubectl("delete", "namespace", ns, "--wait=false")
-    for ns in made:
-        wait_until(f"the pods of {ns} to be deleted", lambda n=ns: not pods(api, n),
-                   timeout=SCHEDULE_TIMEOUT, every=0.3)
+    with namespaces(cohort_sim, api, lambda t: f"{t}-{short_id()}") as make:
+        yield make
 
 
 def create(sim: SimCluster, namespace: str, name: str) -> Any:

@@ -15,12 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2ekit import apply, short_id, wait_until
-from gpucluster.fixtures import SCHEDULE_TIMEOUT, deployment, node_labels, pod, pods, running
+from e2ekit import apply, short_id
+from gpucluster.fixtures import (
+    core_api,
+    deployment,
+    namespaces,
+    node_labels,
+    pod,
+    pods,
+    running,
+    started,
+)
 from gpucluster.fixtures import wait_event as wait_for_event
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 pytestmark = pytest.mark.e2e
 
@@ -31,37 +39,22 @@ FAULT_TOLERANT = {"gpu-webhook.dev/fault-tolerant": "true"}
 
 @pytest.fixture(scope="module")
 def spot_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
-    cluster = SimCluster(tmp_path_factory.mktemp("gpu-sim-spot"),
-                         policy=HERE / "spot-policy.yaml",
-                         description=HERE / "spot-cluster.yaml")
-    cluster.start()
-    try:
+    with started(SimCluster(tmp_path_factory.mktemp("gpu-sim-spot"),
+                            policy=HERE / "spot-policy.yaml",
+                            description=HERE / "spot-cluster.yaml")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
 def api(spot_sim: SimCluster) -> k8s.CoreV1Api:
-    return k8s.CoreV1Api(k8s_config.new_client_from_config(
-        config_file=str(spot_sim.cp.kubeconfig)))
+    return core_api(spot_sim)
 
 
 @pytest.fixture
 def tenant_namespace(spot_sim: SimCluster, api: k8s.CoreV1Api
-                     ) -> Iterator[Callable[[str], str]]:
-    made: list[str] = []
-
-    def make(tenant: str) -> str:
-        made.append(spot_sim.namespace(f"spot-{tenant}-{short_id()}", tenant))
-        return made[-1]
-
-    yield make
-    for name in made:
-        spot_sim.cp.kubectl("delete", "namespace", name, "--wait=false")
-    for name in made:  # their GPUs free for the next test
-        wait_until(f"the pods of namespace {name} to be deleted",
-                   lambda n=name: not pods(api, n), timeout=SCHEDULE_TIMEOUT, every=0.3)
+                     ) -> Iterator[Callable[[str | None], str]]:
+    with namespaces(spot_sim, api, lambda t: f"spot-{t}-{short_id()}") as make:
+        yield make
 
 
 def capacity_of(api: k8s.CoreV1Api, found: list[Any]) -> dict[str, str]:

@@ -14,6 +14,7 @@ events), polling on conditions with a deadline, never sleeping for an ordering.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -28,10 +29,9 @@ from kubernetes import config as k8s_config
 SCHEDULE_TIMEOUT = 90.0
 
 
-@pytest.fixture(scope="session")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
-    """The simulated GPU cluster with the webhook installed, for the whole session."""
-    cluster = SimCluster(tmp_path_factory.mktemp("gpu-sim"))
+@contextmanager
+def started(cluster: SimCluster) -> Iterator[SimCluster]:
+    """``cluster`` started, and stopped when the block ends."""
     cluster.start()
     try:
         yield cluster
@@ -39,11 +39,45 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
         cluster.stop()
 
 
+def core_api(cluster: SimCluster) -> k8s.CoreV1Api:
+    """The Kubernetes client's core API, as admin on ``cluster``."""
+    return k8s.CoreV1Api(k8s_config.new_client_from_config(
+        config_file=str(cluster.cp.kubeconfig)))
+
+
+@contextmanager
+def namespaces(cluster: SimCluster, core: k8s.CoreV1Api, name: Callable[[str | None], str]
+               ) -> Iterator[Callable[[str | None], str]]:
+    """``make(tenant)``: a fresh namespace of the tenant (named by ``name``) on
+    ``cluster``; each is deleted when the block ends, and its pods waited for."""
+    made: list[str] = []
+
+    def make(tenant: str | None) -> str:
+        made.append(cluster.namespace(name(tenant), tenant))
+        return made[-1]
+
+    yield make
+    for ns in made:
+        cluster.cp.kubectl("delete", "namespace", ns, "--wait=false")
+    # Waiting for the pods is enough: once they are gone their GPUs are free for the next
+    # test. The namespace itself goes a few seconds later (the namespace controller
+    # requeues it after its pods' deletion); every test makes new ones.
+    for ns in made:
+        wait_until(f"the pods of namespace {ns} to be deleted",
+                   lambda n=ns: not pods(core, n), timeout=SCHEDULE_TIMEOUT, every=0.3)
+
+
+@pytest.fixture(scope="session")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+    """The simulated GPU cluster with the webhook installed, for the whole session."""
+    with started(SimCluster(tmp_path_factory.mktemp("gpu-sim"))) as cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="session")
 def core(sim: SimCluster) -> k8s.CoreV1Api:
     """The Kubernetes client's core API, as admin on the simulated cluster."""
-    api = k8s_config.new_client_from_config(config_file=str(sim.cp.kubeconfig))
-    return k8s.CoreV1Api(api)
+    return core_api(sim)
 
 
 SimNamespaceFactory = Callable[[str | None], str]
@@ -51,23 +85,8 @@ SimNamespaceFactory = Callable[[str | None], str]
 
 @pytest.fixture
 def sim_namespace(sim: SimCluster, core: k8s.CoreV1Api) -> Iterator[SimNamespaceFactory]:
-    made: list[str] = []
-
-    def make(tenant: str | None) -> str:
-        name = f"sim-{tenant or 'none'}-{short_id()}"
-        sim.namespace(name, tenant)
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        sim.cp.kubectl("delete", "namespace", name, "--wait=false")
-    # Waiting for the pods is enough: once they are gone their GPUs are free for the next
-    # test. The namespace itself goes a few seconds later (the namespace controller
-    # requeues it after its pods' deletion); every test makes new ones.
-    for name in made:
-        wait_until(f"the pods of namespace {name} to be deleted",
-                   lambda n=name: not pods(core, n), timeout=SCHEDULE_TIMEOUT, every=0.3)
+    with namespaces(sim, core, lambda t: f"sim-{t or 'none'}-{short_id()}") as make:
+        yield make
 
 
 # --------------------------------------------------------------------------- reading
