@@ -221,7 +221,11 @@ class LedgerStore:
         self.maps = maps
         self.ttl = ttl
         self.wall = wall
-        self._known: dict[str, dict[str, Entry]] = {}  # last ledger read, per tenant
+        # Per tenant, the entries of the last ledger read (or written) that are live and
+        # for pods this replica has not seen: all a view counts. The whole ledger holds
+        # every admission of the last TTL (rate x TTL entries); a pod seen once is counted
+        # as a pod for as long as it exists, so its entry is never walked again.
+        self._known: dict[str, dict[str, Entry]] = {}
         # Group commit (see _drain): operations waiting per tenant, the task committing
         # them, and the ledger as this replica last wrote it.
         self._queued: dict[str, list[_Ask]] = {}
@@ -239,16 +243,25 @@ class LedgerStore:
     def ready(self) -> bool:
         return self.state.synced()
 
-    def _unseen(self, tenants: Iterable[dict[str, Entry]]) -> Usage:
+    def _pending(self, entries: Mapping[str, Entry]) -> dict[str, Entry]:
+        """Of live ``entries``, those for pods this replica has not seen."""
+        seen = self.state.seen
+        return {k: e for k, e in entries.items() if not seen(k)}
+
+    def _unseen(self, tenants: Iterable[dict[str, Entry]], prune: bool = False) -> Usage:
         """Reservations to count on top of the pods this replica sees: live, for pods
         not seen yet, and of each name only the one that covers the rest (see the
-        module docstring)."""
+        module docstring). With ``prune``, entries that no longer count (expired, or
+        their pod seen) are dropped from the dicts given: only for views of what is
+        unseen (``_known``), never for a ledger about to be written."""
         now = self.wall()
         usage = Usage()
         for entries in tenants:
             by_name: dict[str, list[tuple[str, Entry]]] = {}
+            gone: list[str] = []
             for key, e in entries.items():
                 if e.expires <= now or self.state.seen(key):
+                    gone.append(key)
                     continue
                 if e.name is None:
                     usage.put(key, e.charge)
@@ -257,6 +270,9 @@ class LedgerStore:
             for name, pending in by_name.items():
                 for key, e in self._counted(name, pending):
                     usage.put(key, e.charge)
+            if prune:
+                for key in gone:
+                    del entries[key]
         return usage
 
     def _counted(self, name: str, pending: list[tuple[str, Entry]]
@@ -272,7 +288,8 @@ class LedgerStore:
 
     def view(self) -> UsageView:
         return Combined(self.state.pods,
-                        self._unseen([*self._known.values(), *self._borrowed.values()]))
+                        self._unseen([*self._known.values(), *self._borrowed.values()],
+                                     prune=True))
 
     def reserved(self, fresh: Mapping[str, StoredMap] | None = None) -> Usage:
         """What reservations hold for pods not seen yet, as admission counts them, with
@@ -280,15 +297,17 @@ class LedgerStore:
         reservations too) taking the place of the last ones read. For the quota status
         objects; called on the event loop, as commits are."""
         for tenant, stored in (fresh or {}).items():
-            self._known[tenant] = decode(tenant, stored.data, self.wall(),
-                                         LEDGER_PREFIX + tenant)
-        return self._unseen(self._known.values())
+            now = self.wall()
+            self._known[tenant] = self._pending(
+                {k: e for k, e in decode(tenant, stored.data, now, LEDGER_PREFIX + tenant
+                                         ).items() if e.expires > now})
+        return self._unseen(self._known.values(), prune=True)
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
                       budget: float, name: str | None = None,
                       gangs: tuple[str, ...] = ()) -> bool:
-        def place(entries: dict[str, Entry], now: float) -> tuple[bool, bool]:
-            return self._place(key, charge, fits, name, gangs, entries, now)
+        def place(batch: _Batch, now: float) -> tuple[bool, bool]:
+            return self._place(key, charge, fits, name, gangs, batch, now)
 
         return bool(await self._enqueue(charge.tenant, place, budget))
 
@@ -304,13 +323,13 @@ class LedgerStore:
             return True
         slots = slots_of(key, charges)
 
-        def place(entries: dict[str, Entry], now: float) -> tuple[bool, bool]:
-            if any(k in entries for k in slots):
+        def place(batch: _Batch, now: float) -> tuple[bool, bool]:
+            if any(k in batch.entries for k in slots):
                 return True, False  # a retried review: reserved already
-            if not fits(Combined(self.state.pods, self._unseen([entries]))):
+            if not fits(Combined(self.state.pods, self._unseen([batch.unseen]))):
                 return False, False
             for k, c in slots.items():
-                entries[k] = Entry(c, now + ttl, gang=ids)
+                batch.put(k, Entry(c, now + ttl, gang=ids))
             return True, True
 
         return bool(await self._enqueue(charges[0][0].tenant, place, budget))
@@ -319,10 +338,10 @@ class LedgerStore:
         """Drop the slots of ``key``'s gang that no pod took from the tenant's ledger;
         how many."""
 
-        def place(entries: dict[str, Entry], now: float) -> tuple[int, bool]:
-            mine = [k for k, e in entries.items() if e.gang and e.gang[0] == key]
+        def place(batch: _Batch, now: float) -> tuple[int, bool]:
+            mine = [k for k, e in batch.entries.items() if e.gang and e.gang[0] == key]
             for k in mine:
-                del entries[k]
+                batch.pop(k)
             return len(mine), bool(mine)
 
         return int(await self._enqueue(tenant, place, budget))
@@ -408,8 +427,10 @@ class LedgerStore:
             now = self.wall()
             entries = {k: e for k, e in read.entries.items() if e.expires > now}
             dropped = len(read.entries) - len(entries)
-            self._known[tenant] = entries
-            outcomes = [(a, *a.op(entries, now)) for a in live]
+            working = _Batch(entries, self._pending(entries))
+            # Views decided while this commit is in flight count its reservations too.
+            self._known[tenant] = working.unseen
+            outcomes = [(a, *a.op(working, now)) for a in live]
             changed = sum(1 for _, _, c in outcomes if c)
             if not changed:
                 if not read.fresh:
@@ -442,7 +463,7 @@ class LedgerStore:
                 for a in live:
                     a.fail(error)
                 return
-            self._known[tenant] = entries
+            self._known[tenant] = working.unseen
             if version is not None:
                 self._cached[tenant] = _Read(dict(entries), version)
             self.commits += changed
@@ -453,16 +474,17 @@ class LedgerStore:
             return
 
     def _place(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-               name: str | None, gangs: tuple[str, ...], entries: dict[str, Entry],
+               name: str | None, gangs: tuple[str, ...], batch: _Batch,
                now: float) -> tuple[bool, bool]:
-        """Decide one pod against ``entries`` (the ledger as read plus the operations
-        before it in the batch), adding its entry when it needs room and fits: whether it
-        is admitted, and whether ``entries`` changed."""
+        """Decide one pod against ``batch`` (the ledger as read plus the operations
+        before it), adding its entry when it needs room and fits: whether it is
+        admitted, and whether the entries changed."""
+        entries = batch.entries
         if key in entries or self.state.seen(key):
             return True, False  # a retried review of a pod already counted
         if name is not None and any(
                 e.name == name and not self.state.seen(k) and covers(e.charge, charge)
-                for k, e in entries.items()):
+                for k, e in batch.unseen.items()):
             return True, False  # the same pod created again (a retry): one charge for a name
         holder = self.state.holder(name) if name is not None else None
         taken = (holder is not None and holder[0] != key and holder[1] is not None
@@ -474,12 +496,12 @@ class LedgerStore:
         # A pod of a reserved gang replaces a slot of its shape, in this same write,
         # and is checked without it (store.GangStore: a forged slot admits nothing).
         slot = None if taken or not gangs else _slot(entries, gangs, charge)
-        drawn = entries.pop(slot) if slot is not None else None
-        if not taken and not fits(Combined(self.state.pods, self._unseen([entries]))):
+        drawn = batch.pop(slot) if slot is not None else None
+        if not taken and not fits(Combined(self.state.pods, self._unseen([batch.unseen]))):
             if slot is not None and drawn is not None:
-                entries[slot] = drawn  # the batch's entries are shared: put the slot back
+                batch.put(slot, drawn)  # the batch's entries are shared: put the slot back
             return False, False
-        entries[key] = Entry(charge, now + self.ttl, name)
+        batch.put(key, Entry(charge, now + self.ttl, name))
         return True, True
 
     # --- borrowed pods: one ledger per cohort ----------------------------------------
@@ -521,12 +543,12 @@ class LedgerStore:
                 raise self._unavailable(ledger, exc) from None
             now = self.wall()
             for t, m in own.items():
-                self._known[t] = {k: e for k, e in
-                                  decode(t, m.data, now, LEDGER_PREFIX + t).items()
-                                  if e.expires > now}
+                self._known[t] = self._pending(
+                    {k: e for k, e in decode(t, m.data, now, LEDGER_PREFIX + t).items()
+                     if e.expires > now})
             stored_entries = decode_borrowed(stored.data, now, ledger)
             entries = {k: e for k, e in stored_entries.items() if e.expires > now}
-            self._borrowed[cohort] = entries
+            self._borrowed[cohort] = self._pending(entries)
             if key in entries or self.state.seen(key):
                 return True  # a retried review of a pod already counted
             if name is not None and any(
@@ -552,16 +574,34 @@ class LedgerStore:
                 continue
             except KubeError as exc:
                 raise self._unavailable(ledger, exc) from None
-            self._borrowed[cohort] = entries
+            self._borrowed[cohort] = self._pending(entries)
             self.commits += 1
             self.expired += len(stored_entries) - (len(entries) - 1)
             return True
 
 
-# An operation on a tenant's ledger, decided in its commit: given the live entries (the
-# ledger as read, edited by the operations before it in the batch) and the time, it
-# edits them and returns its answer and whether it changed them.
-_Op = Callable[[dict[str, Entry], float], tuple[Any, bool]]
+@dataclass(slots=True)
+class _Batch:
+    """A tenant's ledger as its commit decides it: the live entries (as read, edited by
+    the operations before in the batch) and, of them, those for pods this replica has
+    not seen, kept beside so that deciding a pod walks what counts, not the whole
+    ledger."""
+
+    entries: dict[str, Entry]
+    unseen: dict[str, Entry]
+
+    def put(self, key: str, e: Entry) -> None:
+        self.entries[key] = e
+        self.unseen[key] = e  # a new entry is for a pod not created yet, or a gang slot
+
+    def pop(self, key: str) -> Entry:
+        self.unseen.pop(key, None)
+        return self.entries.pop(key)
+
+
+# An operation on a tenant's ledger, decided in its commit: given the batch and the
+# time, it edits the batch and returns its answer and whether it changed the entries.
+_Op = Callable[[_Batch, float], tuple[Any, bool]]
 
 
 @dataclass(slots=True)
