@@ -53,12 +53,18 @@ def answer(a: AdmissionApp, review: dict[str, Any]) -> bytes:
 
 
 def next_pod(review: dict[str, Any], request_uid: str, object_uid: str) -> dict[str, Any]:
-    """The review of the next pod of the same shape: the uids differ, nothing else."""
+    """The review of the next pod of the same shape: the uids differ, and the time the
+    API server stamps on its field manager's entry (a controller's next pod, a second
+    later), nothing else."""
     out = copy.deepcopy(review)
     out["request"]["uid"] = request_uid
     meta = out["request"]["object"].setdefault("metadata", {})
     if isinstance(meta, dict):
         meta["uid"] = object_uid
+        meta["managedFields"] = [{
+            "manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+            "time": f"2026-12-01T10:00:{sum(map(ord, object_uid)) % 60:02d}Z",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:containers": {}}}}]
     return out
 
 

@@ -9,7 +9,8 @@ is the decision for the next: here it is kept, keyed by
 
 - the request without its uid (and the object's ``metadata.uid`` and
   ``creationTimestamp``, which a create does not carry and an update does not decide
-  on), serialised as it came;
+  on, and the ``time`` of each ``managedFields`` entry, which the API server sets to the
+  second of the write), serialised as it came;
 - the labels of the pod's namespace (tenants are chosen by them);
 - the policy's generation: the cache is emptied when a new policy is served.
 
@@ -66,9 +67,9 @@ class DecisionCache:
         if isinstance(spec, dict) and spec.get("resourceClaims"):
             return None  # decided with the claims watch's contents, which change
         meta = obj.get("metadata")
-        if isinstance(meta, dict) and ("uid" in meta or "creationTimestamp" in meta):
-            obj = {**obj, "metadata": {k: v for k, v in meta.items()
-                                       if k not in ("uid", "creationTimestamp")}}
+        if isinstance(meta, dict) and ("uid" in meta or "creationTimestamp" in meta
+                                       or "managedFields" in meta):
+            obj = {**obj, "metadata": _shape_of(meta)}
         try:
             key = orjson.dumps(
                 [req.group, req.version, req.kind, req.operation, req.namespace, req.name,
@@ -93,6 +94,18 @@ class DecisionCache:
         self._decisions.move_to_end(key)
         while len(self._decisions) > self.size:
             self._decisions.popitem(last=False)
+
+
+def _shape_of(meta: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in meta.items() if k not in ("uid", "creationTimestamp")}
+    fields = out.get("managedFields")
+    if isinstance(fields, list):
+        # The API server stamps each manager's entry with the second it wrote it: two
+        # pods of one ReplicaSet a second apart differ there and nowhere else. The
+        # managers themselves stay in the key.
+        out["managedFields"] = [{k: v for k, v in m.items() if k != "time"}
+                                if isinstance(m, dict) else m for m in fields]
+    return out
 
 
 def _refuse(value: Any) -> Any:
