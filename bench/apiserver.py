@@ -564,6 +564,61 @@ def delete_pods(cp: ControlPlane) -> None:
         c.close()
 
 
+LEDGER_PREFIX = "gpu-webhook-ledger-"
+
+
+def ledgers(cp: ControlPlane) -> dict[str, dict[str, str]]:
+    """Our quota ledgers' data as they are now, by tenant."""
+    c = Client(cp)
+    try:
+        out = {}
+        for t in TENANTS:
+            status, body = c.request(
+                "GET", f"/api/v1/namespaces/{LEDGER_NAMESPACE}/configmaps/{LEDGER_PREFIX}{t}")
+            if status == 200:
+                out[t] = json.loads(body).get("data") or {}
+        return out
+    finally:
+        c.close()
+
+
+def entries(data: dict[str, str]) -> int:
+    return len(json.loads(data.get("reservations") or "{}"))
+
+
+def write_cost(cp: ControlPlane, data: dict[str, str], writes: int = 200) -> dict[str, Any]:
+    """What one ledger commit costs at the API server, alone: ``writes`` conditional PUTs
+    of a ConfigMap holding ``data``, one after the other, as a commit writes (the
+    resourceVersion of the last answer in each). The floor under our added latency in a
+    real creation, which a webhook that writes nothing does not pay."""
+    name = "bench-ledger-write"
+    c = Client(cp)
+    path = f"/api/v1/namespaces/{LEDGER_NAMESPACE}/configmaps"
+    try:
+        status, body = c.request("POST", path, json.dumps(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+             "data": data}).encode())
+        if status != 201:
+            raise RuntimeError(f"creating {name}: {status} {body[:200]!r}")
+        version = json.loads(body)["metadata"]["resourceVersion"]
+        times = []
+        for _ in range(writes):
+            obj = {"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": name, "resourceVersion": version}, "data": data}
+            t0 = time.perf_counter()
+            status, body = c.request("PUT", f"{path}/{name}", json.dumps(obj).encode())
+            times.append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"writing {name}: {status} {body[:200]!r}")
+            version = json.loads(body)["metadata"]["resourceVersion"]
+        c.request("DELETE", f"{path}/{name}")
+        return {"entries": entries(data), "bytes": sum(len(v) for v in data.values()),
+                "p50_ms": round(1000 * pct(times, 0.5), 3),
+                "p99_ms": round(1000 * pct(times, 0.99), 3)}
+    finally:
+        c.close()
+
+
 def measure(cp: ControlPlane, conds: Conditions, mixed: list[Item], clients: int,
             seconds: float, dry_run: bool) -> dict[str, Any]:
     before = apiserver_hist(cp)
@@ -573,6 +628,7 @@ def measure(cp: ControlPlane, conds: Conditions, mixed: list[Item], clients: int
     after = apiserver_hist(cp)
     counted = {k: v - counted[k] for k, v in conds.ours_counters().items()}
     cpu = {n: p.cpu_seconds() - cpu0[n] for n, p in conds.procs.items()}
+    held = ledgers(cp) if conds.current == "ours" and not dry_run else {}
     if not dry_run:
         delete_pods(cp)
     n = len(run.latencies)
@@ -586,6 +642,10 @@ def measure(cp: ControlPlane, conds: Conditions, mixed: list[Item], clients: int
         # Of our mutating reviews, the share answered with a reused decision.
         "ours_reused": round(counted["reused"] / counted["mutating"], 3)
         if counted["mutating"] else None,
+        # Our ledgers at the end of a real run: entries per tenant (every admission of
+        # the last TTL), and the biggest one's data for the write-cost floor.
+        "ledger_entries": {t: entries(d) for t, d in held.items()},
+        "biggest_ledger": max(held.values(), key=entries) if held else None,
     }
 
 
@@ -775,6 +835,13 @@ def main(argv: list[str] | None = None) -> int:
                               f"p99 {m['p99_ms']:6.2f} ms  apiserver mean "
                               f"{m['apiserver']['mean_ms']} ms/call", flush=True)
         conds.install("none")
+        # One ledger commit alone, at the API server, with no webhook: an empty ledger
+        # and the biggest a real run of ours left, one writer (as one client's pods).
+        biggest = max((r.pop("biggest_ledger") or {} for r in res["runs"]), key=entries,
+                      default={})
+        res["ledger_write"] = [write_cost(cp, {"reservations": "{}"}), write_cost(cp, biggest)]
+        for r in res["runs"]:
+            r.pop("biggest_ledger", None)
     finally:
         if conds is not None:
             conds.stop()
@@ -786,6 +853,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\nadded latency over no webhook (client timings, ms; medians over rounds), "
           "ratios ours/other; API server's mean per webhook call")
     print(table(res["summary"], opts.conditions))
+    print("\none ledger commit alone (sequential conditional PUTs at the API server, no "
+          "webhook): " + "; ".join(f"{w['entries']} entries ({w['bytes']} bytes) p50 "
+                                    f"{w['p50_ms']} / p99 {w['p99_ms']} ms"
+                                    for w in res.get("ledger_write", [])))
     print("targets:")
     print("\n".join(res["verdicts"]))
     shutil.rmtree(work, ignore_errors=True)

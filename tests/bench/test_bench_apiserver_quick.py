@@ -50,4 +50,12 @@ def test_quick_apiserver_bench_measures_every_condition(tmp_path: Path) -> None:
         assert {"added_p50_ms", "added_p99_ms", "apiserver_mean_ms_per_call"} \
             <= entry["ours"].keys()
         assert "ours/nothing_p50" in entry
+    # What one ledger commit costs alone: an empty ledger, and the biggest ours' real
+    # runs left (every GPU pod it admitted in the last TTL).
+    empty, biggest = res["ledger_write"]
+    assert empty["entries"] == 0 and biggest["entries"] > 0
+    assert biggest["bytes"] > empty["bytes"]
+    assert all(w["p99_ms"] >= w["p50_ms"] > 0 for w in (empty, biggest))
+    assert any(n > 0 for r in res["runs"] for n in r["ledger_entries"].values())
     assert "| dry-run/8 |" in proc.stdout and "targets:" in proc.stdout
+    assert "one ledger commit alone" in proc.stdout
