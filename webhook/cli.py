@@ -131,8 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--baseline-policy", metavar="FILE",
                    help="with --replay: the current policy (default: the embedded one)")
     r.add_argument("--namespace", help="namespace, when the manifest does not say")
-    r.add_argument("--namespace-labels", default="",
-                   help="labels of the namespace, k=v,k2=v2 (for namespaceSelector tenants)")
+    r.add_argument("--namespace-labels", default=None,
+                   help="labels of the namespace, k=v,k2=v2 (for namespaceSelector tenants; "
+                        "not given: unknown, as to a webhook without a cluster; \"\": none)")
     r.add_argument("--user", default="developer", help="requesting user [developer]")
     r.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
     r.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
@@ -524,7 +525,8 @@ def _review(args: argparse.Namespace) -> int:
         print(f"gpu-webhook review: cannot read {args.filename}: {exc}", file=sys.stderr)
         return 2
     try:
-        ns_labels = dict(kv.split("=", 1) for kv in args.namespace_labels.split(",") if kv)
+        ns_labels = dict(kv.split("=", 1) for kv in (args.namespace_labels or "").split(",")
+                         if kv)
     except ValueError:
         print("gpu-webhook review: --namespace-labels takes k=v,k2=v2", file=sys.stderr)
         return 2
@@ -546,8 +548,9 @@ def _review(args: argparse.Namespace) -> int:
             print(f"gpu-webhook review: {exc}", file=sys.stderr)
             return 2
 
-        def labels(_ns: str) -> dict[str, str]:
-            return ns_labels
+        def labels(_ns: str) -> dict[str, str] | None:
+            # Not given: unknown, as to a webhook without a cluster (not "no labels").
+            return ns_labels if args.namespace_labels is not None else None
 
         # The documents of one file share an empty usage store: quota caps apply to each
         # object, and pods earlier in the file count against the ones after them.

@@ -156,12 +156,16 @@ def test_multi_document_file_reviews_each(gpu_webhook: Run, tmp_path: Path) -> N
     ("gpu.example.com/tenant=inference,team=ml", "allowed", None),
     ("gpu.example.com/tenant=other", "denied", "belongs to no GPU tenant"),
     ("", "denied", "belongs to no GPU tenant"),
-], ids=["inference", "inference-plus-other-labels", "other-tenant-label", "no-labels"])
+    (None, "denied", "the webhook does not know its labels, so the tenants chosen by "
+                     "namespace labels (inference) cannot match it"),
+], ids=["inference", "inference-plus-other-labels", "other-tenant-label", "no-labels",
+        "labels-unknown"])
 def test_namespace_labels_select_the_selector_tenant(gpu_webhook: Run, tmp_path: Path,
-                                                     labels: str, decision: str,
+                                                     labels: str | None, decision: str,
                                                      message: str | None) -> None:
     f = _write(tmp_path, "deploy.yaml", DEPLOYMENT)
-    done = gpu_webhook("review", "-f", f, "--namespace-labels", labels, "-o", "json")
+    given = ["--namespace-labels", labels] if labels is not None else []
+    done = gpu_webhook("review", "-f", f, *given, "-o", "json")
     [r] = _json(done)
     assert r["decision"] == decision, r
     assert done.returncode == (0 if decision == "allowed" else 1)
@@ -209,7 +213,9 @@ def test_policy_flag(gpu_webhook: Run, tmp_path: Path) -> None:
     done = gpu_webhook("review", "-f", _write(tmp_path, "pod.yaml", TRAINER),
                        "--policy", policy)
     assert done.returncode == 1
-    assert 'namespace "research" belongs to no GPU tenant' in done.stdout
+    # No --namespace-labels: the labels are unknown, so the selector tenant is not tried.
+    assert ('namespace "research" is in no tenant\'s namespaces, and the webhook does not '
+            "know its labels") in done.stdout
 
 
 @pytest.mark.parametrize(("args", "stdin", "message"), [

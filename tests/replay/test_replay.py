@@ -40,7 +40,9 @@ def test_changed_decisions_are_counted_and_listed(gpu_webhook: Run) -> None:
             "IgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/1/values/2 "
             '"rack-c"') in out
     assert "line 3: Pod sandbox/try-0 (CREATE by carol): denied->allowed" in out
-    assert 'was denied: pod sandbox/try-0: namespace "sandbox" belongs to no GPU tenant' in out
+    # Recorded reviews carry no namespace labels: the selector tenants cannot be tried.
+    assert ('was denied: pod sandbox/try-0: namespace "sandbox" is in no tenant\'s '
+            "namespaces, and the webhook does not know its labels") in out
     assert "line 4: not an AdmissionReview, skipped" in out
     assert "line 5: Pod notebooks/nb-dave (CREATE by dave): warnings changed" in out
     assert "- warning: pod notebooks/nb-dave" in out

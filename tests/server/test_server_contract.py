@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import re
 from typing import Any
 
@@ -124,7 +125,11 @@ def test_validate_never_patches(client: httpx.Client, obj: dict[str, Any]) -> No
 
 @pytest.mark.parametrize(("path", "obj", "message"), [
     ("/mutate", pod(namespace="no-tenant-here"),
-     r'namespace "no-tenant-here" belongs to no GPU tenant.*\[rule tenant-required'),
+     # In memory (no cluster), a namespace's labels are unknown: the example policy's
+     # tenant chosen by labels could not be tried, and the message says so.
+     r'namespace "no-tenant-here" is in no tenant\'s namespaces, and the webhook does not '
+     r'know its labels, so the tenants chosen by namespace labels \(inference\) cannot '
+     r'match it.*\[rule tenant-required'),
     ("/mutate", pod() | {"spec": {"containers": [{"name": "main", "image": "x", "resources": {
         "requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}}}]}},
      r"request 1 differs from limit 2.*\[rule gpu-requests-match-limits, tenant research\]"),
@@ -292,3 +297,12 @@ def test_keep_alive_reuses_one_connection(server: Server) -> None:
 def test_plain_http_is_refused(server: Server) -> None:
     with pytest.raises(httpx.HTTPError):
         httpx.post(f"http://127.0.0.1:{server.port}/mutate", json=review(pod()), timeout=5)
+
+
+def test_start_up_says_that_tenants_chosen_by_labels_cannot_match_without_a_cluster(
+        server: Server) -> None:
+    # The example policy chooses the inference tenant by namespace labels; this server
+    # has no cluster to read them from, and its first log lines say so.
+    line = next(json.loads(ln) for ln in server.log().splitlines()
+                if "tenants chosen by namespace labels cannot match" in ln)
+    assert line["level"] == "warning" and line["tenants"] == ["inference"]

@@ -26,7 +26,7 @@ from typing import Any
 from webhook.engine import devices, messages
 from webhook.engine.charge import Ask, Charge, Cost, QuotaStep, Reservation, Validation
 from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision, malformed
-from webhook.engine.target import NamespaceLabels
+from webhook.engine.target import NamespaceLabels, no_tenant
 from webhook.k8s import claims
 from webhook.k8s.claims import DeviceRequest
 from webhook.k8s.objects import MalformedObject, child_map
@@ -96,7 +96,7 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabel
     if isinstance(target, Decision):
         return target
     check = Checker(policy, target.tenant, target.subject, MUTATE_OWNED)
-    _rules(check, policy, target, req)
+    _rules(check, policy, target, req, labels)
     patch = Patch()
     changes: list[str] = []
     if not target.charged_elsewhere and devices.pin(policy, target.tenant, target.requests,
@@ -112,7 +112,7 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLab
     if isinstance(target, Decision):
         return Validation(target)
     check = Checker(policy, target.tenant, target.subject, VALIDATE_CLAIM_OWNED)
-    cost = _rules(check, policy, target, req)
+    cost = _rules(check, policy, target, req, labels)
     tenant = target.tenant
     if tenant is None or target.charged_elsewhere:
         return Validation(check.decide())
@@ -147,9 +147,9 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLab
 
 
 def _rules(check: Checker, policy: CompiledPolicy, target: ClaimTarget,
-           req: AdmissionRequest) -> devices.DeviceCost:
+           req: AdmissionRequest, labels: NamespaceLabels) -> devices.DeviceCost:
     if target.tenant is None and not policy.unassigned_allowed:
-        check.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+        check.report(Rule.TENANT_REQUIRED, no_tenant(req.namespace, policy, labels))
     if target.fakes_extended:
         check.report(Rule.EXTENDED_RESOURCE_CLAIM, messages.fake_extended_resource_claim(
             claims.EXTENDED_RESOURCE_ANNOTATION))

@@ -26,7 +26,19 @@ def tag(rule: str, policy: str, tenant: str | None) -> str:
     return f"[rule {rule}, tenant {tenant}]" if tenant else f"[rule {rule}, policy {policy}]"
 
 
-def no_tenant(namespace: str, policy: str) -> str:
+def no_tenant(namespace: str, policy: str, unread_selectors: Sequence[str] = ()) -> str:
+    if unread_selectors:
+        # Without the namespace's labels a tenant chosen by them cannot match: "belongs to
+        # no tenant" would be false, and "ask to be added" the wrong fix.
+        return (
+            f'namespace "{namespace}" is in no tenant\'s namespaces, and the webhook does '
+            "not know its labels, so the tenants chosen by namespace labels "
+            f"({one_of(unread_selectors)}) cannot match it: it may not run GPU pods until "
+            "the webhook knows them. The webhook reads namespaces from the cluster: a "
+            "namespace created just now is known within seconds, so retry; if this "
+            "persists, the webhook has no access to the cluster's namespaces (ask the "
+            "platform team). Offline, give gpu-webhook review --namespace-labels."
+        )
     return (
         f'namespace "{namespace}" belongs to no GPU tenant, so it may not run GPU pods. '
         f"Ask the platform team to add it to a tenant in GPU policy {policy}, "

@@ -29,7 +29,7 @@ from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
 from webhook.engine.placement import Placement
-from webhook.engine.target import NamespaceLabels, Target, no_labels, prepare
+from webhook.engine.target import NamespaceLabels, Target, no_labels, no_tenant, prepare
 from webhook.engine.tolerations import gpu_taint_tolerations, missing
 from webhook.k8s.objects import MalformedObject, child_list, child_map
 from webhook.k8s.patch import Patch
@@ -59,7 +59,7 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
         # The namespace's rule is the object's, not each template's: said once.
         whole = targets.subject if len(targets.roles) > 1 else targets.roles[0].target.subject
         told = Checker(policy, None, whole, OWNED)
-        told.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+        told.report(Rule.TENANT_REQUIRED, no_tenant(req.namespace, policy, labels))
         findings.extend(told.findings)
     for rt in targets.roles:
         target = rt.target

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.engine import messages
 from webhook.engine.decision import Decision, malformed, subject_of
 from webhook.engine.devices import ClaimLookup, is_gpu_request, no_claims
 from webhook.k8s.claims import (
@@ -33,6 +34,13 @@ NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 
 def no_labels(namespace: str) -> Mapping[str, str] | None:
     return None
+
+
+def no_tenant(namespace: str, policy: CompiledPolicy, labels: NamespaceLabels) -> str:
+    """Why a namespace's GPU request has no tenant: it belongs to none, or (with no
+    cluster to read its labels from) tenants chosen by labels could not be tried."""
+    unread = policy.selector_tenants() if labels(namespace) is None else []
+    return messages.no_tenant(namespace, policy.name, unread)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,14 @@ from webhook.engine.decision import Checker, Decision, Finding, malformed
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gang import GangAsk, RoleAsk, pod_ids, workload_ids
 from webhook.engine.gpu import check_maximums, check_requests, weighted
-from webhook.engine.target import NamespaceLabels, Target, Targets, no_labels, prepare
+from webhook.engine.target import (
+    NamespaceLabels,
+    Target,
+    Targets,
+    no_labels,
+    no_tenant,
+    prepare,
+)
 from webhook.engine.tolerations import gpu_taint_tolerations
 from webhook.k8s.objects import MalformedObject, child_list
 from webhook.k8s.review import AdmissionRequest
@@ -61,18 +68,18 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy,
     if isinstance(targets, Decision):
         return Validation(targets)
     if len(targets.roles) == 1 and targets.roles[0].role.name is None:
-        return _one_template(targets.roles[0].target, policy, req)
-    return _roles(targets, policy, req)
+        return _one_template(targets.roles[0].target, policy, req, labels)
+    return _roles(targets, policy, req, labels)
 
 
-def _one_template(target: Target, policy: CompiledPolicy, req: AdmissionRequest
-                  ) -> Validation:
+def _one_template(target: Target, policy: CompiledPolicy, req: AdmissionRequest,
+                  labels: NamespaceLabels) -> Validation:
     check = Checker(policy, target.tenant, target.subject, OWNED)
     try:
         quota = None
         unknown_templates(check, target)
         if target.has_gpu:
-            quota = _gpu_pod(check, policy, target, req)
+            quota = _gpu_pod(check, policy, target, req, labels)
         elif policy.non_gpu_tolerations is TolerationPolicy.DENY and not target.claims:
             _tolerates_gpu_taints(check, policy, target)
     except MalformedObject as exc:
@@ -80,11 +87,11 @@ def _one_template(target: Target, policy: CompiledPolicy, req: AdmissionRequest
     return Validation(check.decide(), quota)
 
 
-def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest
-             ) -> QuotaStep | None:
+def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest,
+             labels: NamespaceLabels) -> QuotaStep | None:
     tenant = target.tenant
     if tenant is None and not policy.unassigned_allowed:
-        check.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+        check.report(Rule.TENANT_REQUIRED, no_tenant(req.namespace, policy, labels))
         return None
     cost = pod_cost(check, policy, target)
     if tenant is None or check.denied or (tenant.quota is None and not tenant.namespace_quota):
@@ -131,13 +138,14 @@ def _tolerates_gpu_taints(check: Checker, policy: CompiledPolicy, target: Target
         check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
 
 
-def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest) -> Validation:
+def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest,
+           labels: NamespaceLabels) -> Validation:
     """A workload with roles: each template checked, and one quota step for them all."""
     tenant = targets.tenant
     findings: list[Finding] = []
     if targets.has_gpu and tenant is None and not policy.unassigned_allowed:
         told = Checker(policy, None, targets.subject, OWNED)
-        told.report(Rule.TENANT_REQUIRED, messages.no_tenant(req.namespace, policy.name))
+        told.report(Rule.TENANT_REQUIRED, no_tenant(req.namespace, policy, labels))
         return Validation(told.decide())
     asks: list[RoleAsk] = []
     old = _old_pods(req, policy)

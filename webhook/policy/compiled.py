@@ -183,6 +183,10 @@ class CompiledPolicy:
                 return tenant
         return None
 
+    def selector_tenants(self) -> list[str]:
+        """The tenants chosen by namespace labels (``namespaceSelector``)."""
+        return [t.name for _, t in self._by_selector]
+
     def labels_selecting(self, tenant: str) -> dict[str, str] | None:
         """Namespace labels that the tenant's selector matches (its matchLabels, and the
         first value of each ``In``), or None when it has none or they are not enough:

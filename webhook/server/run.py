@@ -123,6 +123,12 @@ def run(settings: Settings) -> int:
                cert_not_after=reloader.serving.not_after.isoformat(),
                usage_store="cluster ledger" if configured(settings.kubeconfig)
                else "in-memory (no cluster configured)", pid=os.getpid())
+    selecting = active.policy.selector_tenants()
+    if selecting and not configured(settings.kubeconfig):
+        logs.event("tenants chosen by namespace labels cannot match without a cluster: the "
+                   "webhook reads namespace labels from the API server; their namespaces' GPU "
+                   "pods are refused saying so (give --kubeconfig, or run in the cluster)",
+                   logging.WARNING, tenants=selecting)
     problem = cannot_listen(settings.host, settings.port)
     if problem:
         logs.event(f"cannot start: {problem}", logging.ERROR)
