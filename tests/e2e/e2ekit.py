@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +193,26 @@ def wait_ready(replica: Replica, ca_file: Path) -> None:
                          f"{replica.log()[-3000:]}")
 
 
+async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+               hold: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Copy ``src`` to ``dst`` until either end closes (then close ``dst``); ``hold``, when
+    given, is awaited before each chunk is passed on (a relay that stalls)."""
+    try:
+        while True:
+            data = await src.read(65536)
+            if hold is not None:
+                await hold()
+            if not data:
+                break
+            dst.write(data)
+            await dst.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            dst.close()
+
+
 class RoundRobinProxy:
     """A TCP proxy that hands each new connection to the next backend, like a Service.
 
@@ -228,18 +248,6 @@ class RoundRobinProxy:
             writer.close()
             return
         self._open.update((writer, up_writer))
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                with contextlib.suppress(Exception):
-                    dst.close()
-
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._open.difference_update((writer, up_writer))
 

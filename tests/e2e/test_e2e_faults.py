@@ -37,6 +37,7 @@ from e2ekit import (
     capped_policy,
     gpu_pod,
     gpu_webhook,
+    pipe,
     sees_free_gpus,
     start_replica,
     wait_installed,
@@ -124,24 +125,12 @@ class StallRelay:
             return
         self._writers.update((writer, up_writer))
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while True:
-                    data = await src.read(65536)
-                    if self._generation >= born:  # frozen: hold the bytes, say nothing
-                        assert self._frozen is not None
-                        await self._frozen.wait()  # never set: until release() closes
-                    if not data:
-                        break
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                with contextlib.suppress(Exception):
-                    dst.close()
+        async def hold() -> None:
+            if self._generation >= born:  # frozen: hold the bytes, say nothing
+                assert self._frozen is not None
+                await self._frozen.wait()  # never set: until release() closes
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, hold), pipe(up_reader, writer, hold))
         self._writers.difference_update((writer, up_writer))
 
     def stop(self) -> None:
