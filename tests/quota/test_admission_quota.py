@@ -107,6 +107,32 @@ def test_a_reservation_expires_when_its_pod_never_appears() -> None:
     assert admit(store, p, pod("waiting", gpus=4, product="H100")).allowed
 
 
+def test_reservations_expire_oldest_first_and_a_name_is_free_again_once_it_goes() -> None:
+    now = [1000.0]
+    store = MemoryStore(ttl=60, clock=lambda: now[0])
+    p = policy()
+    assert admit(store, p, pod("a", gpus=2, product="H100", uid="uid-a-1")).allowed
+    now[0] += 30
+    assert admit(store, p, pod("b", gpus=2, product="H100")).allowed
+    # The same name again under a new uid (a retried create): one charge, not two.
+    assert admit(store, p, pod("a", gpus=2, product="H100", uid="uid-a-2")).allowed
+    assert store.view().tenant("team-a").gpus == 4
+    now[0] += 31  # a's reservation is past its TTL, b's is not
+    assert store.view().tenant("team-a").gpus == 2
+    assert store.expired == 1
+    # Its name holds nothing any more: a create under it is a new charge, and fits.
+    assert admit(store, p, pod("a", gpus=2, product="H100", uid="uid-a-3")).allowed
+    assert store.view().tenant("team-a").gpus == 4
+    # b's pod is seen: it counts as itself, and its name holds no reservation either.
+    b = pod("b", gpus=2, product="H100")
+    store.pod_seen(b["metadata"]["uid"], charge_of_pod(b, p))
+    store.pod_seen(b["metadata"]["uid"], None)  # and deleted
+    assert admit(store, p, pod("b", gpus=2, product="H100", uid="uid-b-2")).allowed
+    assert store.view().tenant("team-a").gpus == 4
+    now[0] += 61
+    assert store.view().tenant("team-a").gpus == 0
+
+
 def test_a_seen_pod_replaces_its_reservation_without_double_counting() -> None:
     store = store_with()
     p = policy()

@@ -141,7 +141,11 @@ class MemoryStore:
     def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.pods = Usage()
         self.reserved = Usage()
+        # In the order made: with one TTL for all, that is the order they expire in, so
+        # expiring walks only the expired ones (an admission's view must not cost the
+        # whole TTL's admissions); and by name, for the retry check.
         self._reservations: dict[str, _Reservation] = {}
+        self._named: dict[str, set[str]] = {}
         self.ttl = ttl
         self.clock = clock
         self.commits = 0  # reservations made, and dropped unseen: read by /metrics
@@ -158,8 +162,8 @@ class MemoryStore:
     def pod_seen(self, key: str, charge: Charge | None) -> None:
         """A pod appeared, changed or (charge None) ended: it now counts as itself."""
         self.pods.put(key, charge)
-        if self._reservations.pop(key, None) is not None:
-            self.reserved.put(key, None)
+        if key in self._reservations:
+            self._drop(key)
 
     def load(self, pods: Iterable[tuple[str, Charge]]) -> None:
         for key, charge in pods:
@@ -172,8 +176,8 @@ class MemoryStore:
             return True  # already counted as a running pod
         view = self.view()
         if key in self._reservations or (name is not None and any(
-                r.name == name and covers(r.charge, charge)
-                for r in self._reservations.values())):
+                covers(self._reservations[k].charge, charge)
+                for k in self._named.get(name, ()))):
             return True  # the same pod reviewed or created again (a retry): one charge
         drawn = self._slot(gangs, charge) if gangs else None
         if drawn is not None:
@@ -186,6 +190,8 @@ class MemoryStore:
         elif not fits(view):
             return False
         self._reservations[key] = _Reservation(charge, self.clock() + self.ttl, name)
+        if name is not None:
+            self._named.setdefault(name, set()).add(key)
         self.reserved.put(key, charge)
         if drawn is None:
             self.commits += 1
@@ -239,7 +245,23 @@ class MemoryStore:
         if not self._reservations:
             return
         now = self.clock()
-        for key in [k for k, r in self._reservations.items() if r.expires <= now]:
-            del self._reservations[key]
-            self.reserved.put(key, None)
+        gone = []
+        for key, r in self._reservations.items():
+            if r.expires > now:
+                # The oldest live one: the rest are younger. (After a change of TTL a
+                # younger one may expire first; it then counts until the older ones
+                # go: a little long, never too short.)
+                break
+            gone.append(key)
+        for key in gone:
+            self._drop(key)
             self.expired += 1
+
+    def _drop(self, key: str) -> None:
+        r = self._reservations.pop(key)
+        if r.name is not None:
+            keys = self._named[r.name]
+            keys.discard(key)
+            if not keys:
+                del self._named[r.name]
+        self.reserved.put(key, None)
