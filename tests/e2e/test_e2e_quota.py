@@ -184,3 +184,13 @@ def test_a_deployment_larger_than_the_free_quota_is_created_with_a_warning(
     assert (f"Warning: deployment {ns}/serve, pod template: asks for 3 pods x 4 GPUs, but only "
             "8 of tenant gang's 16 GPUs are free now: 2 of its pods can start now and the rest "
             "will be refused until quota frees up.") in out.stderr
+
+
+def test_each_replica_freezes_its_first_list_of_the_cluster(webhook: Deployment) -> None:
+    # Long-lived objects out of the garbage collector's full passes (webhook.server.heap):
+    # once at start, and once the watch caches have listed the cluster.
+    for r in webhook.replicas:
+        assert '"reason":"started"' in r.log()
+        # Settled soon after the replica first turned ready (it polls for that).
+        wait_until("the replica to settle its first list",
+                   lambda r=r: '"reason":"caches listed the cluster"' in r.log())

@@ -306,3 +306,13 @@ def test_start_up_says_that_tenants_chosen_by_labels_cannot_match_without_a_clus
     line = next(json.loads(ln) for ln in server.log().splitlines()
                 if "tenants chosen by namespace labels cannot match" in ln)
     assert line["level"] == "warning" and line["tenants"] == ["inference"]
+
+
+def test_start_up_moves_its_long_lived_objects_out_of_garbage_collection(
+        client: httpx.Client) -> None:
+    # Full collections walk only what was made since (webhook.server.heap): the metric
+    # says how much was frozen.
+    metrics = client.get("/metrics").text
+    [line] = [ln for ln in metrics.splitlines()
+              if ln.startswith("gpu_webhook_heap_frozen_objects ")]
+    assert float(line.split()[1]) > 10_000  # modules, the client library, the policy

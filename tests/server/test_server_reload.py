@@ -100,6 +100,11 @@ def test_good_edit_takes_effect_and_bumps_the_generation(
     ready = _until("generation 2", lambda: (r := _ready(c))["generation"] == 2 and r)
     assert ready["lastReloadError"] is None
     assert _allowed(c, "vision")
+    # The old policy's objects are let back into the collector (webhook.server.heap):
+    # settled at start, and again for the new policy.
+    _until("the heap settled for the new policy",
+           lambda: '"reason":"policy reloaded"' in server.log())
+    assert '"reason":"started"' in server.log()
 
 
 def test_bad_then_good_edit_clears_the_error(policy_server: tuple[Server, Path]) -> None:

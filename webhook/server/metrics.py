@@ -113,6 +113,12 @@ CERT_EXPIRY = Gauge(
     "Unix time at which the serving certificate in use expires (follows reloads).",
     registry=REGISTRY,
 )
+HEAP_FROZEN = Gauge(
+    "gpu_webhook_heap_frozen_objects",
+    "Objects moved out of the garbage collector's full passes (gc.freeze) at start-up, "
+    "when the caches first listed the cluster and when a new policy was served.",
+    registry=REGISTRY,
+)
 LEADER = Gauge(
     "gpu_webhook_leader",
     "1 while this replica holds the leader Lease (it writes the GPUQuota status and the "

@@ -24,7 +24,7 @@ from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable
 from webhook.policy.load import PolicyError
 from webhook.quota.store import MemoryStore
-from webhook.server import metrics, selfcerts, upkeep
+from webhook.server import heap, metrics, selfcerts, upkeep
 from webhook.server.app import AdmissionApp, Runtime
 from webhook.server.cluster import attach, configured, ledger_namespace
 from webhook.server.listen import (
@@ -178,6 +178,14 @@ def run(settings: Settings) -> int:
         kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
                             settings.quota_status_seconds,
                             settings.audit_seconds) if cluster is not None else None
+        # Out of the garbage collector's full passes: what start-up made, the caches'
+        # first list, each new policy (webhook.server.heap).
+        metrics.HEAP_FROZEN.set_function(heap.frozen)
+        heap.settle("started")
+        if cluster is not None:
+            watchers.append(asyncio.ensure_future(
+                heap.settle_when(cluster.state.synced, "caches listed the cluster")))
+        source.on_change.append(heap.resettle_for_policy)
         try:
             await server.serve()
         finally:
