@@ -25,8 +25,6 @@ from e2ekit import (
     create_namespace,
     deployed,
     short_id,
-    wait_installed,
-    wait_uninstalled,
 )
 
 # The simulated GPU cluster (scheduler, controllers, kwok nodes): started only by the
@@ -87,14 +85,8 @@ def webhook(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     replicas = getattr(request.module, "E2E_REPLICAS", 1)
     proxy = getattr(request.module, "E2E_PROXY", False)
     workdir = tmp_path_factory.mktemp(f"webhook-{request.module.__name__}")
-    with deployed(control_plane, workdir, replicas=replicas, proxy=proxy) as d:
-        d.install()
-        try:
-            wait_installed(control_plane, d)
-            yield d
-        finally:
-            d.uninstall()
-            wait_uninstalled(control_plane)
+    with deployed(control_plane, workdir, replicas=replicas, proxy=proxy) as d, d.installed():
+        yield d
 
 
 @pytest.fixture

@@ -353,6 +353,22 @@ class Deployment:
         self.manifests = [d for d in yaml.safe_load_all(text) if d]
         self.cp.kubectl("apply", "-f", "-", input=text)
 
+    @contextlib.contextmanager
+    def installed(self, docs: list[dict[str, Any]] | None = None) -> Iterator[Deployment]:
+        """The webhook configurations (rendered, or ``docs``) applied and answering for
+        the block; taken out, and waited out, at its end."""
+        if docs is None:
+            self.install()
+        else:
+            self.manifests = docs
+            self.cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        try:
+            wait_installed(self.cp, self)
+            yield self
+        finally:
+            self.uninstall()
+            wait_uninstalled(self.cp)
+
     def uninstall(self) -> None:
         for doc in self.manifests:
             kind = doc.get("kind", "")

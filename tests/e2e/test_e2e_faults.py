@@ -40,9 +40,7 @@ from e2ekit import (
     pipe,
     sees_free_gpus,
     start_replica,
-    wait_installed,
     wait_ready,
-    wait_uninstalled,
     wait_until,
 )
 from kubernetes import client, config
@@ -172,13 +170,8 @@ def faulty(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
         for r in d.replicas:
             wait_ready(r, d.ca_file)
         d.proxy = RoundRobinProxy([r.port for r in d.replicas]).start()
-        d.install()
-        try:
-            wait_installed(control_plane, d)
+        with d.installed():
             yield d, relay
-        finally:
-            d.uninstall()
-            wait_uninstalled(control_plane)
     finally:
         d.stop()
         relay.stop()

@@ -30,9 +30,7 @@ from e2ekit import (
     gpu_pod,
     gpu_webhook,
     sees_free_gpus,
-    wait_installed,
     wait_ready,
-    wait_uninstalled,
     wait_until,
 )
 from kit import console_script, free_port
@@ -109,14 +107,8 @@ def served(control_plane: ControlPlane, crd: None,
         for doc in docs:
             doc["webhooks"] = [h for h in doc["webhooks"]
                                if h["name"] != "policies.gpu-webhook.dev"]
-        d.manifests = docs
-        control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-        try:
-            wait_installed(control_plane, d)
+        with d.installed(docs):
             yield d
-        finally:
-            d.uninstall()
-            wait_uninstalled(control_plane)
     finally:
         d.stop()
 

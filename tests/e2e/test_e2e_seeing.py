@@ -30,8 +30,6 @@ from e2ekit import (
     gpu_pod,
     gpu_webhook,
     short_id,
-    wait_installed,
-    wait_uninstalled,
     wait_until,
 )
 
@@ -86,14 +84,9 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def replicas(cluster: ControlPlane, policy_file: Path,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     workdir = tmp_path_factory.mktemp("seeing-webhook")
-    with deployed(cluster, workdir, replicas=2, policy=policy_file, args=ARGS) as d:
-        d.install()
-        try:
-            wait_installed(cluster, d)
-            yield d
-        finally:
-            d.uninstall()
-            wait_uninstalled(cluster)
+    with deployed(cluster, workdir, replicas=2, policy=policy_file, args=ARGS) as d, \
+            d.installed():
+        yield d
 
 
 def developer(cp: ControlPlane, ns: str, path: Path) -> list[str]:

@@ -20,8 +20,6 @@ from e2ekit import (
     gpu_pod,
     plain_pod,
     short_id,
-    wait_installed,
-    wait_uninstalled,
 )
 
 pytestmark = pytest.mark.e2e
@@ -31,15 +29,9 @@ pytestmark = pytest.mark.e2e
 def down(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
          ) -> Iterator[Deployment]:
     """The webhook installed and answering, then every replica stopped."""
-    with deployed(control_plane, tmp_path_factory.mktemp("webhook-down")) as d:
-        d.install()
-        try:
-            wait_installed(control_plane, d)
-            d.stop()
-            yield d
-        finally:
-            d.uninstall()
-            wait_uninstalled(control_plane)
+    with deployed(control_plane, tmp_path_factory.mktemp("webhook-down")) as d, d.installed():
+        d.stop()
+        yield d
 
 
 def test_gpu_pods_are_refused_while_the_webhook_is_down(
