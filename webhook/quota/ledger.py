@@ -243,10 +243,10 @@ class LedgerStore:
     def ready(self) -> bool:
         return self.state.synced()
 
-    def _pending(self, entries: Mapping[str, Entry]) -> dict[str, Entry]:
-        """Of live ``entries``, those for pods this replica has not seen."""
+    def _pending(self, entries: Mapping[str, Entry], now: float) -> dict[str, Entry]:
+        """Of ``entries``, those live at ``now`` for pods this replica has not seen."""
         seen = self.state.seen
-        return {k: e for k, e in entries.items() if not seen(k)}
+        return {k: e for k, e in entries.items() if e.expires > now and not seen(k)}
 
     def _unseen(self, tenants: Iterable[dict[str, Entry]], prune: bool = False) -> Usage:
         """Reservations to count on top of the pods this replica sees: live, for pods
@@ -299,8 +299,7 @@ class LedgerStore:
         for tenant, stored in (fresh or {}).items():
             now = self.wall()
             self._known[tenant] = self._pending(
-                {k: e for k, e in decode(tenant, stored.data, now, LEDGER_PREFIX + tenant
-                                         ).items() if e.expires > now})
+                decode(tenant, stored.data, now, LEDGER_PREFIX + tenant), now)
         return self._unseen(self._known.values(), prune=True)
 
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
@@ -427,7 +426,7 @@ class LedgerStore:
             now = self.wall()
             entries = {k: e for k, e in read.entries.items() if e.expires > now}
             dropped = len(read.entries) - len(entries)
-            working = _Batch(entries, self._pending(entries))
+            working = _Batch(entries, self._pending(entries, now))
             # Views decided while this commit is in flight count its reservations too.
             self._known[tenant] = working.unseen
             outcomes = [(a, *a.op(working, now)) for a in live]
@@ -543,12 +542,10 @@ class LedgerStore:
                 raise self._unavailable(ledger, exc) from None
             now = self.wall()
             for t, m in own.items():
-                self._known[t] = self._pending(
-                    {k: e for k, e in decode(t, m.data, now, LEDGER_PREFIX + t).items()
-                     if e.expires > now})
+                self._known[t] = self._pending(decode(t, m.data, now, LEDGER_PREFIX + t), now)
             stored_entries = decode_borrowed(stored.data, now, ledger)
             entries = {k: e for k, e in stored_entries.items() if e.expires > now}
-            self._borrowed[cohort] = self._pending(entries)
+            self._borrowed[cohort] = self._pending(entries, now)
             if key in entries or self.state.seen(key):
                 return True  # a retried review of a pod already counted
             if name is not None and any(
@@ -574,7 +571,7 @@ class LedgerStore:
                 continue
             except KubeError as exc:
                 raise self._unavailable(ledger, exc) from None
-            self._borrowed[cohort] = self._pending(entries)
+            self._borrowed[cohort] = self._pending(entries, now)
             self.commits += 1
             self.expired += len(stored_entries) - (len(entries) - 1)
             return True
