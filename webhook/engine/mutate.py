@@ -30,7 +30,7 @@ from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
 from webhook.engine.placement import Placement
 from webhook.engine.target import NamespaceLabels, Target, no_labels, no_tenant, prepare
-from webhook.engine.tolerations import gpu_taint_tolerations, missing
+from webhook.engine.tolerations import add_missing, gpu_taint_tolerations
 from webhook.k8s.objects import MalformedObject, child_list, child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
@@ -93,11 +93,7 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patc
     if len(patch.ops) > n_ops:
         changes.append("gpu-requests")
     spec, sptr = target.template.spec, target.template.spec_pointer
-    tolerations = child_list(spec, "tolerations", sptr) or []
-    to_add = missing(tolerations, policy.tolerations)
-    for t in to_add:
-        patch.append(spec, "tolerations", sptr, dict(t))
-    if to_add:
+    if add_missing(spec, sptr, patch, policy.tolerations):
         changes.append("gpu-tolerations")
     # One Placement for the checks and the pins: the spec's node affinity is walked once.
     placement = Placement(spec, sptr)

@@ -31,7 +31,7 @@ from typing import Any
 from webhook.engine import messages
 from webhook.engine.decision import Checker
 from webhook.engine.placement import Placement
-from webhook.engine.tolerations import gpu_taint_tolerations, missing
+from webhook.engine.tolerations import add_missing, gpu_taint_tolerations
 from webhook.k8s.objects import child_list, child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.workloads import PodTemplate
@@ -121,11 +121,7 @@ def place(check: Checker, policy: CompiledPolicy, template: PodTemplate,
                     own.source if own else "node affinity", spot.label, spot.values,
                     check.tenant.name if check.tenant else "-"))
             return []  # an allowed pod's own choice to stay off spot is kept
-        tolerations = child_list(spec, "tolerations", sptr) or []
-        to_add = missing(tolerations, spot.tolerations)
-        for t in to_add:
-            patch.append(spec, "tolerations", sptr, dict(t))
-        if to_add:
+        if add_missing(spec, sptr, patch, spot.tolerations):
             changes.append("spot-tolerations")
         if v.required:
             pinned = placement.pin(spot.label, list(spot.values), patch)

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from webhook.k8s.objects import child_list
+from webhook.k8s.patch import Patch
+
 
 def covers(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     """Whether the pod toleration ``have`` tolerates everything ``want`` tolerates."""
@@ -34,6 +37,16 @@ def missing(pod_tolerations: Iterable[Any], wanted: Iterable[Mapping[str, Any]]
     """The policy tolerations no pod toleration covers yet."""
     have = [t for t in pod_tolerations if isinstance(t, dict)]
     return [w for w in wanted if not any(covers(h, w) for h in have)]
+
+
+def add_missing(spec: dict[str, Any], pointer: str, patch: Patch,
+                wanted: Iterable[Mapping[str, Any]]) -> bool:
+    """Append to the pod spec's tolerations those of ``wanted`` it lacks; whether it
+    lacked any."""
+    to_add = missing(child_list(spec, "tolerations", pointer) or [], wanted)
+    for t in to_add:
+        patch.append(spec, "tolerations", pointer, dict(t))
+    return bool(to_add)
 
 
 def gpu_taint_tolerations(pod_tolerations: list[Any], gpu_keys: frozenset[str]) -> list[int]:
