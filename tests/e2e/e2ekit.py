@@ -128,7 +128,10 @@ class Replica:
             return
         self.terminate()
         try:
-            self.process.wait(timeout=25)
+            # As long as the kubelet waits for the shipped Deployment
+            # (terminationGracePeriodSeconds: 30): the server drains for up to 20 s,
+            # then releases its Lease.
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
