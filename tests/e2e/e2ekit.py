@@ -491,3 +491,60 @@ def wait_uninstalled(cp: ControlPlane) -> None:
         return bool(obj and MUTATED_ANNOTATION not in (obj["metadata"].get("annotations") or {}))
 
     wait_until("the API server to stop calling the webhook", quiet, timeout=30, every=0.2)
+
+
+# --------------------------------------------------------------------------- CRDs
+
+NUDGE_ANNOTATION = "gpu-webhook.dev/e2e-requeue"
+
+
+def crd_gone(cp: ControlPlane, name: str) -> bool:
+    """Whether the CRD ``name`` is gone; while it is terminating, nudge its finalizer.
+
+    The API server's CRD finalizer lists the custom resources through their storage, made
+    for the deletion when nothing had served them yet; until its watch cache has listed it
+    answers "storage is (re)initializing", and each refusal doubles the finalizer's retry
+    delay (5 ms up to 1,000 s, forgotten only on success). On a loaded machine a CRD can
+    so stay Terminating for minutes after its storage is ready. Any change to the
+    terminating CRD but its Terminating condition requeues the finalizer at once: an
+    annotation, at most every 5 s, does that. Nothing is removed by hand, so a custom
+    resource that does hold the deletion (a finalizer) still keeps the CRD, and the
+    caller's wait still fails.
+    """
+    out = cp.kubectl("get", f"crd/{name}", "-o", "json", check=False)
+    if out.returncode != 0:
+        return "NotFound" in out.stderr or "not found" in out.stderr
+    obj = orjson.loads(out.stdout)
+    if obj["metadata"].get("deletionTimestamp"):
+        tick = str(int(time.time()) // 5)
+        if (obj["metadata"].get("annotations") or {}).get(NUDGE_ANNOTATION) != tick:
+            cp.kubectl("annotate", "--overwrite", f"crd/{name}", f"{NUDGE_ANNOTATION}={tick}",
+                       check=False)
+    return False
+
+
+def crd_state(cp: ControlPlane, name: str) -> str:
+    """What holds a CRD that should be gone: its Terminating condition and finalizers."""
+    out = cp.kubectl("get", f"crd/{name}", "-o", "json", check=False)
+    if out.returncode != 0:
+        return f"{name}: gone"
+    obj = orjson.loads(out.stdout)
+    conditions = {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
+    term = conditions.get("Terminating", {})
+    return (f"{name}: deletionTimestamp {obj['metadata'].get('deletionTimestamp')}, "
+            f"finalizers {obj['metadata'].get('finalizers')}, Terminating "
+            f"{term.get('reason')}: {term.get('message')}")
+
+
+def delete_crds(cp: ControlPlane, *names: str, timeout: float = 120.0) -> None:
+    """Delete the CRDs (if there) and wait until they are gone, naming what holds one."""
+    cp.kubectl("delete", "--ignore-not-found", "--wait=false", *(f"crd/{n}" for n in names))
+    wait_crds_gone(cp, *names, timeout=timeout)
+
+
+def wait_crds_gone(cp: ControlPlane, *names: str, timeout: float = 120.0) -> None:
+    try:
+        wait_until(f"the CRDs {', '.join(names)} to be gone",
+                   lambda: all([crd_gone(cp, n) for n in names]), timeout=timeout, every=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {'; '.join(crd_state(cp, n) for n in names)}") from None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from controlplane.cluster import ControlPlane
-from e2ekit import Deployment, denial_prefix, gpu_webhook, wait_until
+from e2ekit import Deployment, delete_crds, denial_prefix, gpu_webhook, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +31,7 @@ def crd(control_plane: ControlPlane) -> Iterator[None]:
                           "crd/gpupolicies.gpu-webhook.dev")
     yield
     control_plane.kubectl("delete", "gpupolicies", "--all", "--wait=false", check=False)
-    control_plane.kubectl("delete", "-f", str(CRD), "--wait=false", check=False)
+    delete_crds(control_plane, "gpupolicies.gpu-webhook.dev")
 
 
 def test_the_crd_is_structural_and_established(control_plane: ControlPlane, crd: None

@@ -28,7 +28,10 @@ from e2ekit import (
     LEDGER_NAMESPACE,
     Replica,
     apply,
+    crd_gone,
+    crd_state,
     create_namespace,
+    delete_crds,
     gpu_pod,
     short_id,
     wait_ready,
@@ -40,7 +43,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpu-webhook"
-CRD = "crd/gpupolicies.gpu-webhook.dev"
+CRD = "gpupolicies.gpu-webhook.dev"
 NS = LEDGER_NAMESPACE  # the README's namespace, which the session has created already
 
 
@@ -73,15 +76,9 @@ def helm_run(control_plane: ControlPlane) -> Any:
 def no_crd(control_plane: ControlPlane) -> Iterator[None]:
     """The chart owns the GPUPolicy CRD: one applied by another module's kubectl would
     be refused as not the release's. Remove it (and wait) before, and after."""
-
-    def gone() -> bool:
-        return control_plane.kubectl("get", CRD, check=False).returncode != 0
-
-    control_plane.kubectl("delete", CRD, "--ignore-not-found", "--wait=false")
-    wait_until("the GPUPolicy CRD to be gone", gone, timeout=120, every=0.5)
+    delete_crds(control_plane, CRD)
     yield
-    control_plane.kubectl("delete", CRD, "--ignore-not-found", "--wait=false")
-    wait_until("the GPUPolicy CRD to be gone", gone, timeout=120, every=0.5)
+    delete_crds(control_plane, CRD)
 
 
 def manifest_objects(helm_run: Any) -> list[dict[str, Any]]:
@@ -112,13 +109,19 @@ def uninstall_leaves_nothing(cp: ControlPlane, helm_run: Any,
     left: list[str] = []
 
     def gone() -> bool:
-        left[:] = [" ".join(ref(o)) for o in objects if exists(cp, o)]
+        # A CRD is waited out through crd_gone, which requeues the API server's finalizer.
+        left[:] = [" ".join(ref(o)) for o in objects
+                   if not (crd_gone(cp, o["metadata"]["name"])
+                           if o["kind"] == "CustomResourceDefinition" else not exists(cp, o))]
         return not left
 
     try:
         wait_until("every object of the chart to be gone", gone, timeout=120, every=0.5)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; still there: {', '.join(left)}") from None
+        held = [crd_state(cp, o["metadata"]["name"]) for o in objects
+                if o["kind"] == "CustomResourceDefinition"]
+        raise AssertionError(f"{exc}; still there: {', '.join(left)}; "
+                             f"{'; '.join(held)}") from None
     listed = cp.kubectl("get", "all,configmaps,secrets,roles,rolebindings,poddisruptionbudgets,"
                         "resourcequotas,serviceaccounts", "-n", NS, "-l",
                         "app.kubernetes.io/instance=gpu-webhook", "-o", "name").stdout
@@ -146,7 +149,7 @@ def test_the_readme_helm_install_creates_the_chart_and_uninstall_removes_it(
     try:
         missing = [o["metadata"]["name"] for o in objects if not exists(cp, o)]
         assert missing == []
-        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", CRD)
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
         # The API server calls the chart's webhooks: with no replica behind the Service
         # and failurePolicy Fail, a GPU pod is refused, naming the webhook.
         ns = f"e2e-helm-{short_id()}"
@@ -189,7 +192,7 @@ def test_a_replica_with_the_charts_args_and_account_serves_an_existing_gpupolicy
     secret = ["secret", "gpu-webhook-tls", "-n", NS]
     replica: Replica | None = None
     try:
-        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", CRD)
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
         cp.kubectl("apply", "-f", str(ROOT / "policies" / "multi-tenant.yaml"))
         deployment = next(o for o in objects if o["kind"] == "Deployment")
         (container,) = deployment["spec"]["template"]["spec"]["containers"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from controlplane.cluster import ControlPlane
-from e2ekit import LEDGER_NAMESPACE
+from e2ekit import LEDGER_NAMESPACE, delete_crds
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +60,7 @@ def base(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     try:
         yield control_plane
     finally:
-        control_plane.kubectl("delete", "--ignore-not-found", "--wait=false", *files)
+        delete_crds(control_plane, "gpuquotas.gpu-webhook.dev", "policyreports.wgpolicyk8s.io")
 
 
 NS = LEDGER_NAMESPACE
