@@ -14,9 +14,11 @@ import threading
 from typing import Any
 
 from fakeapi import FakeAPI
-from quotakit import pod, policy
+from quotakit import POLICY, pod, policy
 
 from webhook.libs.kube import Watcher
+from webhook.policy.compiled import compile_policy
+from webhook.policy.load import load_text
 from webhook.quota.cache import ClusterState
 
 GUARD = 30.0  # seconds: only ever reached when the code under test is broken
@@ -51,6 +53,29 @@ def test_gpu_pods_count_until_they_end_or_go() -> None:
     # Ended pods stay "seen", so a reservation for them is not counted again.
     assert state.seen("uid-a") and state.seen("uid-b")
     assert not state.seen("uid-never")
+
+
+def test_an_ended_pod_stays_seen_as_long_as_its_reservation_can_live() -> None:
+    # A reservation lives up to reservationTTLSeconds (at most an hour) from its
+    # admission: a pod that ended is remembered at least that long, however many end
+    # after it, so its reservation (kept in the ledger for other replicas) is never
+    # counted again as a pod not seen yet.
+    p = compile_policy(load_text(POLICY.replace(
+        "  tenants:", "  quotaLedger: {reservationTTLSeconds: 3600}\n  tenants:")))
+    assert p.reservation_ttl == 3600
+    clock = Clock()
+    state = ClusterState(lambda: p, clock=clock)
+    state.pod_event("SYNCED", {})
+    state.namespace_event("SYNCED", {})
+    state.pod_event("ADDED", pod("first", gpus=1))
+    state.pod_event("DELETED", pod("first", gpus=1))
+    clock.now += 3000.0  # within the reservation's TTL, past the default 600 s
+    for i in range(1100):  # enough ended pods to trim the tombstones
+        state.pod_event("DELETED", pod(f"later-{i}", gpus=1))
+    assert state.seen("uid-first")
+    clock.now += 2 * 3600.0
+    state.pod_event("DELETED", pod("last", gpus=1))
+    assert not state.seen("uid-first")  # its reservation has long expired: forgotten
 
 
 def test_the_holder_of_a_name_is_known_until_it_goes() -> None:

@@ -218,7 +218,12 @@ class ClusterState:
         now = self._clock()
         self._ended[uid] = now
         if len(self._ended) > 1024:
-            cutoff = now - self._tombstone_ttl
+            # An ended pod's reservation lives until its admission + the TTL (up to an
+            # hour): forgotten sooner, the pod would count again as a reservation for a
+            # pod not seen yet, holding its GPUs until the entry expires. Twice the TTL
+            # covers a writer's clock running ahead.
+            keep = max(self._tombstone_ttl, 2 * self.policy().reservation_ttl)
+            cutoff = now - keep
             for k in [k for k, t in self._ended.items() if t < cutoff]:
                 del self._ended[k]
 
