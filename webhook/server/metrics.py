@@ -75,7 +75,10 @@ LATENCY = Histogram(
     "gpu_webhook_admission_duration_seconds",
     "Server-side time to decide a review, from full body to reply.",
     ["webhook"],
-    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    # Up to the API server's longest webhook timeout (30 s): a quota commit that waits
+    # on a slow API server stays within a finite bucket, so its p99 is read, not capped.
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+             0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
     registry=REGISTRY,
 )
 POLICY_GENERATION = Gauge(
