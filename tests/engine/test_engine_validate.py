@@ -78,7 +78,7 @@ def test_per_pod_maximum_uses_the_effective_request(init_containers: list[dict[s
     ("namespace", "containers", "rules", "snippet"),
     [
         pytest.param("research", [container(limits=gpus(9))],
-                     [Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD],
+                     [Rule.MAX_PER_CONTAINER],  # one fault, one message (test_engine_maximums)
                      'container "main": asks for 9 GPUs; tenant research allows at most 8 per '
                      "container", id="one container over both caps"),
         pytest.param("research", [container("a", limits=gpus(5)),

@@ -123,6 +123,12 @@ class Checker:
     def denied(self) -> bool:
         return any(f.mode is Mode.ENFORCE for f in self.findings)
 
+    def adds_nothing(self, rule: Rule, beside: Rule) -> bool:
+        """Whether a finding of ``rule`` says nothing that one of ``beside`` on the same
+        fault does not: both of this phase (or neither), and ``rule`` no more severe."""
+        return ((rule in self.owned) == (beside in self.owned)
+                and _SEVERITY[self.mode(rule)] <= _SEVERITY[self.mode(beside)])
+
     def reported(self, rule: Rule) -> bool:
         return any(f.rule is rule for f in self.findings)
 

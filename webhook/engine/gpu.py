@@ -81,24 +81,36 @@ def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[Cont
     devices, which count towards the per-pod cap). Returns the pod's effective request
     per resource."""
     tenant = check.tenant
-    if tenant is not None and tenant.max_per_container is not None:
-        for c, (_, amounts) in zip(containers, counts, strict=True):
-            asked = weighted(policy, amounts)
-            if asked > tenant.max_per_container:
+    effective = effective_request(counts)
+    if tenant is None:
+        return effective
+    asks = [weighted(policy, amounts) for _, amounts in counts]
+    pod_ask = weighted(policy, effective) + claimed
+    cap_c, cap_p = tenant.max_per_container, tenant.max_per_pod
+    # One container holding the pod's whole ask, over both caps, is one fault: say it
+    # once, with the tighter cap (the looser one's "ask for N or fewer" would name a
+    # number still refused), unless the looser rule is the more severe.
+    skip: Rule | None = None
+    holders = [a for a in asks if a > 0]
+    if (cap_c is not None and cap_p is not None and not claimed and len(holders) == 1
+            and holders[0] == pod_ask and pod_ask > max(cap_c, cap_p)):
+        tighter, looser = ((Rule.MAX_PER_POD, Rule.MAX_PER_CONTAINER) if cap_p < cap_c
+                           else (Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD))
+        if check.adds_nothing(looser, beside=tighter):
+            skip = looser
+    if cap_c is not None and skip is not Rule.MAX_PER_CONTAINER:
+        for c, (_, amounts), asked in zip(containers, counts, asks, strict=True):
+            if asked > cap_c:
                 check.report(Rule.MAX_PER_CONTAINER,
-                             messages.per_container_max(asked, tenant.name,
-                                                        tenant.max_per_container,
+                             messages.per_container_max(asked, tenant.name, cap_c,
                                                         _named(policy, amounts, asked)),
                              c.describe())
-    effective = effective_request(counts)
-    if tenant is not None and tenant.max_per_pod is not None:
-        asked = weighted(policy, effective) + claimed
-        if asked > tenant.max_per_pod:
-            # DRA devices are already GPU-equivalents: the named devices are the pod's
-            # own extended resources, and the claims are added as GPUs.
-            named = None if claimed else _named(policy, effective, asked)
-            check.report(Rule.MAX_PER_POD,
-                         messages.per_pod_max(asked, tenant.name, tenant.max_per_pod, named))
+    if cap_p is not None and pod_ask > cap_p and skip is not Rule.MAX_PER_POD:
+        # DRA devices are already GPU-equivalents: the named devices are the pod's
+        # own extended resources, and the claims are added as GPUs.
+        named = None if claimed else _named(policy, effective, pod_ask)
+        check.report(Rule.MAX_PER_POD,
+                     messages.per_pod_max(pod_ask, tenant.name, cap_p, named))
     return effective
 
 
