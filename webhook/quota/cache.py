@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from webhook.engine.charge import Charge, charge_of_pod
-from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.engine.charge import TERMINAL_PHASES, Charge, charge_of_pod
+from webhook.k8s.claims import CLAIM, TEMPLATE, pod_claims
+from webhook.k8s.objects import MalformedObject
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.claims import ClaimCache
 from webhook.quota.usage import Usage
@@ -82,6 +83,12 @@ class ClusterState:
         self._absent: set[str] = set()  # watched kinds the API server does not serve
         # DRA claims and templates, once the cluster is known to serve them.
         self.claims: ClaimCache | None = None
+        # Pods naming a ResourceClaimTemplate this replica has not seen yet (another
+        # replica admitted them; the template's watch is behind the pods'): charged
+        # without its devices for now, so not "seen" (their reservations still count),
+        # and charged again when it arrives. uid -> (pod, its missing templates).
+        self._waiting: dict[str, tuple[dict[str, Any], frozenset[tuple[str, str]]]] = {}
+        self._waiting_on: dict[tuple[str, str], set[str]] = {}  # (ns, template) -> uids
         self.on_templates_synced: Callable[[], None] | None = None
 
     def watch_claims(self) -> ClaimCache:
@@ -120,8 +127,9 @@ class ClusterState:
         return self.labels.get(namespace)
 
     def seen(self, uid: str) -> bool:
-        """Whether this replica has seen the pod (running now, or ended recently)."""
-        return uid in self.pods or uid in self._ended
+        """Whether this replica has seen the pod (running now, or ended recently) with
+        all it costs (every claim template it names known)."""
+        return (uid in self.pods or uid in self._ended) and uid not in self._waiting
 
     def holder(self, name: str) -> tuple[str, Charge | None] | None:
         """(uid, charge) of the pod this replica sees holding ``namespace/name``."""
@@ -133,6 +141,9 @@ class ClusterState:
         self._progress[PODS] = self._clock()
         if typ == PROGRESS:
             return
+        self._pod(typ, pod)
+
+    def _pod(self, typ: str, pod: dict[str, Any]) -> None:
         if typ == "RESET":
             self._relisting = _Pods()
             return
@@ -143,6 +154,8 @@ class ClusterState:
                 for claim, held in (self.claims.charges.items() if self.claims else ()):
                     self._relisting.put(claim, None, held)
                 self._pods, self._relisting = self._relisting, None
+                for gone in [u for u in self._waiting if u not in self._pods.name_of]:
+                    self._wait(gone, None)  # deleted while the watch was away
             self.pods_synced = True
             return
         meta = pod.get("metadata") or {}
@@ -152,10 +165,13 @@ class ClusterState:
         into = self._relisting or self._pods
         if typ == "DELETED":
             into.put(uid, None, None)
+            self._wait(uid, None)
             self._end(uid)
             return
         ns = str(meta.get("namespace") or "")
         charge = charge_of_pod(pod, self.policy(), self.labels.get(ns), self.claim_lookup)
+        ended = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+        self._wait(uid, None if ended else pod)
         if charge is None and uid in into.usage:
             self._end(uid)  # reached a terminal phase
         into.put(uid, f"{ns}/{meta.get('name') or ''}", charge)
@@ -181,6 +197,11 @@ class ClusterState:
                         into.put(uid, None, charge)
                 if charge is None and typ == "DELETED":
                     self._end(uid)  # a reservation for it must not count again
+            if kind == TEMPLATE and typ in ("ADDED", "MODIFIED"):
+                meta = obj.get("metadata") or {}
+                key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+                for uid in sorted(self._waiting_on.get(key, ())):
+                    self._pod("MODIFIED", self._waiting[uid][0])  # charged in full now
             if first_sync and kind == TEMPLATE and self.pods_synced and self.on_templates_synced:
                 self.on_templates_synced()
 
@@ -213,6 +234,34 @@ class ClusterState:
             self.labels[name] = dict(meta.get("labels") or {})
         if self.namespaces_synced and before != self.labels.get(name) and self.on_relabel:
             self.on_relabel()  # tenants by selector may have changed: recount the pods
+
+    def _wait(self, uid: str, pod: dict[str, Any] | None) -> None:
+        """Note which claim templates ``pod`` names that are not known yet (none: it no
+        longer waits; ``pod`` None: it is gone or costs nothing)."""
+        missing = self._missing_templates(pod) if pod is not None else frozenset()
+        old = self._waiting.pop(uid, None)
+        for key in old[1] if old else ():
+            waiting = self._waiting_on.get(key)
+            if waiting is not None:
+                waiting.discard(uid)
+                if not waiting:
+                    del self._waiting_on[key]
+        if missing and pod is not None:
+            self._waiting[uid] = (pod, missing)
+            for key in missing:
+                self._waiting_on.setdefault(key, set()).add(uid)
+
+    def _missing_templates(self, pod: dict[str, Any]) -> frozenset[tuple[str, str]]:
+        if self.claims is None:
+            return frozenset()
+        spec = pod.get("spec")
+        ns = str((pod.get("metadata") or {}).get("namespace") or "")
+        try:
+            named = pod_claims(spec, "/spec") if isinstance(spec, dict) else []
+        except MalformedObject:
+            return frozenset()
+        return frozenset((ns, c.template) for c in named if c.template is not None
+                         and self.claims.lookup(TEMPLATE, ns, c.template) is None)
 
     def _end(self, uid: str) -> None:
         now = self._clock()
