@@ -171,28 +171,41 @@ def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
     """The charge of a pod seen in the cluster, or None when it holds no GPU quota (no
     GPU, terminal phase, no tenant, malformed). The same :func:`pod_cost` as admission,
     with the findings dropped: the rules ran when the pod was admitted."""
+    return charge_and_unknown(pod, policy, labels, claims)[0]
+
+
+def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
+                       labels: Mapping[str, str] | None = None,
+                       claims: ClaimLookup = no_claims
+                       ) -> tuple[Charge | None, tuple[str, ...]]:
+    """:func:`charge_of_pod`, and the ResourceClaimTemplates a live pod of a tenant
+    names that ``claims`` does not hold (or holds unreadable): their devices are not in
+    the charge."""
     if not isinstance(pod, dict):
-        return None
+        return None, ()
     status = pod.get("status") or {}
     if isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES:
-        return None
+        return None, ()
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
     try:
         target = read_target("", "Pod", namespace, pod, "", policy, lambda _: labels,
                              claims)
     except MalformedObject:
-        return None
-    if target is None or not target.has_gpu or target.tenant is None:
-        return None
+        return None, ()
+    if target is None or target.tenant is None:
+        return None, ()
+    unknown = tuple(target.unknown_templates)
+    if not target.has_gpu:
+        return None, unknown
     try:
         cost = pod_cost(Quiet(policy, target.tenant, "", frozenset()), policy, target)
     except MalformedObject:
-        return None
+        return None, unknown
     if not cost.resources:
-        return None
+        return None, unknown
     return Charge(charged_to(target.tenant, pod), namespace, owner_of(pod), cost.product,
-                  cost.resources, cost.gpus, spot=cost.spot)
+                  cost.resources, cost.gpus, spot=cost.spot), unknown
 
 
 def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,

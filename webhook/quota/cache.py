@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from webhook.engine.charge import TERMINAL_PHASES, Charge, charge_of_pod
-from webhook.k8s.claims import CLAIM, TEMPLATE, pod_claims
-from webhook.k8s.objects import MalformedObject
+from webhook.engine.charge import Charge, charge_and_unknown
+from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.claims import ClaimCache
 from webhook.quota.usage import Usage
@@ -155,7 +154,7 @@ class ClusterState:
                     self._relisting.put(claim, None, held)
                 self._pods, self._relisting = self._relisting, None
                 for gone in [u for u in self._waiting if u not in self._pods.name_of]:
-                    self._wait(gone, None)  # deleted while the watch was away
+                    self._wait(gone, None, ())  # deleted while the watch was away
             self.pods_synced = True
             return
         meta = pod.get("metadata") or {}
@@ -165,13 +164,14 @@ class ClusterState:
         into = self._relisting or self._pods
         if typ == "DELETED":
             into.put(uid, None, None)
-            self._wait(uid, None)
+            self._wait(uid, None, ())
             self._end(uid)
             return
         ns = str(meta.get("namespace") or "")
-        charge = charge_of_pod(pod, self.policy(), self.labels.get(ns), self.claim_lookup)
-        ended = (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
-        self._wait(uid, None if ended else pod)
+        charge, unknown = charge_and_unknown(pod, self.policy(), self.labels.get(ns),
+                                             self.claim_lookup)
+        if self.claims is not None:  # templates are watched: they will arrive
+            self._wait(uid, pod, unknown)
         if charge is None and uid in into.usage:
             self._end(uid)  # reached a terminal phase
         into.put(uid, f"{ns}/{meta.get('name') or ''}", charge)
@@ -235,10 +235,9 @@ class ClusterState:
         if self.namespaces_synced and before != self.labels.get(name) and self.on_relabel:
             self.on_relabel()  # tenants by selector may have changed: recount the pods
 
-    def _wait(self, uid: str, pod: dict[str, Any] | None) -> None:
-        """Note which claim templates ``pod`` names that are not known yet (none: it no
-        longer waits; ``pod`` None: it is gone or costs nothing)."""
-        missing = self._missing_templates(pod) if pod is not None else frozenset()
+    def _wait(self, uid: str, pod: dict[str, Any] | None, templates: Iterable[str]) -> None:
+        """Note the claim templates ``pod`` names that are not known yet (none: it no
+        longer waits; ``pod`` None: it is gone)."""
         old = self._waiting.pop(uid, None)
         for key in old[1] if old else ():
             waiting = self._waiting_on.get(key)
@@ -246,22 +245,12 @@ class ClusterState:
                 waiting.discard(uid)
                 if not waiting:
                     del self._waiting_on[key]
+        ns = str(((pod or {}).get("metadata") or {}).get("namespace") or "")
+        missing = frozenset((ns, t) for t in templates)
         if missing and pod is not None:
             self._waiting[uid] = (pod, missing)
             for key in missing:
                 self._waiting_on.setdefault(key, set()).add(uid)
-
-    def _missing_templates(self, pod: dict[str, Any]) -> frozenset[tuple[str, str]]:
-        if self.claims is None:
-            return frozenset()
-        spec = pod.get("spec")
-        ns = str((pod.get("metadata") or {}).get("namespace") or "")
-        try:
-            named = pod_claims(spec, "/spec") if isinstance(spec, dict) else []
-        except MalformedObject:
-            return frozenset()
-        return frozenset((ns, c.template) for c in named if c.template is not None
-                         and self.claims.lookup(TEMPLATE, ns, c.template) is None)
 
     def _end(self, uid: str) -> None:
         now = self._clock()
