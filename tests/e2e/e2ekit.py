@@ -539,10 +539,6 @@ def crd_state(cp: ControlPlane, name: str) -> str:
 def delete_crds(cp: ControlPlane, *names: str, timeout: float = 120.0) -> None:
     """Delete the CRDs (if there) and wait until they are gone, naming what holds one."""
     cp.kubectl("delete", "--ignore-not-found", "--wait=false", *(f"crd/{n}" for n in names))
-    wait_crds_gone(cp, *names, timeout=timeout)
-
-
-def wait_crds_gone(cp: ControlPlane, *names: str, timeout: float = 120.0) -> None:
     try:
         wait_until(f"the CRDs {', '.join(names)} to be gone",
                    lambda: all([crd_gone(cp, n) for n in names]), timeout=timeout, every=0.5)

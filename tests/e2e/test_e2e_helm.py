@@ -108,11 +108,14 @@ def uninstall_leaves_nothing(cp: ControlPlane, helm_run: Any,
     assert "uninstalled" in out.stdout
     left: list[str] = []
 
-    def gone() -> bool:
+    def there(obj: dict[str, Any]) -> bool:
         # A CRD is waited out through crd_gone, which requeues the API server's finalizer.
-        left[:] = [" ".join(ref(o)) for o in objects
-                   if not (crd_gone(cp, o["metadata"]["name"])
-                           if o["kind"] == "CustomResourceDefinition" else not exists(cp, o))]
+        if obj["kind"] == "CustomResourceDefinition":
+            return not crd_gone(cp, obj["metadata"]["name"])
+        return exists(cp, obj)
+
+    def gone() -> bool:
+        left[:] = [" ".join(ref(o)) for o in objects if there(o)]
         return not left
 
     try:

@@ -9,6 +9,7 @@ per pod (policies/multi-tenant.yaml; namespace serving is labelled for it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from enginekit import (
@@ -19,7 +20,7 @@ from enginekit import (
     pod,
 )
 
-from webhook.engine.decision import Decision
+from webhook.engine.decision import Decision, Finding
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
 
@@ -31,8 +32,8 @@ def decided(manifest: dict[str, Any], policy: CompiledPolicy | None = None) -> D
     return admitted(manifest, policy)[1]
 
 
-def rules(findings: object) -> list[tuple[Rule, Mode]]:
-    return [(f.rule, f.mode) for f in findings]  # type: ignore[attr-defined]
+def rules(findings: Sequence[Finding]) -> list[tuple[Rule, Mode]]:
+    return [(f.rule, f.mode) for f in findings]
 
 
 def test_one_container_over_equal_caps_is_told_once_naming_the_container() -> None:
