@@ -469,7 +469,7 @@ class Conditions:
 
     def ours_counters(self) -> dict[str, float]:
         """Our webhook's own counters: mutating reviews answered and those answered with
-        a reused decision (webhook.server.reuse)."""
+        a reused decision (webhook.server.web.reuse)."""
         ctx = ssl.create_default_context(cafile=str(self.cert_dir / "ca.pem"))
         c = http.client.HTTPSConnection("localhost", self.ours_port, context=ctx, timeout=30)
         try:

@@ -20,7 +20,7 @@ import orjson
 import uvicorn
 import uvloop
 
-from webhook.server import tls
+from webhook.server.certs import tls
 from webhook.server.settings import Settings
 
 Message = MutableMapping[str, Any]
@@ -51,7 +51,7 @@ async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[M
 class _Config(uvicorn.Config):
     """uvicorn's Config with the webhook's SSLContext in place of the one it would build:
     stock uvicorn TLS (the loop's create_server), where the webhook's own server accepts
-    and starts TLS itself to cap connections (webhook.server.listen.Acceptor)."""
+    and starts TLS itself to cap connections (webhook.server.web.listen.Acceptor)."""
 
     def __init__(self, app: Any, context: ssl.SSLContext, **kw: Any) -> None:
         super().__init__(app, **kw)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     context = tls.ssl_context(settings, cert, key)
     # The keyword arguments of serve.run's uvicorn config, with uvicorn's own httptools
     # protocol: the floor is stock uvicorn. The webhook's protocol
-    # (webhook.server.listen.AdmissionProtocol)
+    # (webhook.server.web.listen.AdmissionProtocol)
     # adds the ASGI tls extension and the arrival stamp, a cost of the webhook, and
     # writes each response in one TLS record where uvicorn writes two, a saving of the
     # webhook (bench/README.md gives what the baseline would gain from the same).

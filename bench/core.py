@@ -136,8 +136,8 @@ def app(seconds: float, keys: tuple[str, ...] = (
     import os
 
     from webhook.libs import logs
-    from webhook.server.app import AdmissionApp, Runtime
-    from webhook.server.reload import PolicySource
+    from webhook.server.sources.reload import PolicySource
+    from webhook.server.web.app import AdmissionApp, Runtime
 
     source = PolicySource(str(mix.POLICY))
     source.load()

@@ -19,7 +19,7 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from webhook.admission import Cluster, Phase, admit, reply
+from webhook.admission.webhooks import Cluster, Phase, admit, reply
 from webhook.engine.decision import Decision
 from webhook.engine.mutate import mutate
 from webhook.engine.target import no_labels
@@ -164,7 +164,7 @@ def all_items() -> dict[str, Item]:
 
 
 # Distinct one-off pods in the realistic mix: more than the mutating webhook keeps
-# decisions for (webhook.server.reuse, 1,024), so that wrk's replay of the same bodies
+# decisions for (webhook.server.web.reuse, 1,024), so that wrk's replay of the same bodies
 # does not turn them into repeats the cache answers.
 UNIQUE_PODS = 1100
 

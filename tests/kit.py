@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from webhook import admission
-from webhook.admission import Cluster
+from webhook.admission import webhooks
+from webhook.admission.webhooks import Cluster
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.target import NamespaceLabels, no_labels
@@ -63,7 +63,7 @@ def free_port() -> int:
 def validating(req: AdmissionRequest, policy: CompiledPolicy,
                labels: NamespaceLabels = no_labels, store: UsageStore | None = None,
                claims: ClaimLookup = no_claims) -> Decision:
-    """The validating webhook exactly as the server runs it (``webhook.admission``), from
+    """The validating webhook exactly as the server runs it (``webhook.admission.webhooks``), from
     synchronous test code; with ``store``, quota is checked and committed in it."""
-    return asyncio.run(admission.validating(req, policy, Cluster(labels, store,
+    return asyncio.run(webhooks.validating(req, policy, Cluster(labels, store,
                                                                  claims=claims)))

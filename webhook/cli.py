@@ -506,11 +506,11 @@ def _review(args: argparse.Namespace) -> int:
         print("gpu-webhook review: give -f MANIFEST (or --replay FILE --policy CANDIDATE)",
               file=sys.stderr)
         return 2
+    from webhook.admission.offline import ClaimBook, through_both
     from webhook.k8s.review import BadReview, parse_review, request_review
     from webhook.policy.compiled import compile_policy
     from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
     from webhook.quota.store import MemoryStore
-    from webhook.tools.offline import ClaimBook, through_both
 
     try:
         policy = compile_policy(load_file(args.policy) if args.policy else

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.audit import Finding, RuleFinding, audit, policy_reports, same_results
+from webhook.admission.audit import Finding, RuleFinding, audit, policy_reports, same_results
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 

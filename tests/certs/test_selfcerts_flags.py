@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from webhook.server.selfcerts import split_hosts
+from webhook.server.certs.selfcerts import split_hosts
 from webhook.server.settings import Settings
 
 

@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from webhook.libs import certs
-from webhook.server.selfcerts import Material, Wanted, due, plan, renew_at
+from webhook.server.certs.selfcerts import Material, Wanted, due, plan, renew_at
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)

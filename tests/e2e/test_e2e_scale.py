@@ -145,7 +145,7 @@ def test_the_shipped_rbac_lets_the_webhook_get_workloads_and_nothing_more(
     for resource in ("deployments.apps", "statefulsets.apps", "replicasets.apps"):
         assert can("get", resource), resource
         assert not can("update", resource), resource
-    # A list only of what the leader's periodic audit reads (webhook.audit).
+    # A list only of what the leader's periodic audit reads (webhook.admission.audit).
     assert can("list", "deployments.apps") and can("list", "statefulsets.apps")
     assert not can("list", "replicasets.apps")
     assert not can("get", "daemonsets.apps")

@@ -34,7 +34,7 @@ from e2ekit import (
 )
 
 from webhook.libs import kube
-from webhook.server.leader import Leadership
+from webhook.server.leading.leader import Leadership
 
 pytestmark = pytest.mark.e2e
 

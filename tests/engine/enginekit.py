@@ -22,7 +22,7 @@ import kubernetes_validate
 import orjson
 from kit import validating
 
-from webhook.admission import mutating as mutate
+from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims

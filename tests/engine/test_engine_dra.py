@@ -33,12 +33,12 @@ from enginekit import (
 )
 from kit import validating
 
+from webhook.admission.offline import as_stored
 from webhook.engine.decision import Checker
 from webhook.engine.devices import cost
 from webhook.k8s.claims import device_requests
 from webhook.k8s.review import parse_review, request_review
 from webhook.quota.store import MemoryStore
-from webhook.tools.offline import as_stored
 
 TEMPLATE = "ResourceClaimTemplate"
 A100_SELECTOR = ("device.attributes['gpu.nvidia.com'].productName.replace(' ', '-') "

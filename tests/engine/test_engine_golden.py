@@ -40,7 +40,7 @@ from enginekit import (
     validated,
 )
 
-from webhook.admission import mutating as mutate
+from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.decision import Decision
 from webhook.policy.model import Rule
 

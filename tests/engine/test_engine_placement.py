@@ -36,7 +36,7 @@ from enginekit import (
 )
 from kit import validating
 
-from webhook.admission import mutating as mutate
+from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.placement import Placement
 from webhook.k8s.patch import Patch

@@ -23,7 +23,7 @@ from enginekit import (
     validated,
 )
 
-from webhook.admission import mutating as mutate
+from webhook.admission.webhooks import mutating as mutate
 from webhook.policy.model import Rule
 
 MIG = "nvidia.com/mig-1g.10gb"

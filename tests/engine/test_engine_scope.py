@@ -43,7 +43,7 @@ from enginekit import (
 )
 from kit import validating
 
-from webhook.admission import mutating as mutate
+from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.target import no_labels
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.model import Mode, Rule

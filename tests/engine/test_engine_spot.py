@@ -35,7 +35,7 @@ from enginekit import (
     validated,
 )
 
-from webhook.admission import mutating as mutate
+from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.charge import Charge, charge_of_pod
 from webhook.k8s.workloads import read_workload
 from webhook.policy.compiled import CompiledPolicy, compile_policy

@@ -23,7 +23,7 @@ from enginekit import (
     validated,
 )
 
-from webhook.admission import mutating
+from webhook.admission.webhooks import mutating
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import parse_review, request_review
 from webhook.k8s.workloads import read_workload

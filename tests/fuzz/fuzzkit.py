@@ -23,8 +23,8 @@ from hypothesis import event
 from hypothesis import strategies as st
 from kit import validating
 
-from webhook.admission import Phase, reply
-from webhook.admission import mutating as mutate
+from webhook.admission.webhooks import Phase, reply
+from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.mutate import OWNED as MUTATE_OWNED
 from webhook.k8s.review import AdmissionRequest, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy

@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kit import validating
 
+from webhook.admission.offline import as_stored, through_both
 from webhook.engine.charge import charge_of_pod
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.store import MemoryStore
 from webhook.quota.usage import Totals
-from webhook.tools.offline import as_stored, through_both
 
 # Every rule in warn mode: pods that enforce mode would refuse get through and are charged.
 WARN: CompiledPolicy = compile_policy(load_text(

@@ -1,4 +1,4 @@
-"""Reused mutating decisions (``webhook.server.reuse``) are the decisions made afresh.
+"""Reused mutating decisions (``webhook.server.web.reuse``) are the decisions made afresh.
 
 Hypothesis draws Pods, Deployments, Jobs and CronJobs the way developers write them
 (``fuzzkit``), in namespaces inside and outside the tenants of the example policy. The
@@ -29,9 +29,9 @@ from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
 from webhook.libs import logs
 from webhook.server import metrics
-from webhook.server.app import AdmissionApp, Runtime
-from webhook.server.reload import PolicySource
-from webhook.server.reuse import DecisionCache
+from webhook.server.sources.reload import PolicySource
+from webhook.server.web.app import AdmissionApp, Runtime
+from webhook.server.web.reuse import DecisionCache
 
 TENANT_LABEL = "gpu.example.com/tenant"
 LABELS: dict[str, dict[str, str]] = {"inference": {TENANT_LABEL: "inference"}}

@@ -2,7 +2,7 @@
 the same ASGI app driven in-process (no sockets, for speed), and raw HTTP/1.1 requests
 for what httpx will not send (a lying Content-Length, a trickled body).
 
-The in-process path runs :class:`webhook.server.app.AdmissionApp` itself, not the engine
+The in-process path runs :class:`webhook.server.web.app.AdmissionApp` itself, not the engine
 alone, so a case proves the same outcome the subprocess gives: the HTTP status, the
 JSON error or the AdmissionReview reply.
 """
@@ -25,8 +25,8 @@ import httpx
 import orjson
 
 from webhook.quota.store import MemoryStore
-from webhook.server.app import ARRIVED, AdmissionApp, Runtime
-from webhook.server.reload import PolicySource
+from webhook.server.sources.reload import PolicySource
+from webhook.server.web.app import ARRIVED, AdmissionApp, Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "multi-tenant.yaml"

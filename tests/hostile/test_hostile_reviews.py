@@ -18,7 +18,7 @@ import pytest
 from cases import CASES, Allow, Case, Deny, Error
 from hostilekit import Reply, Server, app, call_sync, raw_request, start, stop
 
-from webhook.server.app import AdmissionApp
+from webhook.server.web.app import AdmissionApp
 
 WEBHOOKS = ("mutate", "validate")
 # Generous: the slowest case (5,000 containers) takes a fraction of this on 2 cores.

@@ -59,8 +59,8 @@ def test_the_server_enables_only_forward_secret_aead_suites(tmp_path: Path) -> N
     # RC4 and 3DES cannot be offered by this machine's OpenSSL, so no handshake can
     # show the server refusing them; the server's own context shows it enables none
     # of them, nor any other suite without ECDHE and an AEAD cipher.
+    from webhook.server.certs.tls import ssl_context
     from webhook.server.settings import Settings
-    from webhook.server.tls import ssl_context
 
     issued = certs.issue(["localhost"], ["127.0.0.1"], days=1)
     written = certs.write(issued, str(tmp_path))

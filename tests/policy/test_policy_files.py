@@ -18,7 +18,7 @@ import orjson
 import pytest
 from kit import validating
 
-from webhook.admission import mutating as mutate
+from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy

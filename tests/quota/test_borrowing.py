@@ -20,7 +20,7 @@ from fakeapi import FakeAPI
 from kit import validating
 from quotakit import NOW, ledger_replica
 
-from webhook.admission import mutating
+from webhook.admission.webhooks import mutating
 from webhook.engine.borrowed import BORROWED_LABEL, account
 from webhook.engine.charge import Charge
 from webhook.engine.decision import Decision

@@ -22,8 +22,8 @@ from quotakit import NOW, admit, ledger_replica, pod, policy
 from test_gang_quota import vcjob
 from test_gang_reservation import gang_pod
 
-from webhook import admission
-from webhook.admission import Cluster, Phase
+from webhook.admission import webhooks
+from webhook.admission.webhooks import Cluster, Phase
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
 from webhook.quota.gang import GANG_BOUND_SECONDS
@@ -64,7 +64,7 @@ def delete(store: UsageStore, obj: dict[str, Any], *, dry_run: bool = False) -> 
     review["request"]["object"] = None
     review["request"]["oldObject"] = obj
     req = parse_review(orjson.dumps(review))
-    return asyncio.run(admission.admit(Phase.VALIDATE, req, policy(), Cluster(store=store)))
+    return asyncio.run(webhooks.admit(Phase.VALIDATE, req, policy(), Cluster(store=store)))
 
 
 def test_a_gang_is_written_whole_in_one_commit(api: FakeAPI) -> None:

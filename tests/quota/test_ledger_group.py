@@ -19,7 +19,7 @@ from fakeapi import FakeAPI
 from kubernetes import client
 from quotakit import NOW, ledger_replica, pod, policy
 
-from webhook.admission import Cluster, validating
+from webhook.admission.webhooks import Cluster, validating
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
 from webhook.libs.kube import ConfigMaps

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from quotakit import LEDGER_NAMESPACE, NOW, pod, policy
 
-from webhook.admission import Cluster, validating
+from webhook.admission.webhooks import Cluster, validating
 from webhook.k8s.review import parse_review, request_review
 from webhook.libs.kube import ConfigMaps
 from webhook.quota.cache import ClusterState

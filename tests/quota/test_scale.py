@@ -18,10 +18,12 @@ from typing import Any
 
 import orjson
 import pytest
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 from quotakit import POLICY, pod
 from urllib3.exceptions import ProtocolError
 
-from webhook.admission import Cluster, WorkloadUnreadable, scaling
+from webhook.admission.webhooks import Cluster, WorkloadUnreadable, scaling
 from webhook.engine.charge import Ask, charge_of_pod
 from webhook.engine.decision import Decision
 from webhook.engine.scale import ScaleUp, check_scale, scale_up, unchecked_scale
@@ -32,8 +34,8 @@ from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.store import MemoryStore
 from webhook.server import cluster, metrics
-from webhook.server.app import AdmissionApp, Runtime
-from webhook.server.reload import PolicySource
+from webhook.server.sources.reload import PolicySource
+from webhook.server.web.app import AdmissionApp, Runtime
 
 # The quota tests' policy, plus exemptions and a tenant without quota.
 SCALE_POLICY = POLICY.replace("  tenants:\n", """  exemptions:
@@ -448,10 +450,10 @@ class _Response:
 
 
 @pytest.mark.parametrize(("outcome", "expected"), [
-    (kube.ApiException(status=403, reason="Forbidden"),
+    (ApiException(status=403, reason="Forbidden"),
      "read deployment team-a/trainer: the webhook's service account is not allowed to do "
      "this (check its RBAC) (HTTP 403)"),
-    (kube.ApiException(status=404, reason="Not Found"), "read deployment team-a/trainer: "
+    (ApiException(status=404, reason="Not Found"), "read deployment team-a/trainer: "
                                                          "not found"),
     (ProtocolError("connection reset"), "read deployment team-a/trainer: the connection to "
                                         "the API server broke"),
@@ -460,7 +462,7 @@ class _Response:
 ])
 def test_kube_workloads_maps_failures_to_messages_that_say_what_was_tried(outcome,
                                                                           expected) -> None:
-    workloads = kube.Workloads(kube.client.ApiClient())
+    workloads = kube.Workloads(ApiClient())
 
     def fake(*args: Any, **kw: Any) -> Any:
         assert kw["_request_timeout"] == 1.5 and kw["_preload_content"] is False

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from webhook.server.app import SWEEP_SECONDS, BodyDeadlines
+from webhook.server.web.app import SWEEP_SECONDS, BodyDeadlines
 
 SCOPE: dict[str, Any] = {"type": "http", "headers": []}
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from webhook.server.policyobject import View, desired_status
+from webhook.server.sources.policyobject import View, desired_status
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SPEC = {"tenants": [{"name": "a"}, {"name": "b"}]}

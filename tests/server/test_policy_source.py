@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from webhook.policy.load import default_policy_text
-from webhook.server.reload import PolicySource
+from webhook.server.sources.reload import PolicySource
 
 GOOD = default_policy_text()
 
@@ -59,7 +59,7 @@ def test_a_file_changed_while_it_was_read_is_read_again(tmp_path: Path,
     source = PolicySource(str(path))
     source.load()
     _write(path, GOOD.replace("name: shared-gpu-cluster", "name: second"), 1)
-    import webhook.server.reload as reload
+    import webhook.server.sources.reload as reload
 
     real = reload.load_file
 

@@ -12,13 +12,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.admission import WorkloadReader, WorkloadUnreadable
+from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import LedgerStore
-from webhook.server.reload import PolicySource
+from webhook.server.sources.reload import PolicySource
 
 
 def configured(kubeconfig: str | None) -> bool:

@@ -1,7 +1,7 @@
 """Run the webhook: the `gpu-webhook serve` command's body. The policy, the certificates
-(``webhook.server.tls``), the cluster (``webhook.server.cluster``) and the app are made
+(``webhook.server.certs.tls``), the cluster (``webhook.server.cluster``) and the app are made
 in that order, each refusing to start with one line naming what is wrong; then the
-server listens (``webhook.server.listen``) until SIGTERM, which drains and exits 0.
+server listens (``webhook.server.web.listen``) until SIGTERM, which drains and exits 0.
 """
 
 from __future__ import annotations
@@ -24,18 +24,20 @@ from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable
 from webhook.policy.load import PolicyError
 from webhook.quota.store import MemoryStore
-from webhook.server import heap, metrics, selfcerts, upkeep
-from webhook.server.app import AdmissionApp, Runtime
+from webhook.server import heap, metrics
+from webhook.server.certs import selfcerts
+from webhook.server.certs.tls import CertReloader, ClientCertGate, ssl_context, tls_files
 from webhook.server.cluster import attach, configured, ledger_namespace
-from webhook.server.listen import (
+from webhook.server.leading import upkeep
+from webhook.server.settings import Settings
+from webhook.server.sources.policyobject import ObjectUnavailable, policy_source
+from webhook.server.web.app import AdmissionApp, Runtime
+from webhook.server.web.listen import (
     KEEP_ALIVE_TIMEOUT,
     AdmissionProtocol,
     BoundedServer,
     cannot_listen,
 )
-from webhook.server.policyobject import ObjectUnavailable, policy_source
-from webhook.server.settings import Settings
-from webhook.server.tls import CertReloader, ClientCertGate, ssl_context, tls_files
 
 
 def self_managed(settings: Settings) -> selfcerts.SelfManagedCerts | None:

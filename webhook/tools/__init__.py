@@ -1,2 +1,2 @@
 """The offline adapters: ``review``, ``review --replay``, ``test`` and ``manifests``. They
-run the same admission pipeline as the server (``webhook.admission``), with no server."""
+run the same admission pipeline as the server (``webhook.admission.webhooks``), with no server."""

@@ -1,7 +1,7 @@
 """``gpu-webhook audit``: what the current (or a candidate) policy would refuse or change
 among the GPU pods and workloads already running, read once through the kubeconfig.
 
-The deciding is :mod:`webhook.audit` (the admission pipeline itself, as the server's
+The deciding is :mod:`webhook.admission.audit` (the admission pipeline itself, as the server's
 periodic audit runs it); this module reads the cluster for it.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from webhook.audit import Finding, audit
+from webhook.admission.audit import Finding, audit
 from webhook.libs import kube
 
 __all__ = ["Finding", "audit", "read"]

@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from webhook.admission.offline import ClaimBook, through_both
 from webhook.engine.charge import charge_of_pod
 from webhook.k8s.objects import escape
 from webhook.k8s.review import AdmissionRequest, BadReview, parse_review, request_review
@@ -38,7 +39,6 @@ from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, Problem, load_document, load_file, read_file
 from webhook.policy.model import Rule
 from webhook.quota.store import MemoryStore
-from webhook.tools.offline import ClaimBook, through_both
 
 KIND = "GPUPolicyTest"
 OUTCOMES = ("allowed", "denied", "warned", "audited", "skipped")

@@ -18,9 +18,9 @@ from typing import Any
 import jsonpatch
 import orjson
 
+from webhook.admission.offline import through_both
 from webhook.k8s.review import BadReview, parse_review
 from webhook.policy.compiled import CompiledPolicy
-from webhook.tools.offline import through_both
 
 CHANGES = ("allowed->denied", "denied->allowed", "warnings changed", "patch changed")
 

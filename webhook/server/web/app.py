@@ -33,7 +33,7 @@ import orjson
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from webhook.admission import Cluster, Phase, WorkloadReader, admit, mutating, reply
+from webhook.admission.webhooks import Cluster, Phase, WorkloadReader, admit, mutating, reply
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.target import NamespaceLabels, no_labels
@@ -42,9 +42,10 @@ from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, pars
 from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import UsageStore
-from webhook.server import metrics, policyhook
-from webhook.server.reload import PolicySource
-from webhook.server.reuse import DecisionCache
+from webhook.server import metrics
+from webhook.server.sources.reload import PolicySource
+from webhook.server.web import policyhook
+from webhook.server.web.reuse import DecisionCache
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -71,7 +72,7 @@ class Runtime:
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
     request_timeout: float = 8.0  # seconds from a request's first byte to its answer
-    # Mutating decisions kept for pods of one shape (webhook.server.reuse); 0: none.
+    # Mutating decisions kept for pods of one shape (webhook.server.web.reuse); 0: none.
     reuse_size: int = 1024
 
 
@@ -193,7 +194,7 @@ class AdmissionApp:
     def _mutating(self, req: AdmissionRequest, policy: CompiledPolicy, generation: int
                   ) -> Decision:
         """The mutating decision, reused for a pod of a shape already decided under this
-        policy generation and these namespace labels (webhook.server.reuse)."""
+        policy generation and these namespace labels (webhook.server.web.reuse)."""
         assert self.reuse is not None
         labels = self.cluster.labels(req.namespace)
         if policy.cohorts:

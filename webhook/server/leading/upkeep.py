@@ -1,7 +1,7 @@
 """What one replica keeps for the whole cluster, while it leads: the leader Lease
-(:mod:`webhook.server.leader`), the GPUQuota status objects
-(:mod:`webhook.server.quotastatus`) and the periodic audit's PolicyReports
-(:mod:`webhook.server.background_audit`). Started by ``serve`` when a cluster is
+(:mod:`webhook.server.leading.leader`), the GPUQuota status objects
+(:mod:`webhook.server.leading.quotastatus`) and the periodic audit's PolicyReports
+(:mod:`webhook.server.leading.background_audit`). Started by ``serve`` when a cluster is
 configured; every replica contends for the Lease, one writes.
 """
 
@@ -14,11 +14,11 @@ from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
 from webhook.server import metrics
-from webhook.server.background_audit import BackgroundAudit, reports
 from webhook.server.cluster import Cluster
-from webhook.server.leader import Leadership
-from webhook.server.quotastatus import QuotaStatusWriter
-from webhook.server.reload import PolicySource
+from webhook.server.leading.background_audit import BackgroundAudit, reports
+from webhook.server.leading.leader import Leadership
+from webhook.server.leading.quotastatus import QuotaStatusWriter
+from webhook.server.sources.reload import PolicySource
 
 
 @dataclass

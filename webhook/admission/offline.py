@@ -19,7 +19,7 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from webhook.admission import Cluster, mutating, validating
+from webhook.admission.webhooks import Cluster, mutating, validating
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import Decision
 from webhook.engine.target import NamespaceLabels, no_labels

@@ -28,10 +28,10 @@ from typing import Any
 
 import orjson
 
+from webhook.admission.offline import Outcome, through_both
 from webhook.engine.charge import TERMINAL_PHASES
 from webhook.engine.target import NamespaceLabels
 from webhook.k8s.review import request_review
-from webhook.pipeline import Outcome, through_both
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import MemoryStore
 

@@ -32,7 +32,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from webhook.libs import certs, logs
-from webhook.server.app import ARRIVED
+from webhook.server.web.app import ARRIVED
 
 HANDSHAKE_TIMEOUT = 5.0  # s: a TLS handshake on a LAN takes milliseconds
 HEADER_TIMEOUT = 10.0  # s: from connection (or the end of the last request) to headers

@@ -7,7 +7,7 @@ as printer columns, every cap, GPU pods and the top consumers. Namespaced, so a
 developer reads it under their namespace's own RBAC (the shipped ClusterRole aggregates
 read access into ``view``), not the ledger's.
 
-Written by the leader replica only (:mod:`webhook.server.leader`), from its watch cache
+Written by the leader replica only (:mod:`webhook.server.leading.leader`), from its watch cache
 and the ledgers (read once per round), never in the request path. Rate-limited: one
 round every ``interval`` seconds, and an object is applied only when its numbers
 changed; objects of namespaces that no longer have a quota are deleted.
@@ -27,7 +27,7 @@ from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
 from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore
-from webhook.server import leader
+from webhook.server.leading import leader
 
 _SELECTOR = ",".join(f"{k}={v}" for k, v in status.MANAGED_BY.items())
 

@@ -25,24 +25,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from webhook.engine import messages
-from webhook.engine.charge import Ask, Charge, QuotaStep, Validation
-from webhook.engine.decision import Checker, Decision, Finding
+from webhook.admission.quota import with_quota
+from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
-from webhook.engine.gang import GangAsk
 from webhook.engine.mutate import mutate
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
-from webhook.engine.validate import OWNED, validate
+from webhook.engine.validate import validate
 from webhook.k8s.reply import response
 from webhook.k8s.review import API_VERSION, AdmissionRequest
 from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
-from webhook.policy.model import Mode, Rule
-from webhook.quota.borrow import borrow_on_mutate, check_borrowed, why_not_borrowed
-from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
-from webhook.quota.gang import GANG_BOUND_SECONDS
-from webhook.quota.store import BorrowStore, GangStore, ReservationUnavailable, UsageStore
+from webhook.quota.borrow import borrow_on_mutate
+from webhook.quota.store import GangStore, ReservationUnavailable, UsageStore
 
 
 class Phase(StrEnum):
@@ -90,7 +85,7 @@ def mutating(req: AdmissionRequest, policy: CompiledPolicy,
 async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
                      budget: float = 1.0) -> Decision:
     """The validating webhook, quota included."""
-    return await _with_quota(validate(req, policy, cluster.labels, cluster.claims), policy,
+    return await with_quota(validate(req, policy, cluster.labels, cluster.claims), policy,
                              cluster.store, budget)
 
 
@@ -112,7 +107,7 @@ async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluste
                    uid=req.uid, resource=up.resource, namespace=up.namespace,
                    name=up.name, error=str(exc))
         return unchecked_scale(up, policy, str(exc)).adding([], ["scale-unchecked"])
-    return await _with_quota(check_scale(up, workload, policy, cluster.labels), policy,
+    return await with_quota(check_scale(up, workload, policy, cluster.labels), policy,
                              cluster.store, budget)
 
 
@@ -134,118 +129,6 @@ def reply(phase: Phase, uid: str, d: Decision, api_version: str = API_VERSION
     has a patch."""
     return response(uid, d.allowed, d.message, d.warnings,
                     d.patch if phase is Phase.MUTATE else (), api_version=api_version)
-
-
-async def _with_quota(v: Validation, policy: CompiledPolicy, store: UsageStore | None,
-                      budget: float) -> Decision:
-    if v.quota is None or store is None:
-        return v.decision
-    findings, faults = await quota(v.quota, policy, store, budget)
-    return v.decision.adding(findings, faults)
-
-
-async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budget: float
-                ) -> tuple[list[Finding], list[str]]:
-    """The quota step's findings (and faults): checked against the store's usage, or,
-    for a real pod creation, checked and reserved in one atomic step."""
-    check = Checker(policy, step.tenant, step.subject, OWNED)
-    if step.gang is not None:
-        return await _gang(step, step.gang, check, store, budget)
-    assert step.ask is not None  # a QuotaStep holds an ask or a gang
-    ask = step.ask
-    if step.borrowed and ask.is_pod:
-        return await _borrowed(step, ask, policy, check, store, budget)
-    if step.reservation is None:
-        view = store.view()
-        if ask.is_pod:
-            check_pod(check, step.tenant, ask, view)  # a dry run: checked, not kept
-        else:
-            check_workload(check, step.tenant, ask, view)
-        return check.findings, []
-
-    res = step.reservation
-    def fits(view: UsageView) -> bool:
-        # Run on every attempt of the store's compare-and-swap loop, against fresh state:
-        # only the last attempt's findings stand.
-        check.findings.clear()
-        if check_pod(check, step.tenant, ask, view):
-            return True
-        why_not_borrowed(check, policy, step.tenant, ask, view)  # a cohort tenant's
-        return False
-
-    try:
-        await store.reserve(res.key, res.charge, fits, budget, name=res.name,
-                            gangs=res.gangs)
-    except ReservationUnavailable as exc:
-        return _unavailable(check, policy, exc)
-    return check.findings, []
-
-
-def _unavailable(check: Checker, policy: CompiledPolicy, exc: ReservationUnavailable
-                 ) -> tuple[list[Finding], list[str]]:
-    """No commit could be made (the ledger unreachable, kept changing, or the cache not
-    current): the pod is refused, or warned where the policy fails open on quota."""
-    check.findings.clear()
-    check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
-                 at_most=Mode.WARN if policy.quota_fail_open else None)
-    return check.findings, ["ledger-unavailable"]
-
-
-async def _borrowed(step: QuotaStep, ask: Ask, policy: CompiledPolicy, check: Checker,
-                    store: UsageStore, budget: float) -> tuple[list[Finding], list[str]]:
-    """A pod marked as borrowed: checked against its cohort's room (and its namespace's
-    caps) and, when real, reserved in the cohort's atomic step (see quota.borrow)."""
-    res = step.reservation
-    if res is None:
-        check_borrowed(check, policy, step.tenant, ask, store.view())  # a dry run
-        return check.findings, []
-
-    def fits(view: UsageView) -> bool:
-        check.findings.clear()  # only the last attempt's findings stand
-        return check_borrowed(check, policy, step.tenant, ask, view)
-
-    try:
-        if isinstance(store, BorrowStore):
-            assert step.tenant.cohort is not None
-            lenders = tuple(t.name for t in policy.cohorts[step.tenant.cohort.name])
-            await store.reserve_borrowed(res.key, res.charge, step.tenant.cohort.name,
-                                         lenders, fits, budget, name=res.name)
-        else:
-            await store.reserve(res.key, res.charge, fits, budget, name=res.name)
-    except ReservationUnavailable as exc:
-        return _unavailable(check, policy, exc)
-    return check.findings, []
-
-
-async def _gang(step: QuotaStep, gang: GangAsk, check: Checker, store: UsageStore,
-                budget: float) -> tuple[list[Finding], list[str]]:
-    """A gang workload's quota: checked; and when it is being created and its gang fits
-    what is free now, its GPUs reserved whole in the same atomic step."""
-    if step.gang_key is None or not isinstance(store, GangStore):
-        # A dry run, an update, or a store without gang reservations: checked only, and
-        # its pods are reserved one by one as they come.
-        check_gang(check, step.tenant, gang, store.view())
-        return check.findings, []
-    charges = [(Charge(gang.tenant, gang.namespace, step.gang_owner, r.cost.product,
-                       dict(r.cost.resources), r.cost.gpus, spot=r.cost.spot), n)
-               for r, n in zip(gang.roles, gang.members(), strict=True)
-               if n and r.cost.resources]
-
-    def fits(view: UsageView) -> bool:
-        check.findings.clear()  # only the last attempt's findings stand
-        return check_gang(check, step.tenant, gang, view, reservable=True)
-
-    try:
-        await store.reserve_gang(step.gang_key, step.gang_ids, charges, fits,
-                                 GANG_BOUND_SECONDS, budget)
-    except ReservationUnavailable as exc:
-        # The workload is only an early answer: it is checked against what this replica
-        # sees and admitted without a reservation; each pod is counted when created.
-        check.findings.clear()
-        check_gang(check, step.tenant, gang, store.view())
-        check.report(Rule.QUOTA, messages.gang_unreserved(str(exc)), at_most=Mode.WARN)
-        return check.findings, ["ledger-unavailable"]
-    return check.findings, []
 
 
 async def releasing(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,

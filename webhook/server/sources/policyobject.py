@@ -49,8 +49,8 @@ from webhook.policy.compiled import compile_policy
 from webhook.policy.load import PolicyError
 from webhook.policy.model import API_VERSION, KIND
 from webhook.policy.review import load_object
-from webhook.server.reload import Active, PolicySource, resolve
 from webhook.server.settings import Settings
+from webhook.server.sources.reload import Active, PolicySource, resolve
 
 MAX_MESSAGE = 32768  # the CRD's maxLength of a condition message
 STALE_PERIODS = 3  # report periods without a refresh before a replica's entry is dropped

@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 
 from webhook.libs import certs, logs
-from webhook.server.app import Receive, Scope, Send
 from webhook.server.settings import Settings
+from webhook.server.web.app import Receive, Scope, Send
 
 DEV_NAMES = ["localhost", *certs.service_names("gpu-webhook", "gpu-webhook")]
 

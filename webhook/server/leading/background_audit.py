@@ -1,6 +1,6 @@
 """The periodic audit: every ``interval`` seconds the leader replica decides the running
 GPU pods and workloads with the policy it serves, as ``gpu-webhook audit`` does (the same
-:func:`webhook.audit.audit`), and writes the findings as PolicyReports
+:func:`webhook.admission.audit.audit`), and writes the findings as PolicyReports
 (``wgpolicyk8s.io/v1alpha2``, one per namespace, named ``gpu-webhook``).
 
 So after a policy change lowers a cap, the pods now over it are listed in their
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from webhook.audit import (
+from webhook.admission.audit import (
     REPORT_GROUP,
     REPORT_LABELS,
     REPORT_NAME,
@@ -32,7 +32,8 @@ from webhook.audit import (
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
-from webhook.server import leader, metrics
+from webhook.server import metrics
+from webhook.server.leading import leader
 
 _SELECTOR = ",".join(f"{k}={v}" for k, v in REPORT_LABELS.items())
 

@@ -1,0 +1,70 @@
+"""coordination.k8s.io Leases: the leader election's one object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kubernetes import client
+
+from webhook.libs.kube.api import NotFound, json_object, translated
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLease:
+    """A coordination.k8s.io Lease as leader election reads it."""
+
+    holder: str  # "" when released
+    duration: float  # leaseDurationSeconds
+    transitions: int
+    resource_version: str
+
+
+class Leases:
+    """Read and compare-and-swap write of Leases in one namespace (the leader Lease:
+    RBAC get/update on that name, and create)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, timeout: float = 5.0) -> None:
+        self.coordination = client.CoordinationV1Api(api)
+        self.namespace = namespace
+        self.timeout = timeout
+
+    def read(self, name: str) -> StoredLease | None:
+        what = f"read lease {self.namespace}/{name}"
+        try:
+            with translated(what, self.timeout):
+                resp: Any = self.coordination.read_namespaced_lease(
+                    name, self.namespace, _preload_content=False,
+                    _request_timeout=self.timeout)
+        except NotFound:
+            return None
+        obj = json_object(what, resp.data)
+        spec = obj.get("spec") or {}
+        return StoredLease(str(spec.get("holderIdentity") or ""),
+                           float(spec.get("leaseDurationSeconds") or 0),
+                           int(spec.get("leaseTransitions") or 0),
+                           str((obj.get("metadata") or {}).get("resourceVersion") or ""))
+
+    def write(self, name: str, holder: str, duration: int, transitions: int,
+              renewed: datetime, resource_version: str | None) -> None:
+        """Create (``resource_version`` None; AlreadyExists is a Conflict) or replace only
+        if unchanged since read (else Conflict)."""
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=name, namespace=self.namespace,
+                                         labels={"app.kubernetes.io/name": "gpu-webhook"},
+                                         resource_version=resource_version),
+            spec=client.V1LeaseSpec(holder_identity=holder or None,
+                                    lease_duration_seconds=duration,
+                                    lease_transitions=transitions, renew_time=renewed))
+        what = f"{'create' if resource_version is None else 'update'} lease " \
+               f"{self.namespace}/{name}"
+        with translated(what, self.timeout):
+            if resource_version is None:
+                self.coordination.create_namespaced_lease(
+                    self.namespace, body, _preload_content=False,
+                    _request_timeout=self.timeout)
+            else:
+                self.coordination.replace_namespaced_lease(
+                    name, self.namespace, body, _preload_content=False,
+                    _request_timeout=self.timeout)

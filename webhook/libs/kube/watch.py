@@ -1,0 +1,147 @@
+"""Watches: list, then watch, of one kind of object, delivered as plain dicts with
+relists and resets, for the webhook's in-memory caches."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, watch
+
+from webhook.libs import logs
+from webhook.libs.kube.api import KubeError, NotFound, json_object, translated
+
+Event = tuple[str, dict[str, Any]]  # ("ADDED"|"MODIFIED"|"DELETED"|"SYNCED"|"RESET", obj)
+
+
+class Watcher:
+    """List then watch a collection in a background thread, handing each event to
+    ``deliver`` (called from that thread). After the initial list it sends
+    ("SYNCED", {}); after a relist (watch expired, 410 Gone) it first sends
+    ("RESET", {}) so the consumer can drop state and rebuild.
+
+    A collection the API server does not serve (HTTP 404 on the list) is reported as
+    ("ABSENT", {}) and listed again a minute later.
+
+    It also sends ("PROGRESS", {}) whenever the stream shows it is alive without a
+    change (a bookmark, the end of a watch window), so the consumer can tell a quiet
+    watch from a dead one. Each watch request asks the server to end it after
+    ``window()`` seconds (``deliver.window`` when the consumer offers one), so a healthy
+    watch shows progress at least that often; a connection silent for three windows is
+    given up (the read times out) and the collection is listed again on a new one.
+    """
+
+    def __init__(self, api: client.ApiClient, kind: str,
+                 deliver: Callable[[str, dict[str, Any]], None],
+                 window: Callable[[], float] | None = None,
+                 list_fn: Callable[..., Any] | None = None) -> None:
+        core = client.CoreV1Api(api)
+        self.api = api
+        self.kind = kind
+        fn: Callable[..., Any]
+        if list_fn is not None:  # a collection of its own (the one GPUPolicy served)
+            fn = list_fn
+        elif kind == "pods":
+            fn = core.list_pod_for_all_namespaces
+        elif kind == "resourceclaims":
+            fn = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces
+        elif kind == "resourceclaimtemplates":
+            fn = client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces
+        else:
+            fn = core.list_namespace
+
+        def raw_list(**kw: Any) -> Any:
+            # No docstring on purpose: the client's Watch then skips deserialising every
+            # event into model objects, and we read the plain dicts (much cheaper).
+            return fn(**kw)
+
+        self.list_fn: Callable[..., Any] = raw_list
+        self.deliver = deliver
+        self.window: Callable[[], float] = (window or getattr(deliver, "window", None)
+                                            or (lambda: DEFAULT_WATCH_WINDOW))
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+        self._relist = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch-{kind}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def resync(self) -> None:
+        """Relist (and RESET the consumer) when the current watch window ends."""
+        self._relist.set()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        first = True
+        while not self._stop.is_set():
+            try:
+                rv = self._list(first)
+                first = False
+                backoff = 0.5
+                self._watch(rv)
+            except NotFound:
+                # The API server does not serve this collection (resource.k8s.io/v1 on a
+                # cluster older than 1.34): nothing of it exists to watch. Say so, and
+                # look again now and then (the API may be turned on).
+                self.deliver("ABSENT", {})
+                self.synced.set()
+                self._stop.wait(ABSENT_RECHECK_SECONDS)
+            except Exception as exc:  # any failure: log, back off, relist
+                error = (exc.detail or str(exc)) if isinstance(exc, KubeError) else \
+                    f"{type(exc).__name__}: {exc}"
+                logs.event(f"{self.kind} watch failed; relisting", logging.WARNING,
+                           error=error, retry_in=backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _list(self, first: bool) -> str:
+        with translated(f"list {self.kind}", 30):
+            resp = self.list_fn(_preload_content=False, _request_timeout=30)
+            body = json_object(f"list {self.kind}", resp.data)
+        if not first:
+            self.deliver("RESET", {})
+        for item in body.get("items") or ():
+            self.deliver("ADDED", item)
+        self.deliver("SYNCED", {})
+        self.synced.set()
+        return str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    def _watch(self, rv: str) -> None:
+        w = watch.Watch()  # type: ignore[no-untyped-call]
+        while not self._stop.is_set():
+            if self._relist.is_set():
+                self._relist.clear()
+                return
+            window = self.window()
+            # The server ends the request after ``window`` (whole seconds); a read that
+            # waits three windows for a byte is a stalled connection, not a quiet one.
+            with translated(f"watch {self.kind}", 3 * window):
+                for ev in w.stream(  # type: ignore[no-untyped-call]
+                        self.list_fn, resource_version=rv, allow_watch_bookmarks=True,
+                        timeout_seconds=max(1, int(window)), _request_timeout=3 * window):
+                    typ = ev.get("type")
+                    raw = ev.get("raw_object") or {}
+                    if typ == "ERROR":
+                        code = raw.get("code")
+                        raise KubeError(f"watch {self.kind}", f"error {code}",
+                                        str(raw.get("message")))
+                    meta = raw.get("metadata") or {}
+                    rv = meta.get("resourceVersion", rv)
+                    self.deliver("PROGRESS" if typ == "BOOKMARK" else str(typ),
+                                 {} if typ == "BOOKMARK" else raw)
+                    if self._stop.is_set():
+                        return
+            # The server closed the watch at its timeout: the stream was alive to the end.
+            self.deliver("PROGRESS", {})
+
+
+DEFAULT_WATCH_WINDOW = 15.0
+
+
+ABSENT_RECHECK_SECONDS = 60.0

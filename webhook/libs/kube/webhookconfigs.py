@@ -1,0 +1,67 @@
+"""The mutating and validating webhook configurations, whose ``caBundle`` the
+self-managed certificates keep current."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from kubernetes import client
+
+from webhook.libs.kube.api import Conflict, json_object, translated
+
+WEBHOOK_KINDS = ("mutating", "validating")
+
+
+class WebhookConfigurations:
+    """The caBundle of named Mutating/ValidatingWebhookConfigurations (RBAC: get and
+    patch on those names only)."""
+
+    def __init__(self, api: client.ApiClient, timeout: float = 5.0) -> None:
+        self.admission = client.AdmissionregistrationV1Api(api)
+        self.timeout = timeout
+
+    def _read(self, kind: str, name: str) -> dict[str, Any]:
+        fn = (self.admission.read_mutating_webhook_configuration if kind == "mutating"
+              else self.admission.read_validating_webhook_configuration)
+        what = f"read {kind}webhookconfiguration {name}"
+        with translated(what, self.timeout):
+            resp: Any = fn(name, _preload_content=False, _request_timeout=self.timeout)
+        return json_object(what, resp.data)
+
+    def ca_bundles(self, kind: str, name: str) -> dict[str, bytes]:
+        """Each webhook's caBundle (decoded; empty when unset), by webhook name."""
+        obj = self._read(kind, name)
+        return {str(h.get("name")): base64.b64decode((h.get("clientConfig") or {})
+                                                     .get("caBundle") or "")
+                for h in obj.get("webhooks") or ()}
+
+    def patch_ca_bundle(self, kind: str, name: str, bundle: bytes) -> list[str]:
+        """Set ``caBundle`` of every webhook in the configuration that does not already
+        hold ``bundle``; returns the names of the webhooks patched.
+
+        A JSON Patch with a ``test`` of each webhook's name before its index is replaced:
+        if the list changed between the read and the patch, the API server refuses the
+        patch (a Conflict) instead of writing the bundle into the wrong webhook.
+        """
+        obj = self._read(kind, name)
+        encoded = base64.b64encode(bundle).decode()
+        ops: list[dict[str, Any]] = []
+        patched = []
+        for i, hook in enumerate(obj.get("webhooks") or ()):
+            if (hook.get("clientConfig") or {}).get("caBundle") == encoded:
+                continue
+            ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": hook.get("name")})
+            ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle",
+                        "value": encoded})
+            patched.append(str(hook.get("name")))
+        if not ops:
+            return []
+        fn = (self.admission.patch_mutating_webhook_configuration if kind == "mutating"
+              else self.admission.patch_validating_webhook_configuration)
+        what = f"patch caBundle of {kind}webhookconfiguration {name}"
+        # 422, a failed ``test``: the webhooks changed since they were read.
+        with translated(what, self.timeout, statuses={422: Conflict}):
+            fn(name, ops, _content_type="application/json-patch+json",
+               _preload_content=False, _request_timeout=self.timeout)
+        return patched
