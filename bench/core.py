@@ -19,7 +19,7 @@ from typing import Any
 
 from bench import mix
 from bench.population import NAMESPACES, population
-from webhook.engine.charge import Ask, Cost
+from webhook.engine.cost import Ask, Cost
 from webhook.engine.decision import Checker
 from webhook.engine.validate import OWNED
 from webhook.k8s.review import parse_review

@@ -36,7 +36,8 @@ from enginekit import (
 )
 
 from webhook.admission.webhooks import mutating as mutate
-from webhook.engine.charge import Charge, charge_of_pod
+from webhook.engine.charge import charge_of_pod
+from webhook.engine.cost import Charge
 from webhook.k8s.workloads import read_workload
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, load_text

@@ -22,7 +22,7 @@ from quotakit import NOW, ledger_replica
 
 from webhook.admission.webhooks import mutating
 from webhook.engine.borrowed import BORROWED_LABEL, account
-from webhook.engine.charge import Charge
+from webhook.engine.cost import Charge
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy

@@ -24,7 +24,8 @@ from quotakit import POLICY, pod
 from urllib3.exceptions import ProtocolError
 
 from webhook.admission.webhooks import Cluster, WorkloadUnreadable, scaling
-from webhook.engine.charge import Ask, charge_of_pod
+from webhook.engine.charge import charge_of_pod
+from webhook.engine.cost import Ask
 from webhook.engine.decision import Decision
 from webhook.engine.scale import ScaleUp, check_scale, scale_up, unchecked_scale
 from webhook.engine.target import no_labels

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook.engine.borrowed import BORROWED_LABEL, account
-from webhook.engine.charge import Charge
+from webhook.engine.cost import Charge
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_file
 from webhook.quota.ledger import Entry, encode_borrowed

@@ -11,13 +11,13 @@ weights make of it, and the one product the pod is pinned to, if it is pinned to
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from webhook.engine import devices, messages
 from webhook.engine import spot as spot_engine
 from webhook.engine.borrowed import charged_to
-from webhook.engine.decision import Checker, Decision, Quiet
+from webhook.engine.cost import Charge, Cost
+from webhook.engine.decision import Checker, Quiet
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.pinning import check_pinned
@@ -25,98 +25,10 @@ from webhook.engine.placement import Placement
 from webhook.engine.target import Target, read_target
 from webhook.k8s import claims as claims_wire
 from webhook.k8s.objects import MalformedObject
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
 
-if TYPE_CHECKING:  # gang.py builds on this module's Cost
-    from webhook.engine.gang import GangAsk
-
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class Cost:
-    """What one pod of a template costs."""
-
-    product: str | None  # the product it is pinned to, when exactly one
-    resources: Mapping[str, float]  # effective request, devices per GPU resource
-    gpus: float  # GPU-equivalents (weights applied)
-    spot: float = 0.0  # GPU-equivalents held on spot nodes (before the tenant's spot weight)
-
-
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """What one GPU pod counts against its tenant's quota, and who holds it."""
-
-    tenant: str
-    namespace: str
-    owner: str  # "job/llm-pretrain", "deployment/web", "pod/notebook-x"
-    product: str | None
-    resources: Mapping[str, float]
-    gpus: float
-    pods: int = 1  # GPU pods it counts as (a shared ResourceClaim: 0)
-    spot: float = 0.0  # GPU-equivalents on spot nodes, for the tenant's spot cap
-
-
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """What admitting one object would add to its tenant's usage (for quota)."""
-
-    tenant: str
-    namespace: str
-    cost: Cost  # per pod
-    pods: int  # pods of this template at once (replicas / parallelism; 1 for a Pod)
-    is_pod: bool
-    pods_added: int  # pods this request adds (an UPDATE that scales 2 -> 5 adds 3)
-    kind: str
-    counts_pods: bool = True  # False for a ResourceClaim: not a pod, not under a pods cap
-
-    @property
-    def product(self) -> str | None:
-        return self.cost.product
-
-    @property
-    def resources(self) -> Mapping[str, float]:
-        return self.cost.resources
-
-    @property
-    def gpus(self) -> float:
-        return self.cost.gpus
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """A pod creation's quota, to be reserved atomically under ``key`` (its uid)."""
-
-    key: str
-    charge: Charge
-    gangs: tuple[str, ...] = ()  # the gangs the pod may belong to (its owners, labels)
-    # "namespace/name": a retry of the same create is one charge, and a create that
-    # fails because the name is taken holds nothing (see quota.ledger).
-    name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaStep:
-    """The quota check the engine leaves to the pipeline: it needs the usage store."""
-
-    tenant: TenantRules
-    subject: str
-    ask: Ask | None  # a Pod, or a workload of one unnamed template; None: see ``gang``
-    reservation: Reservation | None  # a real pod creation; None: check, never reserve
-    gang: GangAsk | None = None  # a workload with roles
-    # A gang workload's real creation or update (not a dry run): its uid and owner, for
-    # the gang reservation the pipeline makes when the gang fits now.
-    gang_key: str | None = None
-    gang_owner: str = ""
-    gang_ids: tuple[str, ...] = ()  # what its pods find it by (uid, controller's label)
-    borrowed: bool = False  # a pod marked as running on GPUs borrowed from its cohort
-
-
-@dataclass(frozen=True, slots=True)
-class Validation:
-    decision: Decision  # every rule but quota
-    quota: QuotaStep | None = None
 
 
 def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
@@ -204,8 +116,7 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
         return None, unknown
     if not cost.resources:
         return None, unknown
-    return Charge(charged_to(target.tenant, pod), namespace, owner_of(pod), cost.product,
-                  cost.resources, cost.gpus, spot=cost.spot), unknown
+    return cost.charge(charged_to(target.tenant, pod), namespace, owner_of(pod)), unknown
 
 
 def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,
@@ -233,8 +144,8 @@ def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,
     dc = devices.cost(Quiet(policy, tenant, "", frozenset()), policy, requests)
     if not dc.resources:
         return None
-    return Charge(tenant.name, namespace, f"resourceclaim/{meta.get('name')}", dc.product,
-                  dc.resources, dc.gpus, pods=0)
+    return dc.as_cost().charge(tenant.name, namespace, f"resourceclaim/{meta.get('name')}",
+                               pods=0)
 
 
 # The field managers of the control plane: the resourceclaim controller creates a

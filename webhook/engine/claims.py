@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine import devices, messages
-from webhook.engine.charge import Ask, Charge, Cost, QuotaStep, Reservation, Validation
+from webhook.engine.cost import Ask
 from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision, malformed
+from webhook.engine.handoff import ClaimQuota, Reservation, Validation
 from webhook.engine.target import NamespaceLabels, no_tenant
 from webhook.k8s import claims
 from webhook.k8s.claims import DeviceRequest
@@ -128,22 +129,21 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLab
         check.report(Rule.ALLOWED_PRODUCTS, messages.claim_unpinned(
             attribute, tenant.name,
             [policy.product_name(v) or v for v in values]))
-    if (target.kind != claims.CLAIM or check.denied
-            or (tenant.quota is None and not tenant.namespace_quota)):
+    if target.kind != claims.CLAIM or check.denied or not tenant.has_quota:
         return Validation(check.decide())
     meta = target.obj.get("metadata") or {}
     owner = f"resourceclaim/{meta.get('name') or req.name}"
-    per = Cost(cost.product, cost.resources, cost.gpus)
+    per = cost.as_cost()
     ask = Ask(tenant.name, req.namespace, per, 1, True, 1, target.kind, counts_pods=False)
     reservation = None
     if not req.dry_run:
         # A name no pod can have (":"), so a claim never stands for a pod of its name.
         name = f"{req.namespace}/resourceclaim:{meta.get('name') or req.name}"
-        key = str(meta.get("uid") or name)
-        reservation = Reservation(key, Charge(tenant.name, req.namespace, owner, cost.product,
-                                              dict(cost.resources), cost.gpus, pods=0),
+        reservation = Reservation(key=str(meta.get("uid") or name),
+                                  charge=per.charge(tenant.name, req.namespace, owner, pods=0),
                                   name=name)
-    return Validation(check.decide(), QuotaStep(tenant, target.subject, ask, reservation))
+    return Validation(check.decide(), ClaimQuota(tenant=tenant, subject=target.subject,
+                                                 ask=ask, reservation=reservation))
 
 
 def _rules(check: Checker, policy: CompiledPolicy, target: ClaimTarget,

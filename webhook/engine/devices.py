@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine import messages
+from webhook.engine.cost import Cost
 from webhook.engine.decision import Checker
 from webhook.k8s.claims import Alternative, DeviceRequest
 from webhook.k8s.patch import Patch
@@ -52,6 +53,10 @@ class DeviceCost:
     gpus: float
     product: str | None
     gpu_requests: int  # requests asking a GPU class
+
+    def as_cost(self) -> Cost:
+        """The same devices as what one holder of them costs (never on spot nodes)."""
+        return Cost(self.product, self.resources, self.gpus)
 
 
 def is_gpu_request(policy: CompiledPolicy, r: DeviceRequest) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.engine.charge import Cost
+from webhook.engine.cost import Cost
 
 
 @dataclass(frozen=True, slots=True)

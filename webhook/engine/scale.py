@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine import messages
-from webhook.engine.charge import Ask, QuotaStep, Validation, pod_cost
+from webhook.engine.charge import pod_cost
+from webhook.engine.cost import Ask
 from webhook.engine.decision import Checker, Decision, Quiet, malformed
+from webhook.engine.handoff import PodQuota, Validation
 from webhook.engine.target import NamespaceLabels, read_target
 from webhook.engine.validate import OWNED
 from webhook.k8s.objects import MalformedObject
@@ -84,7 +86,7 @@ def scale_up(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLab
     if new <= old:
         return Decision.skip("scale-down")
     tenant = policy.tenant_for(req.namespace, labels(req.namespace)) if req.namespace else None
-    if tenant is None or (tenant.quota is None and not tenant.namespace_quota):
+    if tenant is None or not tenant.has_quota:
         return Decision.skip("no-quota", tenant.name if tenant else None)
     return ScaleUp(req.resource, kind, req.namespace, req.name, old, new, tenant)
 
@@ -127,7 +129,7 @@ def check_scale(up: ScaleUp, workload: dict[str, Any], policy: CompiledPolicy,
             up, policy, messages.malformed(exc.pointer, exc.expected).rstrip(".")))
     ask = Ask(target.tenant.name, up.namespace, cost, up.new, False, up.new - up.old, up.kind)
     return Validation(Decision(tenant=target.tenant.name),
-                      QuotaStep(target.tenant, up.subject, ask, None))
+                      PodQuota(tenant=target.tenant, subject=up.subject, ask=ask))
 
 
 def unchecked_scale(up: ScaleUp, policy: CompiledPolicy, reason: str) -> Decision:

@@ -8,8 +8,9 @@ down, or a reinvocation) is still held to the policy.
 
 Quota needs the usage store, which the engine does not touch: :func:`validate` returns
 the decision of every other rule and, when that allows the object and its tenant has a
-quota, a :class:`QuotaStep` saying what to check (and for a real pod creation, what to
-reserve atomically). The admission pipeline (``webhook.admission``) runs it.
+quota, a quota step (:mod:`webhook.engine.handoff`) saying what to check (and for a real
+creation, what to reserve atomically). The admission pipeline (``webhook.admission``) runs
+it.
 
 A workload with roles (a training job) is checked template by template, and its quota
 step asks for every role at once (:class:`~webhook.engine.gang.GangAsk`). A role made
@@ -25,22 +26,20 @@ from typing import Any
 from webhook.engine import claims as claims_engine
 from webhook.engine import messages
 from webhook.engine.borrowed import charged_to, priority_mismatch
-from webhook.engine.charge import (
-    Ask,
-    Charge,
-    Cost,
-    QuotaStep,
-    Reservation,
-    Validation,
-    owner_of,
-    pod_cost,
-    unknown_templates,
-)
+from webhook.engine.charge import owner_of, pod_cost, unknown_templates
 from webhook.engine.claims import is_claim
+from webhook.engine.cost import Ask, Cost
 from webhook.engine.decision import Checker, Decision, Finding, malformed
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gang import GangAsk, RoleAsk, pod_ids, workload_ids
 from webhook.engine.gpu import check_maximums, check_requests, weighted
+from webhook.engine.handoff import (
+    GangQuota,
+    GangReservation,
+    PodQuota,
+    Reservation,
+    Validation,
+)
 from webhook.engine.target import (
     NamespaceLabels,
     Target,
@@ -88,13 +87,13 @@ def _one_template(target: Target, policy: CompiledPolicy, req: AdmissionRequest,
 
 
 def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: AdmissionRequest,
-             labels: NamespaceLabels) -> QuotaStep | None:
+             labels: NamespaceLabels) -> PodQuota | None:
     tenant = target.tenant
     if tenant is None and not policy.unassigned_allowed:
         check.report(Rule.TENANT_REQUIRED, no_tenant(req.namespace, policy, labels))
         return None
     cost = pod_cost(check, policy, target)
-    if tenant is None or check.denied or (tenant.quota is None and not tenant.namespace_quota):
+    if tenant is None or check.denied or not tenant.has_quota:
         return None
     if not cost.resources:
         # Every GPU count unreadable (only reported in warn or audit mode): the pod costs
@@ -113,11 +112,10 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         meta = req.object.get("metadata") or {}
         name = f"{req.namespace}/{meta.get('name') or req.name}"
         key = str(meta.get("uid") or name)
-        reservation = Reservation(key, Charge(charged_to(tenant, req.object), req.namespace,
-                                              owner_of(req.object), cost.product,
-                                              dict(cost.resources), cost.gpus,
-                                              spot=cost.spot),
-                                  pod_ids(req.object), name)
+        reservation = Reservation(
+            key=key, charge=cost.charge(charged_to(tenant, req.object), req.namespace,
+                                        owner_of(req.object)),
+            gangs=pod_ids(req.object), name=name)
     borrowed = charged_to(tenant, req.object) != tenant.name
     if borrowed and target.template.is_pod and tenant.cohort is not None:
         problem = priority_mismatch(req.object, tenant.cohort.priority)
@@ -125,7 +123,8 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
             check.report(Rule.QUOTA, messages.borrowed_priority_changed(
                 tenant.cohort.priority.name, problem))
             return None
-    return QuotaStep(tenant, target.subject, ask, reservation, borrowed=borrowed)
+    return PodQuota(tenant=tenant, subject=target.subject, ask=ask, reservation=reservation,
+                    borrowing=tenant.cohort if borrowed else None)
 
 
 def _tolerates_gpu_taints(check: Checker, policy: CompiledPolicy, target: Target) -> None:
@@ -171,13 +170,14 @@ def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest,
         added = role.pods if old is None else max(0, role.pods - old.get(name, 0))
         asks.append(RoleAsk(name, cost, role.pods, added, role.minimum))
     decision = Decision.of(findings, tenant=tenant.name if tenant else None)
-    if (tenant is None or denied or (tenant.quota is None and not tenant.namespace_quota)
+    if (tenant is None or denied or not tenant.has_quota
             or not any(a.cost.resources for a in asks)):
         return Validation(decision)
     w = targets.workload
     gang = GangAsk(tenant.name, req.namespace, w.kind, w.noun, w.role_word, tuple(asks),
                    w.gang, w.sequential)
-    key = None
+    reservation = None
+    name = req.name or _name(req.object)
     if (w.gang is not None and w.reserves and req.operation == "CREATE" and not req.dry_run
             and req.object is not None and not owned_by_reserving(req.object)):
         # The validating webhook sees the final object, uid included: a gang's GPUs are
@@ -186,12 +186,12 @@ def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest,
         # its owner's reservation, and reserving again would hold the GPUs twice.
         meta = req.object.get("metadata") or {}
         uid = meta.get("uid") if isinstance(meta, dict) else None
-        key = str(uid) if uid else None
-    name = req.name or _name(req.object)
-    owner = f"{w.kind.lower()}/{name}"
-    ids = workload_ids(req.group, req.kind, req.namespace, name, key) if key else ()
-    return Validation(decision, QuotaStep(tenant, targets.subject, None, None, gang, key,
-                                          owner, ids))
+        if uid:
+            reservation = GangReservation(
+                key=str(uid), owner=f"{w.kind.lower()}/{name}",
+                ids=workload_ids(req.group, req.kind, req.namespace, name, str(uid)))
+    return Validation(decision, GangQuota(tenant=tenant, subject=targets.subject, gang=gang,
+                                          reservation=reservation))
 
 
 def _name(obj: dict[str, Any] | None) -> str:

@@ -78,6 +78,11 @@ class TenantRules:
     spot: TenantSpotRules | None = None  # None: the policy has no spot capacity
     cohort: CohortRules | None = None
 
+    @property
+    def has_quota(self) -> bool:
+        """Whether any cap counts this tenant's GPUs (tenant-wide or in a namespace)."""
+        return self.quota is not None or bool(self.namespace_quota)
+
 
 @dataclass(frozen=True, slots=True)
 class _Selector:

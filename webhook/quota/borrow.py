@@ -23,9 +23,10 @@ from dataclasses import replace
 
 from webhook.engine import messages
 from webhook.engine.borrowed import account, is_marked, mark
-from webhook.engine.charge import Ask
+from webhook.engine.cost import Ask
 from webhook.engine.decision import Checker, Decision, Quiet
 from webhook.engine.devices import ClaimLookup
+from webhook.engine.handoff import PodQuota
 from webhook.engine.target import NamespaceLabels
 from webhook.engine.validate import OWNED, validate
 from webhook.k8s.patch import Patch
@@ -103,7 +104,7 @@ def borrow_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
     if marked:  # labelled by hand (or a reinvocation): its priority is the class's
         mark(obj, owner.cohort.priority, patch)
     step = validate(req, policy, labels, claims).quota  # on the mutated pod
-    if step is None or step.ask is None or not step.ask.is_pod:
+    if not isinstance(step, PodQuota) or not step.ask.is_pod:
         return d if not patch else replace(d, patch=[*d.patch, *patch.ops])
     tenant, ask = step.tenant, step.ask
     if tenant.cohort is None or tenant.quota is None or tenant.quota.gpus is None:

@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from webhook.engine.charge import Charge, charge_and_unknown
+from webhook.engine.charge import charge_and_unknown
+from webhook.engine.cost import Charge
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.claims import ClaimCache

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.engine import messages
-from webhook.engine.charge import Ask
+from webhook.engine.cost import Ask
 from webhook.engine.decision import Checker
 from webhook.engine.gang import GangAsk
 from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from webhook.engine.charge import Charge, charge_of_claim
+from webhook.engine.charge import charge_of_claim
+from webhook.engine.cost import Charge
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.policy.compiled import CompiledPolicy
 

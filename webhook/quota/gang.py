@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from webhook.engine.charge import Charge
+from webhook.engine.cost import Charge
 
 # How long a gang's slots wait for its pods: its controller makes them within seconds,
 # a scheduler-gated or queued job (Kueue, Volcano queues) may hold them back longer;

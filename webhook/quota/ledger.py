@@ -54,7 +54,7 @@ from typing import Any
 import orjson
 
 from webhook.engine.borrowed import account, borrower_of
-from webhook.engine.charge import Charge
+from webhook.engine.cost import Charge
 from webhook.libs import logs
 from webhook.libs.kube import ConfigMaps, Conflict, KubeError, StoredMap
 from webhook.quota.cache import ClusterState

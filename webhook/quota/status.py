@@ -55,10 +55,6 @@ class Report:
     cohorts: list[str] = field(default_factory=list)  # one line per cohort shown
 
 
-def has_quota(t: TenantRules) -> bool:
-    return t.quota is not None or bool(t.namespace_quota)
-
-
 def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,
        namespace: str | None = None, unread: Sequence[str] = (),
        policy: CompiledPolicy | None = None) -> Report:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from webhook.engine.charge import Charge
+from webhook.engine.cost import Charge
 from webhook.quota.check import UsageView
 from webhook.quota.gang import Gang, slots_of
 from webhook.quota.usage import Totals, Usage

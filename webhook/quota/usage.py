@@ -12,7 +12,7 @@ import heapq
 from dataclasses import dataclass, field
 from operator import neg
 
-from webhook.engine.charge import Charge
+from webhook.engine.cost import Charge
 
 
 @dataclass(slots=True)

@@ -41,7 +41,7 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
     by_tenant: dict[str, status.Report] = {}  # once per tenant, not per namespace
     for ns, labels in sorted(state.labels.items()):
         tenant = policy.tenant_for(ns, labels)
-        if tenant is None or not status.has_quota(tenant):
+        if tenant is None or not tenant.has_quota:
             continue
         whole = by_tenant.get(tenant.name)
         if whole is None:
@@ -75,7 +75,7 @@ class QuotaStatusWriter:
     async def round(self) -> None:
         """Compare what should be shown with what is, and write the difference."""
         policy = self.policy()
-        tenants = sorted({t.name for t in policy.tenants if status.has_quota(t)})
+        tenants = sorted({t.name for t in policy.tenants if t.has_quota})
         # The objects first: without their CRD there is nothing to read the ledgers for.
         existing = await asyncio.to_thread(self.objects.list, _SELECTOR)
         fresh = await asyncio.to_thread(self._read_ledgers, tenants)
