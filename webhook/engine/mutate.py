@@ -30,8 +30,8 @@ from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
 from webhook.engine.placement import Placement
 from webhook.engine.target import NamespaceLabels, Target, no_labels, no_tenant, prepare
-from webhook.engine.tolerations import add_missing, gpu_taint_tolerations
-from webhook.k8s.objects import MalformedObject, child_list, child_map
+from webhook.engine.tolerations import add_missing, tolerated_gpu_taints
+from webhook.k8s.objects import MalformedObject, child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
@@ -115,15 +115,10 @@ def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: 
         # need the GPU nodes: its tolerations are its own business.
         return
     spec, sptr = target.template.spec, target.template.spec_pointer
-    tolerations = child_list(spec, "tolerations", sptr)
-    if not tolerations:
-        return
-    keys = frozenset(str(t["key"]) for t in policy.tolerations if t.get("key"))
-    hits = gpu_taint_tolerations(tolerations, keys)
+    hits, found = tolerated_gpu_taints(spec, sptr, policy.tolerations)
     if not hits:
         return
     if choice is TolerationPolicy.DENY:
-        found = sorted({str(tolerations[i]["key"]) for i in hits})
         check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
         return
     patch.remove_indices(spec, "tolerations", sptr, hits)

@@ -49,6 +49,17 @@ def add_missing(spec: dict[str, Any], pointer: str, patch: Patch,
     return bool(to_add)
 
 
+def tolerated_gpu_taints(spec: dict[str, Any], pointer: str,
+                         policy_tolerations: Iterable[Mapping[str, Any]]
+                         ) -> tuple[list[int], list[str]]:
+    """A non-GPU pod's tolerations of the GPU nodes' taints: the indices of those naming
+    a key of the policy's tolerations, and those keys (sorted, once)."""
+    tolerations = child_list(spec, "tolerations", pointer) or []
+    keys = frozenset(str(t["key"]) for t in policy_tolerations if t.get("key"))
+    hits = gpu_taint_tolerations(tolerations, keys)
+    return hits, sorted({str(tolerations[i]["key"]) for i in hits})
+
+
 def gpu_taint_tolerations(pod_tolerations: list[Any], gpu_keys: frozenset[str]) -> list[int]:
     """Indices of tolerations naming a GPU taint key explicitly. Key-less "tolerate
     everything" tolerations (common on DaemonSets) are left alone on purpose: stripping

@@ -48,8 +48,8 @@ from webhook.engine.target import (
     no_tenant,
     prepare,
 )
-from webhook.engine.tolerations import gpu_taint_tolerations
-from webhook.k8s.objects import MalformedObject, child_list
+from webhook.engine.tolerations import tolerated_gpu_taints
+from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, replicas
 from webhook.policy.compiled import CompiledPolicy
@@ -128,12 +128,9 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
 
 
 def _tolerates_gpu_taints(check: Checker, policy: CompiledPolicy, target: Target) -> None:
-    tolerations = child_list(target.template.spec, "tolerations",
-                             target.template.spec_pointer) or []
-    keys = frozenset(str(t["key"]) for t in policy.tolerations if t.get("key"))
-    hits = gpu_taint_tolerations(tolerations, keys)
+    hits, found = tolerated_gpu_taints(target.template.spec, target.template.spec_pointer,
+                                       policy.tolerations)
     if hits:
-        found = sorted({str(tolerations[i]["key"]) for i in hits})
         check.report(Rule.NON_GPU_TOLERATIONS, messages.tolerates_gpu_taint(found))
 
 

@@ -208,12 +208,6 @@ class ClusterState:
 
         return handle
 
-    def recharge_claims(self) -> None:
-        """Charge every claim again (after a policy change)."""
-        if self.claims is not None:
-            for uid, charge in self.claims.recharge():
-                self._pods.put(uid, None, charge)
-
     def namespace_event(self, typ: str, ns: dict[str, Any]) -> None:
         self._progress[NAMESPACES] = self._clock()
         if typ == PROGRESS:

@@ -75,17 +75,3 @@ class ClaimCache:
             return [(uid, None)] if self.charges.pop(uid, None) is not None else []
         self.charges[uid] = charge
         return [(uid, charge)]
-
-    def recharge(self) -> Updates:
-        """Every claim charged again (a new policy may weigh or assign them differently)."""
-        out: Updates = []
-        for (kind, ns, _), obj in self.objects.items():
-            uid = str((obj.get("metadata") or {}).get("uid"))
-            charge = charge_of_claim(kind, obj, self.policy(), self.labels(ns))
-            if charge is None:
-                if self.charges.pop(uid, None) is not None:
-                    out.append((uid, None))
-            else:
-                self.charges[uid] = charge
-                out.append((uid, charge))
-        return out

@@ -27,10 +27,11 @@ from webhook.quota.store import MemoryStore
 from webhook.server import heap, metrics
 from webhook.server.certs import selfcerts
 from webhook.server.certs.tls import CertReloader, ClientCertGate, ssl_context, tls_files
-from webhook.server.cluster import attach, configured, ledger_namespace
+from webhook.server.cluster import Cluster, attach, configured, ledger_namespace
 from webhook.server.leading import upkeep
 from webhook.server.settings import Settings
 from webhook.server.sources.policyobject import ObjectUnavailable, policy_source
+from webhook.server.sources.reload import Active, PolicySource
 from webhook.server.web.app import AdmissionApp, Runtime
 from webhook.server.web.listen import (
     KEEP_ALIVE_TIMEOUT,
@@ -40,9 +41,19 @@ from webhook.server.web.listen import (
 )
 
 
-def self_managed(settings: Settings) -> selfcerts.SelfManagedCerts | None:
+class CannotStart(Exception):
+    """A reason ``serve`` does not start: logged as ``log`` (with ``fields``) and printed
+    as one line, ``gpu-webhook: <line>``; the exit status is 2."""
+
+    def __init__(self, log: str, said: str, *, line: str | None = None,
+                 **fields: Any) -> None:
+        super().__init__(said)
+        self.log, self.line, self.fields = log, line or f"cannot start, {said}", fields
+
+
+def self_managed(settings: Settings) -> selfcerts.SelfManagedCerts:
     """--self-managed-certs: get a serving pair from the Secret (issued if need be) into
-    the files :func:`tls_files` names, before serving; None when there is no cluster.
+    the files :func:`tls_files` names, before serving.
 
     The renewals that follow write the same files, and :class:`CertReloader` loads them
     as it would a mounted Secret's update: one path for every way a certificate changes.
@@ -57,10 +68,9 @@ def self_managed(settings: Settings) -> selfcerts.SelfManagedCerts | None:
             settings.certificate_targets(), settings.cert_host_list(),
             settings.cert_validity_hours, settings.ca_validity_hours, cert, key)
     except Unreachable as exc:
-        logs.event("cannot start: --self-managed-certs needs the cluster", logging.ERROR,
-                   error=str(exc))
-        print(f"gpu-webhook: cannot start, --self-managed-certs needs the cluster: {exc}")
-        return None
+        raise CannotStart("cannot start: --self-managed-certs needs the cluster",
+                          f"--self-managed-certs needs the cluster: {exc}",
+                          error=str(exc)) from None
     logs.event("self-managed certificates", secret=f"{namespace}/{settings.cert_secret}",
                names=[*renewer.wanted.dns_names, *renewer.wanted.ip_addresses],
                configurations=settings.certificate_targets(),
@@ -75,52 +85,77 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def run(settings: Settings) -> int:
+    """``serve``: start in order (policy, certificates, TLS), each step refusing to
+    start with one line; then serve until SIGTERM. The exit status: 0 or 2."""
     logs.setup(settings.log_level)
+    try:
+        _kubeconfig_exists(settings)
+        source, active = _policy(settings)
+        renewer = self_managed(settings) if settings.self_managed_certs else None
+        context, reloader = _tls(settings)
+        _log_start(settings, active, reloader)
+        problem = cannot_listen(settings.host, settings.port)
+        if problem:
+            raise CannotStart(f"cannot start: {problem}", problem)
+    except CannotStart as exc:
+        logs.event(exc.log, logging.ERROR, **exc.fields)
+        print(f"gpu-webhook: {exc.line}")
+        return 2
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal so that the
+    # default action ends the process "killed by SIGTERM" (143). A drained, orderly stop
+    # is a success: this handler turns the re-raised signal (or one that arrives before
+    # uvicorn listens) into exit status 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    uvloop.run(_serve(settings, source, active, context, reloader, renewer))
+    return 0
+
+
+def _kubeconfig_exists(settings: Settings) -> None:
     if settings.kubeconfig and not os.path.isfile(settings.kubeconfig):
         # A missing file is a typo, not a cluster that is down: without this, the replica
         # would start and stay not-ready, retrying a file that will never appear.
-        logs.event("cannot start: --kubeconfig names no file", logging.ERROR,
-                   kubeconfig=settings.kubeconfig)
-        print(f"gpu-webhook: cannot start, --kubeconfig {settings.kubeconfig}: no such file")
-        return 2
+        raise CannotStart("cannot start: --kubeconfig names no file",
+                          f"--kubeconfig {settings.kubeconfig}: no such file",
+                          kubeconfig=settings.kubeconfig)
+
+
+def _policy(settings: Settings) -> tuple[PolicySource, Active]:
     source = policy_source(settings)
     try:
-        active = source.load()
+        return source, source.load()
     except ObjectUnavailable as exc:
-        logs.event("cannot start: no GPUPolicy to serve", logging.ERROR, error=str(exc))
-        print(f"gpu-webhook: cannot start, {exc}")
-        return 2
+        raise CannotStart("cannot start: no GPUPolicy to serve", str(exc),
+                          error=str(exc)) from None
     except PolicyError as exc:
-        logs.event("cannot start: the policy is invalid", logging.ERROR, error=str(exc))
-        print(f"gpu-webhook: cannot start, the policy is invalid:\n{exc}")
-        return 2
-    renewer = None
-    if settings.self_managed_certs:
-        renewer = self_managed(settings)
-        if renewer is None:
-            return 2
+        raise CannotStart("cannot start: the policy is invalid",
+                          f"the policy is invalid:\n{exc}", error=str(exc)) from None
+
+
+def _tls(settings: Settings) -> tuple[ssl.SSLContext, CertReloader]:
     try:
         cert, key = tls_files(settings)
         context = ssl_context(settings, cert, key)
         reloader = CertReloader(context, cert, key)
     except (OSError, ssl.SSLError, ValueError) as exc:
-        msg = (f"cannot start: TLS files unusable ({exc}); check --tls-cert/--tls-key or "
+        msg = (f"TLS files unusable ({exc}); check --tls-cert/--tls-key or "
                "--cert-dir (and --client-ca), or regenerate them with "
                "`gpu-webhook certs --force`")
-        logs.event(msg, logging.ERROR)
-        print(f"gpu-webhook: {msg}")
-        return 2
+        raise CannotStart(f"cannot start: {msg}", msg, line=f"cannot start: {msg}") from None
     if reloader.serving.expired():
         logs.event("the TLS certificate has expired; the API server will refuse it until it "
                    "is renewed (the new files are picked up without a restart)",
                    logging.ERROR, not_after=reloader.serving.not_after.isoformat())
     # Read at scrape time, so it follows certificate reloads.
     metrics.CERT_EXPIRY.set_function(lambda: reloader.serving.not_after.timestamp())
-    client_cns = settings.client_cn_list()
+    return context, reloader
+
+
+def _log_start(settings: Settings, active: Active, reloader: CertReloader) -> None:
     logs.event("starting", host=settings.host, port=settings.port,
                policy=active.policy.name, policy_source=active.source,
                tls_min=settings.tls_min_version, mtls=bool(settings.client_ca),
-               client_cns=client_cns, cert_serial=f"{reloader.serving.serial:x}",
+               client_cns=settings.client_cn_list(),
+               cert_serial=f"{reloader.serving.serial:x}",
                cert_names=reloader.serving.names,
                cert_not_after=reloader.serving.not_after.isoformat(),
                usage_store="cluster ledger" if configured(settings.kubeconfig)
@@ -131,80 +166,84 @@ def run(settings: Settings) -> int:
                    "webhook reads namespace labels from the API server; their namespaces' GPU "
                    "pods are refused saying so (give --kubeconfig, or run in the cluster)",
                    logging.WARNING, tenants=selecting)
-    problem = cannot_listen(settings.host, settings.port)
-    if problem:
-        logs.event(f"cannot start: {problem}", logging.ERROR)
-        print(f"gpu-webhook: cannot start, {problem}")
-        return 2
 
-    async def main() -> None:
-        # The cluster first, then the app built on it once: nothing is swapped into a
-        # running server.
-        cluster = None
-        ready: dict[str, Callable[[], bool]] = {}
-        if configured(settings.kubeconfig):
-            try:
-                cluster = attach(source, settings.kubeconfig, settings.namespace,
-                                 asyncio.get_running_loop())
-                ready["caches-synced"] = cluster.state.synced
-            except Unreachable as exc:
-                logs.event("cannot use the cluster; not ready until it can", logging.ERROR,
-                           error=str(exc))
-                ready["cluster"] = lambda: False
-        runtime = Runtime(
-            policy=source,
-            namespace_labels=cluster.state.namespace_labels if cluster else no_labels,
-            # read at each scrape: a relist replaces the dict
-            namespaces=(lambda: cluster.state.labels) if cluster else metrics.no_namespaces,
-            store=cluster.store if cluster else MemoryStore(ttl=active.policy.reservation_ttl),
-            read_workload=cluster.read_workload if cluster else None,
-            claims=cluster.state.claim_lookup if cluster else no_claims,
-            ready_checks=ready,
-            max_inflight=settings.max_inflight,
-            request_timeout=settings.request_timeout)
-        app: Any = AdmissionApp(runtime)
-        if settings.client_ca:
-            app = ClientCertGate(app, client_cns)
-        # No ssl= here: Acceptor starts TLS itself (see the module docstring).
-        config = uvicorn.Config(
-            app, host=settings.host, port=settings.port, loop="uvloop",
-            http=AdmissionProtocol, lifespan="off", access_log=False, log_config=None,
-            timeout_keep_alive=KEEP_ALIVE_TIMEOUT, timeout_graceful_shutdown=20,
-        )
-        server = BoundedServer(config, context, settings.max_connections)
-        watchers = [asyncio.ensure_future(source.watch(settings.policy_poll_seconds)),
-                    asyncio.ensure_future(reloader.watch(settings.cert_poll_seconds))]
-        if renewer is not None:
-            watchers.append(asyncio.ensure_future(
-                renewer.keep_renewed(settings.cert_check_seconds)))
-        kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
-                            settings.quota_status_seconds,
-                            settings.audit_seconds) if cluster is not None else None
-        # Out of the garbage collector's full passes: what start-up made, the caches'
-        # first list, each new policy (webhook.server.heap).
-        metrics.HEAP_FROZEN.set_function(heap.frozen)
-        heap.settle("started")
+
+def _attach(settings: Settings, source: PolicySource
+            ) -> tuple[Cluster | None, dict[str, Callable[[], bool]]]:
+    """The cluster, when one is configured, and what readiness waits for."""
+    if not configured(settings.kubeconfig):
+        return None, {}
+    try:
+        cluster = attach(source, settings.kubeconfig, settings.namespace,
+                         asyncio.get_running_loop())
+    except Unreachable as exc:
+        logs.event("cannot use the cluster; not ready until it can", logging.ERROR,
+                   error=str(exc))
+        return None, {"cluster": lambda: False}
+    return cluster, {"caches-synced": cluster.state.synced}
+
+
+def _runtime(settings: Settings, source: PolicySource, active: Active,
+             cluster: Cluster | None, ready: dict[str, Callable[[], bool]]) -> Runtime:
+    """What the app reads: the cluster's caches and ledger, or none of them."""
+    return Runtime(
+        policy=source,
+        namespace_labels=cluster.state.namespace_labels if cluster else no_labels,
+        # read at each scrape: a relist replaces the dict
+        namespaces=(lambda: cluster.state.labels) if cluster else metrics.no_namespaces,
+        store=cluster.store if cluster else MemoryStore(ttl=active.policy.reservation_ttl),
+        read_workload=cluster.read_workload if cluster else None,
+        claims=cluster.state.claim_lookup if cluster else no_claims,
+        ready_checks=ready,
+        max_inflight=settings.max_inflight,
+        request_timeout=settings.request_timeout)
+
+
+def _server(settings: Settings, runtime: Runtime, context: ssl.SSLContext) -> BoundedServer:
+    app: Any = AdmissionApp(runtime)
+    if settings.client_ca:
+        app = ClientCertGate(app, settings.client_cn_list())
+    # No ssl= here: Acceptor starts TLS itself (see the module docstring).
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, loop="uvloop",
+        http=AdmissionProtocol, lifespan="off", access_log=False, log_config=None,
+        timeout_keep_alive=KEEP_ALIVE_TIMEOUT, timeout_graceful_shutdown=20,
+    )
+    return BoundedServer(config, context, settings.max_connections)
+
+
+async def _serve(settings: Settings, source: PolicySource, active: Active,
+                 context: ssl.SSLContext, reloader: CertReloader,
+                 renewer: selfcerts.SelfManagedCerts | None) -> None:
+    # The cluster first, then the app built on it once: nothing is swapped into a
+    # running server.
+    cluster, ready = _attach(settings, source)
+    server = _server(settings, _runtime(settings, source, active, cluster, ready), context)
+    watchers = [asyncio.ensure_future(source.watch(settings.policy_poll_seconds)),
+                asyncio.ensure_future(reloader.watch(settings.cert_poll_seconds))]
+    if renewer is not None:
+        watchers.append(asyncio.ensure_future(
+            renewer.keep_renewed(settings.cert_check_seconds)))
+    kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
+                        settings.quota_status_seconds,
+                        settings.audit_seconds) if cluster is not None else None
+    # Out of the garbage collector's full passes: what start-up made, the caches'
+    # first list, each new policy (webhook.server.heap).
+    metrics.HEAP_FROZEN.set_function(heap.frozen)
+    heap.settle("started")
+    if cluster is not None:
+        watchers.append(asyncio.ensure_future(
+            heap.settle_when(cluster.state.synced, "caches listed the cluster")))
+    source.on_change.append(heap.resettle_for_policy)
+    try:
+        await server.serve()
+    finally:
+        for w in watchers:
+            w.cancel()
+        if kept is not None:
+            await kept.stop()
         if cluster is not None:
-            watchers.append(asyncio.ensure_future(
-                heap.settle_when(cluster.state.synced, "caches listed the cluster")))
-        source.on_change.append(heap.resettle_for_policy)
-        try:
-            await server.serve()
-        finally:
-            for w in watchers:
-                w.cancel()
-            if kept is not None:
-                await kept.stop()
-            if cluster is not None:
-                cluster.stop()
-            # uvicorn re-raises SIGTERM after its shutdown, which skips atexit: write the
-            # buffered log lines now.
-            logs.flush()
-
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal so that the
-    # default action ends the process "killed by SIGTERM" (143). A drained, orderly stop
-    # is a success: this handler turns the re-raised signal (or one that arrives before
-    # uvicorn listens) into exit status 0.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvloop.run(main())
-    return 0
+            cluster.stop()
+        # uvicorn re-raises SIGTERM after its shutdown, which skips atexit: write the
+        # buffered log lines now.
+        logs.flush()
