@@ -170,34 +170,19 @@ def plan(current: Material | None, wanted: Wanted, now: dt.datetime,
     bundle = _parse(cur.ca_bundle)
     ca_key, published_at = cur.ca_key, cur.published_at
     signer = bundle[0] if bundle else None
-    if current is None:
-        reason = "no certificate Secret yet"
-    elif signer is None:
-        reason = "ca.crt holds no certificate"
-    elif not signer.is_ca or not certs.key_matches(signer.pem, cur.ca_key):
-        reason = "ca.key is not the key of the first CA in ca.crt"
-    elif now >= signer.not_after:
-        reason = f"the CA expired {signer.not_after:%Y-%m-%d %H:%M:%S}Z"
-    elif due(signer.not_before, signer.not_after, now):
-        reason = (f"CA rollover: the CA expires {signer.not_after:%Y-%m-%d %H:%M:%S}Z; a new "
-                  "CA is published beside it before it signs a serving certificate")
-    else:
-        reason = ""
-    if reason:
+    reason = _ca_reason(current, signer, now)
+    if reason or signer is None:
         start = now - backdate(wanted.ca_validity)
         ca_pem, ca_key = certs.new_ca(start, now + wanted.ca_validity)
-        old = [c for c in bundle if c.is_ca]
         signer = certs.inspect(ca_pem)[0]
-        bundle = [signer, *old]
+        bundle = [signer, *(c for c in bundle if c.is_ca)]
         published_at = now
         reasons.append(reason)
-    assert signer is not None
     # Older CAs stay trusted until they expire: a replica may serve their certificate.
     kept = [signer, *(c for c in bundle[1:] if now < c.not_after)]
     if len(kept) < len(bundle):
         reasons.append("expired CA dropped from the bundle")
     bundle = kept
-
     propagated = published_at is None or (
         now >= published_at + wanted.grace and bool(published_bundles) and all(
             signer.fingerprint in {c.fingerprint for c in _parse(b)}
@@ -205,27 +190,8 @@ def plan(current: Material | None, wanted: Wanted, now: dt.datetime,
     serving = _parse(cur.cert)
     leaf = serving[0] if serving else None
     issuer = next((c for c in bundle if leaf and certs.signed_by(leaf.pem, c.pem)), None)
-    names = {*wanted.dns_names, *wanted.ip_addresses}
-    unusable = ("no serving certificate" if leaf is None
-                else "tls.key is not the key of tls.crt" if not certs.key_matches(cur.cert,
-                                                                                   cur.key)
-                else f"the serving certificate expired {leaf.not_after:%Y-%m-%d %H:%M:%S}Z"
-                if now >= leaf.not_after
-                else "the serving certificate is not signed by a CA in ca.crt" if issuer is None
-                else "the serving certificate lacks " + ", ".join(sorted(names - set(leaf.names)))
-                if not names <= set(leaf.names) else "")
+    reissue, waiting = _reissue_reason(cur, wanted, leaf, issuer, signer, propagated, now)
     cert, key = cur.cert, cur.key
-    reissue = unusable
-    waiting = False
-    if not reissue and leaf is not None and issuer is not None:
-        renewal_due = due(leaf.not_before, leaf.not_after, now)
-        if issuer.fingerprint != signer.fingerprint:
-            if propagated:
-                reissue = "the serving certificate moves to the new CA, now trusted"
-            else:
-                waiting = True  # still valid under the old CA; it has time left
-        elif renewal_due:
-            reissue = f"the serving certificate expires {leaf.not_after:%Y-%m-%d %H:%M:%S}Z"
     if reissue:
         start = now - backdate(wanted.validity)
         end = min(now + wanted.validity, signer.not_after)
@@ -233,7 +199,67 @@ def plan(current: Material | None, wanted: Wanted, now: dt.datetime,
                                        list(wanted.ip_addresses), start, end)
         leaf = certs.inspect(cert)[0]
         reasons.append(reissue)
+    material = Material(b"".join(c.pem for c in bundle), ca_key, cert, key, published_at)
+    return Plan(material, reasons, _next_check(bundle, leaf, waiting, published_at, wanted, now))
 
+
+def _ca_reason(current: Material | None, signer: certs.CertInfo | None, now: dt.datetime
+               ) -> str:
+    """Why a new CA must be made now ("" when the signing CA serves on)."""
+    if current is None:
+        return "no certificate Secret yet"
+    if signer is None:
+        return "ca.crt holds no certificate"
+    if not signer.is_ca or not certs.key_matches(signer.pem, current.ca_key):
+        return "ca.key is not the key of the first CA in ca.crt"
+    if now >= signer.not_after:
+        return f"the CA expired {signer.not_after:%Y-%m-%d %H:%M:%S}Z"
+    if due(signer.not_before, signer.not_after, now):
+        return (f"CA rollover: the CA expires {signer.not_after:%Y-%m-%d %H:%M:%S}Z; a new "
+                "CA is published beside it before it signs a serving certificate")
+    return ""
+
+
+def _unusable(cur: Material, wanted: Wanted, leaf: certs.CertInfo | None,
+              issuer: certs.CertInfo | None, now: dt.datetime) -> str:
+    """Why the serving pair cannot be served at all ("" when it can)."""
+    names = {*wanted.dns_names, *wanted.ip_addresses}
+    if leaf is None:
+        return "no serving certificate"
+    if not certs.key_matches(cur.cert, cur.key):
+        return "tls.key is not the key of tls.crt"
+    if now >= leaf.not_after:
+        return f"the serving certificate expired {leaf.not_after:%Y-%m-%d %H:%M:%S}Z"
+    if issuer is None:
+        return "the serving certificate is not signed by a CA in ca.crt"
+    if not names <= set(leaf.names):
+        return "the serving certificate lacks " + ", ".join(sorted(names - set(leaf.names)))
+    return ""
+
+
+def _reissue_reason(cur: Material, wanted: Wanted, leaf: certs.CertInfo | None,
+                    issuer: certs.CertInfo | None, signer: certs.CertInfo, propagated: bool,
+                    now: dt.datetime) -> tuple[str, bool]:
+    """Why the serving certificate is issued again ("" when it is kept), and whether it
+    is kept only while a new CA propagates to the webhook configurations."""
+    reissue = _unusable(cur, wanted, leaf, issuer, now)
+    if reissue or leaf is None or issuer is None:
+        return reissue, False
+    if issuer.fingerprint != signer.fingerprint:
+        if propagated:
+            return "the serving certificate moves to the new CA, now trusted", False
+        return "", True  # still valid under the old CA; it has time left
+    if due(leaf.not_before, leaf.not_after, now):
+        return f"the serving certificate expires {leaf.not_after:%Y-%m-%d %H:%M:%S}Z", False
+    return "", False
+
+
+def _next_check(bundle: Sequence[certs.CertInfo], leaf: certs.CertInfo | None, waiting: bool,
+                published_at: dt.datetime | None, wanted: Wanted, now: dt.datetime
+                ) -> dt.datetime:
+    """When the decision may next differ: a renewal point, an old CA's expiry, or the end
+    of the grace a new CA is given."""
+    signer = bundle[0]
     checks = [renew_at(signer.not_before, signer.not_after)]
     checks += [c.not_after for c in bundle[1:]]
     if waiting and leaf is not None and published_at is not None:
@@ -242,8 +268,7 @@ def plan(current: Material | None, wanted: Wanted, now: dt.datetime,
         checks += [leaf.not_after, max(published_at + wanted.grace, now + wanted.grace / 4)]
     elif leaf is not None:
         checks.append(renew_at(leaf.not_before, leaf.not_after))
-    material = Material(b"".join(c.pem for c in bundle), ca_key, cert, key, published_at)
-    return Plan(material, reasons, min(checks))
+    return min(checks)
 
 
 # --- the sync (I/O) ---------------------------------------------------------------------
