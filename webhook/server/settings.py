@@ -72,72 +72,74 @@ class Settings:
 
     @staticmethod
     def from_args(args: argparse.Namespace) -> Settings:
+        """The settings of a parsed command line: each flag, else its environment
+        variable, else the default; every value checked alone, then together."""
         values: dict[str, object] = {}
         for f in fields(Settings):
             v = getattr(args, f.name, None)
             if v is None:
-                env = os.environ.get("GPU_WEBHOOK_" + f.name.upper())
-                if env is not None and isinstance(f.default, bool):
-                    if env.lower() not in _BOOLS:
-                        raise SystemExit(f"GPU_WEBHOOK_{f.name.upper()}={env!r} is not a "
-                                         "boolean (true or false)")
-                    v = _BOOLS[env.lower()]
-                elif env is not None:
-                    kind = {int: int, float: float}.get(type(f.default), str)
-                    try:
-                        v = kind(env)
-                    except ValueError:
-                        raise SystemExit(f"GPU_WEBHOOK_{f.name.upper()}={env!r} is not a "
-                                         f"valid {kind.__name__}") from None
+                v = _from_env(f.name, f.default)
             if v is not None:
                 values[f.name] = v
         s = Settings(**values)  # type: ignore[arg-type]
         s._check_values()
-        if s.tls_min_version not in ("1.2", "1.3"):
-            raise SystemExit(f"--tls-min-version must be 1.2 or 1.3, not {s.tls_min_version!r}")
-        if s.max_connections < 1:
-            raise SystemExit(f"--max-connections must be at least 1, not {s.max_connections}")
-        if s.max_inflight < 1:
-            raise SystemExit(f"--max-inflight must be at least 1, not {s.max_inflight}")
-        if not 0 < s.request_timeout <= 30:
+        s._check_serving()
+        if s.policy_object is not None:
+            s._check_policy_object(s.policy_object)
+        if s.self_managed_certs:
+            s._check_self_managed()
+        return s
+
+    def _check_serving(self) -> None:
+        """TLS, connections and deadlines."""
+        if self.tls_min_version not in ("1.2", "1.3"):
+            raise SystemExit(f"--tls-min-version must be 1.2 or 1.3, not "
+                             f"{self.tls_min_version!r}")
+        if self.max_connections < 1:
+            raise SystemExit(f"--max-connections must be at least 1, not "
+                             f"{self.max_connections}")
+        if self.max_inflight < 1:
+            raise SystemExit(f"--max-inflight must be at least 1, not {self.max_inflight}")
+        if not 0 < self.request_timeout <= 30:
             raise SystemExit(f"--request-timeout must be more than 0 and at most 30 seconds "
-                             f"(the API server's limit), not {s.request_timeout}")
-        if (s.tls_cert is None) != (s.tls_key is None):
+                             f"(the API server's limit), not {self.request_timeout}")
+        if (self.tls_cert is None) != (self.tls_key is None):
             raise SystemExit("--tls-cert and --tls-key go together: give both or neither")
-        if s.client_cn is not None and not s.client_ca:
+        if self.client_cn is not None and not self.client_ca:
             raise SystemExit("--client-cn needs --client-ca: without a CA to verify client "
                              "certificates there is no common name to check")
-        if s.client_cn is not None and not s.client_cn_list():
+        if self.client_cn is not None and not self.client_cn_list():
             raise SystemExit("--client-cn is empty: give one or more names, comma-separated")
-        if s.policy_object is not None:
-            if s.policy is not None:
-                raise SystemExit("--policy and --policy-object are two sources of the policy: "
-                                 "give one (--policy FILE, or --policy-object NAME of a "
-                                 "GPUPolicy)")
-            if not _DNS_SUBDOMAIN.fullmatch(s.policy_object):
-                raise SystemExit(f"--policy-object {s.policy_object!r} is not a GPUPolicy name "
-                                 "(lowercase letters, digits, '-' and '.')")
-            if not s.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
-                raise SystemExit("--policy-object reads the GPUPolicy from the cluster: give "
-                                 "--kubeconfig (or run in a pod)")
-        if s.self_managed_certs:
-            s.certificate_targets()  # named errors for a bad value
-            if not s.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
-                raise SystemExit("--self-managed-certs keeps the certificate in a Secret: "
-                                 "give --kubeconfig (or run in a pod)")
-            if s.cert_validity_hours < 0.01:
-                raise SystemExit(f"--cert-validity-hours must be at least 0.01, not "
-                                 f"{s.cert_validity_hours}")
-            if s.ca_validity_hours < 3 * s.cert_validity_hours:
-                raise SystemExit(
-                    f"--ca-validity-hours ({s.ca_validity_hours:g}) must be at least 3 times "
-                    f"--cert-validity-hours ({s.cert_validity_hours:g}): the CA is renewed "
-                    "when a third of its life is left, and should outlive the serving "
-                    "certificates it signs")
-            if s.cert_check_seconds <= 0:
-                raise SystemExit(f"--cert-check-seconds must be more than 0, not "
-                                 f"{s.cert_check_seconds}")
-        return s
+
+    def _check_policy_object(self, name: str) -> None:
+        if self.policy is not None:
+            raise SystemExit("--policy and --policy-object are two sources of the policy: "
+                             "give one (--policy FILE, or --policy-object NAME of a "
+                             "GPUPolicy)")
+        if not _DNS_SUBDOMAIN.fullmatch(name):
+            raise SystemExit(f"--policy-object {name!r} is not a GPUPolicy name "
+                             "(lowercase letters, digits, '-' and '.')")
+        if not self.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise SystemExit("--policy-object reads the GPUPolicy from the cluster: give "
+                             "--kubeconfig (or run in a pod)")
+
+    def _check_self_managed(self) -> None:
+        self.certificate_targets()  # named errors for a bad value
+        if not self.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise SystemExit("--self-managed-certs keeps the certificate in a Secret: "
+                             "give --kubeconfig (or run in a pod)")
+        if self.cert_validity_hours < 0.01:
+            raise SystemExit(f"--cert-validity-hours must be at least 0.01, not "
+                             f"{self.cert_validity_hours}")
+        if self.ca_validity_hours < 3 * self.cert_validity_hours:
+            raise SystemExit(
+                f"--ca-validity-hours ({self.ca_validity_hours:g}) must be at least 3 times "
+                f"--cert-validity-hours ({self.cert_validity_hours:g}): the CA is renewed "
+                "when a third of its life is left, and should outlive the serving "
+                "certificates it signs")
+        if self.cert_check_seconds <= 0:
+            raise SystemExit(f"--cert-check-seconds must be more than 0, not "
+                             f"{self.cert_check_seconds}")
 
     def _check_values(self) -> None:
         """Range and shape of each value on its own (flag or environment variable alike)."""
@@ -270,3 +272,22 @@ def _flag(name: str) -> str:
 
 def _doc(name: str) -> str:
     return _DOCS.get(name, "")
+
+
+def _from_env(name: str, default: object) -> object:
+    """A setting's ``GPU_WEBHOOK_<NAME>`` environment variable, typed as its default (None
+    when unset); a value of the wrong type ends ``serve`` naming the variable."""
+    env = os.environ.get("GPU_WEBHOOK_" + name.upper())
+    if env is None:
+        return None
+    if isinstance(default, bool):
+        if env.lower() not in _BOOLS:
+            raise SystemExit(f"GPU_WEBHOOK_{name.upper()}={env!r} is not a "
+                             "boolean (true or false)")
+        return _BOOLS[env.lower()]
+    kind = {int: int, float: float}.get(type(default), str)
+    try:
+        return kind(env)
+    except ValueError:
+        raise SystemExit(f"GPU_WEBHOOK_{name.upper()}={env!r} is not a "
+                         f"valid {kind.__name__}") from None
