@@ -19,7 +19,7 @@ not guaranteed (the first long run found exactly that sequence).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -34,6 +34,7 @@ from webhook.k8s.review import parse_review, request_review
 from webhook.policy.load import load_file
 from webhook.policy.model import Mode, QuotaLimits, Rule
 from webhook.quota.store import MemoryStore
+from webhook.quota.usage import Totals
 
 SPEC = load_file(POLICY_FILE).spec
 NAMESPACE_LABELS = {"inference-a": {"gpu.example.com/tenant": "inference"}}
@@ -55,12 +56,12 @@ class Held:
 
 @dataclass
 class Sum:
+    """What the model's pods hold in one scope (a tenant or a namespace)."""
+
     gpus: float = 0.0
     pods: int = 0
-
-    def __post_init__(self) -> None:
-        self.products: dict[str, float] = {}
-        self.resources: dict[str, float] = {}
+    products: dict[str, float] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)
 
     def add(self, c: Charge) -> None:
         self.gpus += c.gpus
@@ -164,7 +165,8 @@ class QuotaMachine(RuleBasedStateMachine):
         if not d.allowed or dry_run:
             return None
         if fits:
-            self.held[uid] = Held(charge, self.now)  # reserved; a warned pod is not
+            # Reserved. Over a cap in warn mode it is admitted, warned, and reserves nothing.
+            self.held[uid] = Held(charge, self.now)
         return (uid, pod, self.now)
 
     def _enforced(self, tenant: str) -> bool:
@@ -206,7 +208,7 @@ class QuotaMachine(RuleBasedStateMachine):
             self._same(view.namespace(ns), self._usage(namespace=ns), ns)
 
     @staticmethod
-    def _same(total: Any, model: Sum, scope: str) -> None:
+    def _same(total: Totals, model: Sum, scope: str) -> None:
         assert abs(total.gpus - model.gpus) <= EPS and total.pods == model.pods, (
             scope, total, model)
         for key in {*total.products, *model.products}:
