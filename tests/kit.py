@@ -62,8 +62,9 @@ def free_port() -> int:
 
 def validating(req: AdmissionRequest, policy: CompiledPolicy,
                labels: NamespaceLabels = no_labels, store: UsageStore | None = None,
-               claims: ClaimLookup = no_claims) -> Decision:
+               claims: ClaimLookup = no_claims, budget: float = 1.0) -> Decision:
     """The validating webhook exactly as the server runs it (``webhook.admission.webhooks``), from
-    synchronous test code; with ``store``, quota is checked and committed in it."""
+    synchronous test code; with ``store``, quota is checked and committed in it, within
+    ``budget`` seconds (the server's default)."""
     return asyncio.run(webhooks.validating(req, policy, Cluster(labels, store,
-                                                                 claims=claims)))
+                                                                 claims=claims), budget))

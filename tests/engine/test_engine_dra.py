@@ -13,12 +13,14 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 from enginekit import (
     A100,
     GPU_TOLERATION,
     PRODUCT_LABEL,
     RACK_LABEL,
     REQUIRED,
+    ROOT,
     admitted,
     claim,
     claims_of,
@@ -173,6 +175,60 @@ def test_a_claim_is_pinned_to_the_tenants_product_by_a_selector(kind: str) -> No
     # check_mutation already proved a second run adds nothing; the validating webhook
     # accepts the result.
     assert validated(m.patched).allowed
+
+
+# The GPUs NVIDIA's DRA driver publishes on the simulated cluster's nodes
+# (tests/e2e/gpucluster): productName is the NVML name, with spaces where the node's
+# nvidia.com/gpu.product label has dashes. Read from the cluster, not from the policy:
+# a selector must find the devices themselves, not what the policy calls them.
+SIMULATED_MODELS: dict[str, dict[str, Any]] = yaml.safe_load(
+    (ROOT / "tests" / "e2e" / "gpucluster" / "gpu-cluster.yaml").read_text())["spec"]["gpuModels"]
+
+
+def nvidia_device(model: str, **attributes: Any) -> dict[str, Any]:
+    """A device of a ResourceSlice of NVIDIA's driver, as the scheduler's CEL sees it."""
+    return {"driver": "gpu.nvidia.com", "attributes": {"gpu.nvidia.com": {
+        "productName": SIMULATED_MODELS[model]["nvmlName"], **attributes}}}
+
+
+def selects(selectors: list[dict[str, Any]], device: dict[str, Any]) -> bool:
+    """Whether the scheduler could allocate ``device`` to a request with these selectors
+    (all must be true; the Kubernetes CEL environment has the strings library)."""
+    import cel  # a dev dependency, as in tests/deploy: missing, it fails only these tests
+    from cel.stdlib import add_stdlib_to_context
+
+    context = cel.Context({"device": device})
+    add_stdlib_to_context(context, ["strings"])
+    return all(cel.evaluate(s["cel"]["expression"], context) is True for s in selectors)
+
+
+@pytest.mark.parametrize(("namespace", "edits", "request_", "device", "allowed", "others"), [
+    # notebooks: allowedProducts [a100], no defaultProduct; MIG slices through DRA.
+    ("notebooks", (), device_request("mig.nvidia.com", selectors=[
+        {"cel": {"expression": MIG_1G}}]), {"type": "mig", "profile": "1g.10gb"},
+     ["a100"], ["h100", "l4"]),
+    # research, its defaultProduct (and so its per-product caps) removed: any of its
+    # allowed A100s and H100s.
+    ("research", (("      defaultProduct: a100\n", ""),
+                  ("        products: {a100: 24, h100: 8}\n", "")),
+     device_request(), {"type": "gpu"},
+     ["a100", "h100"], ["l4"]),
+])
+def test_a_tenant_without_a_default_product_gets_the_devices_of_its_allowed_products(
+        namespace: str, edits: tuple[tuple[str, str], ...], request_: dict[str, Any],
+        device: dict[str, Any], allowed: list[str], others: list[str]) -> None:
+    # The claim's selector names the products' node labels, not the policy's aliases:
+    # one listing 'a100' matches no device, and the pod waits Pending forever.
+    compiled = example_variant(*edits) if edits else example_policy()
+    m = mutate_checked(claim(request_, namespace=namespace), compiled)
+    assert m.decision.allowed, m.decision.message
+    selectors = m.patched["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    for model in allowed:
+        assert selects(selectors, nvidia_device(model, **device)), (model, selectors)
+    for model in others:
+        assert not selects(selectors, nvidia_device(model, **device)), (model, selectors)
+    v = validated(m.patched, compiled)
+    assert v.allowed and not v.warnings, v.message or v.warnings
 
 
 def test_a_users_own_selector_is_kept_and_the_product_anded_to_it() -> None:

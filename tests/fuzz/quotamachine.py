@@ -2,8 +2,15 @@
 random sequences of GPU pod admissions (dry runs and real), pods appearing and ending,
 and time passing (reservations expiring), against ``policies/multi-tenant.yaml``.
 
-After every step, for every tenant whose quota is enforced: no total is negative and
-none is over its cap (tenant GPUs, per product, pods, per-namespace GPUs).
+The machine keeps its own model of what is held: the pods it saw appear (until they
+end) and the reservations of the pods it admitted (until their pod appears or ends, or
+the TTL passes). From the model alone it knows, before each admission, whether the pod
+fits under every cap of its tenant (tenant GPUs, per product, pods, per resource,
+per-namespace), so both bounds are checked: a pod that fits is never refused on quota
+(a store that refuses everything, or counts what it no longer holds, fails here), and
+one that does not is never admitted where quota is enforced. After every step the
+store's usage is the model's, for every tenant and namespace; for every tenant whose
+quota is enforced no total is negative and none is over its cap.
 
 A pod appears only while its reservation lives: one that shows up after the TTL is the
 documented "watch lags by more than the TTL" case of docs/quota.md, where the cap is
@@ -12,6 +19,7 @@ not guaranteed (the first long run found exactly that sequence).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -21,11 +29,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 from kit import validating
 
-from webhook.engine.charge import charge_of_pod
+from webhook.engine.charge import Charge, charge_of_pod
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.load import load_file
-from webhook.policy.model import Mode
+from webhook.policy.model import Mode, QuotaLimits, Rule
 from webhook.quota.store import MemoryStore
+from webhook.quota.usage import Totals
 
 SPEC = load_file(POLICY_FILE).spec
 NAMESPACE_LABELS = {"inference-a": {"gpu.example.com/tenant": "inference"}}
@@ -33,6 +42,48 @@ PRODUCTS = {"a100": "NVIDIA-A100-SXM4-80GB", "h100": "NVIDIA-H100-80GB-HBM3",
             "l4": "NVIDIA-L4"}
 EPS = 1e-9
 Admitted = tuple[str, dict[str, Any], float]  # uid, pod, when it was admitted
+TENANTS = {t.name: t for t in SPEC.tenants}
+
+
+@dataclass
+class Held:
+    """What the model knows one pod holds: its charge, and, until the pod is seen, the
+    time its reservation was made (it counts until that time + the TTL)."""
+
+    charge: Charge
+    reserved_at: float | None
+
+
+@dataclass
+class Sum:
+    """What the model's pods hold in one scope (a tenant or a namespace)."""
+
+    gpus: float = 0.0
+    pods: int = 0
+    products: dict[str, float] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def add(self, c: Charge) -> None:
+        self.gpus += c.gpus
+        self.pods += c.pods
+        if c.product is not None:
+            self.products[c.product] = self.products.get(c.product, 0.0) + c.gpus
+        for r, n in c.resources.items():
+            self.resources[r] = self.resources.get(r, 0.0) + n
+
+    def fits(self, c: Charge, cap: QuotaLimits | None) -> bool:
+        """Whether ``c`` on top of this usage stays within ``cap`` (None: no cap)."""
+        if cap is None:
+            return True
+        if cap.gpus is not None and self.gpus + c.gpus > cap.gpus + EPS:
+            return False
+        if cap.pods is not None and self.pods + c.pods > cap.pods:
+            return False
+        if (c.product is not None and c.product in cap.products
+                and self.products.get(c.product, 0.0) + c.gpus > cap.products[c.product] + EPS):
+            return False
+        return all(self.resources.get(r, 0.0) + n <= cap.resources[r] + EPS
+                   for r, n in c.resources.items() if r in cap.resources)
 
 
 def labels(namespace: str) -> dict[str, str] | None:
@@ -66,7 +117,25 @@ class QuotaMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.store = MemoryStore(ttl=POLICY.reservation_ttl, clock=lambda: self.now)
         self.n = 0
-        self.seen: set[str] = set()
+        self.held: dict[str, Held] = {}  # the model: uid -> what it holds
+
+    def _usage(self, tenant: str | None = None, namespace: str | None = None) -> Sum:
+        out = Sum()
+        for h in self.held.values():
+            if h.reserved_at is not None and self.now - h.reserved_at >= POLICY.reservation_ttl:
+                continue  # never seen within the TTL: the reservation is gone
+            if (tenant is None or h.charge.tenant == tenant) and (
+                    namespace is None or h.charge.namespace == namespace):
+                out.add(h.charge)
+        return out
+
+    def _fits(self, c: Charge) -> bool:
+        quota = TENANTS[c.tenant].quota
+        if quota is None:
+            return True
+        return (self._usage(tenant=c.tenant).fits(c, quota)
+                and self._usage(namespace=c.namespace).fits(c, quota.namespaces.get(
+                    c.namespace)))
 
     @rule(target=admitted,
           namespace=st.sampled_from(["research", "research-dev", "notebooks", "inference-a"]),
@@ -79,13 +148,29 @@ class QuotaMachine(RuleBasedStateMachine):
         self.n += 1
         uid = f"uid-{self.n}"
         pod = gpu_pod(uid, namespace, resource, count, product, init)
+        charge = charge_of_pod(pod, POLICY, labels(namespace))
+        assert charge is not None  # every namespace drawn is a tenant's
+        fits = self._fits(charge)
         req = parse_review(orjson.dumps(request_review(pod, dry_run=dry_run)))
         d = validating(req, POLICY, labels, self.store)
-        event("quota denial" if any(f.rule.value == "quota" for f in d.findings)
-              else f"admission {d.outcome}")
-        if d.allowed and not dry_run:
-            return (uid, pod, self.now)
-        return None
+        on_quota = [f for f in d.findings if f.rule is Rule.QUOTA]
+        event("quota denial" if on_quota else f"admission {d.outcome}")
+        event("fits under every cap" if fits else "over a cap")
+        if fits:
+            # What fits is admitted: no quota finding (a pod refused, or warned, for a
+            # cap it does not cross), whatever the other rules say of the pod.
+            assert not on_quota, (charge, self._usage(tenant=charge.tenant), d.message)
+        elif self._enforced(charge.tenant):
+            assert not d.allowed, (charge, self._usage(tenant=charge.tenant))
+        if not d.allowed or dry_run:
+            return None
+        if fits:
+            # Reserved. Over a cap in warn mode it is admitted, warned, and reserves nothing.
+            self.held[uid] = Held(charge, self.now)
+        return (uid, pod, self.now)
+
+    def _enforced(self, tenant: str) -> bool:
+        return POLICY.mode_for(Rule.QUOTA, POLICY.by_name[tenant]) is Mode.ENFORCE
 
     @rule(pod=admitted)
     def appears(self, pod: Admitted | None) -> None:
@@ -94,8 +179,10 @@ class QuotaMachine(RuleBasedStateMachine):
             return
         uid, obj, _ = pod
         ns = obj["metadata"]["namespace"]
-        self.store.pod_seen(uid, charge_of_pod(obj, POLICY, labels(ns)))
-        self.seen.add(uid)
+        charge = charge_of_pod(obj, POLICY, labels(ns))
+        assert charge is not None
+        self.store.pod_seen(uid, charge)
+        self.held[uid] = Held(charge, None)  # counted as itself from now on
 
     @rule(pod=consumes(admitted))
     def ends(self, pod: Admitted | None) -> None:
@@ -103,10 +190,33 @@ class QuotaMachine(RuleBasedStateMachine):
         if pod is None:
             return
         self.store.pod_seen(pod[0], None)
+        self.held.pop(pod[0], None)
 
     @rule(seconds=st.sampled_from([1.0, 10.0, 30.0, 61.0, 300.0]))
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
+
+    @invariant()
+    def usage_is_what_the_model_holds(self) -> None:
+        """The store counts exactly the pods seen and the reservations still live: none
+        lost (room given twice) and none kept past its pod or its TTL (room never
+        given back)."""
+        view = self.store.view()
+        for name in TENANTS:
+            self._same(view.tenant(name), self._usage(tenant=name), name)
+        for ns in ("research", "research-dev", "notebooks", "inference-a"):
+            self._same(view.namespace(ns), self._usage(namespace=ns), ns)
+
+    @staticmethod
+    def _same(total: Totals, model: Sum, scope: str) -> None:
+        assert abs(total.gpus - model.gpus) <= EPS and total.pods == model.pods, (
+            scope, total, model)
+        for key in {*total.products, *model.products}:
+            assert abs(total.products.get(key, 0.0) - model.products.get(key, 0.0)) <= EPS, (
+                scope, total, model)
+        for key in {*total.resources, *model.resources}:
+            assert abs(total.resources.get(key, 0.0) - model.resources.get(key, 0.0)) <= EPS, (
+                scope, total, model)
 
     @invariant()
     def within_caps(self) -> None:
@@ -118,7 +228,7 @@ class QuotaMachine(RuleBasedStateMachine):
             assert total.gpus >= -EPS and total.pods >= 0, total
             assert all(v >= -EPS for v in total.resources.values()), total
             assert all(v >= -EPS for v in total.products.values()), total
-            if POLICY.mode_for(_quota_rule(), POLICY.by_name[tenant.name]) is not Mode.ENFORCE:
+            if not self._enforced(tenant.name):
                 continue  # warn mode: over quota is allowed, with a warning
             q = tenant.quota
             if q.gpus is not None:
@@ -135,8 +245,3 @@ class QuotaMachine(RuleBasedStateMachine):
                 if nq.gpus is not None:
                     assert ns_total.gpus <= nq.gpus + EPS, (ns, ns_total)
 
-
-def _quota_rule() -> Any:
-    from webhook.policy.model import Rule
-
-    return Rule.QUOTA

@@ -74,6 +74,6 @@ def test_engine_invariants_found_cases(review: dict[str, Any]) -> None:
     check_review(review)
 
 
-TestQuotaNeverNegativeOrOverCap = QuotaMachine.TestCase
-TestQuotaNeverNegativeOrOverCap.settings = settings(
+TestQuotaAdmitsWhatFitsAndNothingOverCap = QuotaMachine.TestCase
+TestQuotaAdmitsWhatFitsAndNothingOverCap.settings = settings(
     FUZZ, max_examples=max(20, EXAMPLES // 4), stateful_step_count=40)

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import pytest
 from fuzzkit import NAMESPACES, POLICY_FILE, reviews
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from webhook.engine.decision import Decision
@@ -82,18 +82,35 @@ def test_a_reused_decision_is_the_decision_made_afresh(review: dict[str, Any],
         assert cached.reuse.hits == 1  # the second pod was answered from the cache
 
 
+GPU_POD_IN_DEFAULT = request_review(
+    {"apiVersion": "v1", "kind": "Pod",
+     "metadata": {"generateName": "serve-", "namespace": "default"},
+     "spec": {"containers": [{"name": "s", "image": "x",
+                              "resources": {"limits": {"nvidia.com/gpu": 1}}}]}},
+    uid="u-0")
+
+
 @EXAMPLES
 @given(review=reviews(), namespace_labels=st.sampled_from([
     {}, {TENANT_LABEL: "inference"}, {TENANT_LABEL: "notebooks"}, {"team": "x"}]))
+# A GPU pod of the inference tenant (by its namespace's label) whose namespace loses
+# the label: unassigned now, so refused; from the cache it would get inference's L4.
+@example(review=GPU_POD_IN_DEFAULT, namespace_labels={})
 def test_new_namespace_labels_are_never_answered_from_the_cache(
         review: dict[str, Any], namespace_labels: dict[str, str]) -> None:
     ns = review["request"]["namespace"]
     labels = {n: {TENANT_LABEL: "inference"} for n in NAMESPACES}
     cached = app(labels, reuse=True)
-    answer(cached, review)
+    # Both pods come as a controller's do (next_pod): with the labels unchanged, the
+    # second is answered from the cache, so only the labels can keep it from it.
+    answer(cached, next_pod(review, uuid.uuid4().hex, uuid.uuid4().hex))
+    relabelled = namespace_labels != labels[ns]
     labels[ns] = namespace_labels  # relabelled: the tenant may change
     after = next_pod(review, uuid.uuid4().hex, uuid.uuid4().hex)
     assert answer(cached, after) == answer(app(labels, reuse=False), after)
+    assert cached.reuse is not None
+    if review["request"]["kind"]["kind"] == "Pod":
+        assert cached.reuse.hits == (0 if relabelled else 1)
 
 
 def test_a_new_policy_is_never_answered_from_the_cache(tmp_path: Path) -> None:
@@ -106,15 +123,20 @@ def test_a_new_policy_is_never_answered_from_the_cache(tmp_path: Path) -> None:
            "spec": {"containers": [{"name": "t", "image": "x",
                                     "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}
     review = request_review(pod, uid="u-1")
-    before = answer(cached, review)
+    # Every pod comes as a controller's do (next_pod): the second, under the same
+    # policy, is answered from the cache, so only the policy can keep the third from it.
+    before = answer(cached, next_pod(review, "u-1", "o-1"))
+    answer(cached, next_pod(review, "u-2", "o-2"))
+    assert cached.reuse is not None and cached.reuse.hits == 1
     # The platform team moves the tenant's default product from A100 to H100.
     assert "defaultProduct: a100" in text
     policy.write_text(text.replace("defaultProduct: a100", "defaultProduct: h100", 1))
     cached.runtime.policy.load()
-    after = next_pod(review, "u-1", "o-2")  # the same uid: only the policy changed
+    after = next_pod(review, "u-1", "o-3")  # the same request uid: only the policy changed
     again = answer(cached, after)
     assert again != before
     assert again == answer(app(LABELS, reuse=False, policy=policy), after)
+    assert cached.reuse.hits == 1
 
 
 def test_each_reused_review_is_logged_and_counted_as_itself() -> None:

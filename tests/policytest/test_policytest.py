@@ -126,3 +126,22 @@ def test_a_spot_usage_pod_under_a_policy_without_spot_is_an_error(gpu_webhook: R
     assert r.returncode == 2
     assert "usage[0].spot: policy shared-gpu-cluster has no spot capacity (spec.spot)" \
         in r.stdout
+
+
+def test_a_key_written_twice_in_a_suite_is_an_error(gpu_webhook: Run, tmp_path: Path) -> None:
+    # YAML keeps the last of two keys: the first expectation would silently never be
+    # checked, and a case written to catch a regression would pass whatever happens.
+    suite = tmp_path / "twice.yaml"
+    suite.write_text(
+        "apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicyTest\nmetadata: {name: s}\n"
+        f"policy: {ROOT / 'policies' / 'multi-tenant.yaml'}\n"
+        "cases:\n"
+        "  - name: c\n"
+        "    resource: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {}}\n"
+        "    expect: {outcome: denied}\n"
+        "    expect: {outcome: allowed}\n")
+    r = gpu_webhook("test", str(suite))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert (f"{suite}:9: cases[0].expect: duplicate key 'expect' (first at line 8)"
+            in r.stdout), r.stdout
+    assert "1 suite could not run" in r.stdout

@@ -82,14 +82,21 @@ def pod(name: str, namespace: str = "team-a", gpus: int | str = 1, *,
     return out
 
 
+# The admission budget of these tests: a store over the fake API (real HTTP, real
+# threads) must not be refused because a loaded machine held a thread for a second.
+# The tests of a budget being spent give their own.
+BUDGET = 20.0  # under the 30 s a "hang" fault of the fake API lasts
+
+
 def admit(store: MemoryStore, p: CompiledPolicy, obj: dict[str, Any], *,
           dry_run: bool = False, operation: str = "CREATE",
-          old: dict[str, Any] | None = None) -> Decision:
-    """Run the validating webhook with quota exactly as the server does."""
+          old: dict[str, Any] | None = None, budget: float = BUDGET) -> Decision:
+    """Run the validating webhook with quota exactly as the server does (within
+    ``budget`` seconds)."""
     review = request_review(obj, dry_run=dry_run, operation=operation)
     review["request"]["oldObject"] = old
     req = parse_review(orjson.dumps(review))
-    return validating(req, p, store=store)
+    return validating(req, p, store=store, budget=budget)
 
 
 def ledger_replica(api: FakeAPI, p: CompiledPolicy | None = None, *,

@@ -22,6 +22,9 @@ from webhook.policy.load import load_text
 from webhook.quota.cache import ClusterState
 
 GUARD = 30.0  # seconds: only ever reached when the code under test is broken
+# A watch window no step of a test outlasts: a connection is given up after three
+# windows of silence, so with it only a stall the test injects (and waits for) is.
+QUIET = GUARD
 
 
 class Clock:
@@ -153,7 +156,7 @@ class Events:
                 return got
 
 
-def _watcher(api: FakeAPI, events: Events, window: float = 0.3) -> Watcher:
+def _watcher(api: FakeAPI, events: Events, window: float = QUIET) -> Watcher:
     w = Watcher(api.api_client(), "pods", events, window=lambda: window)
     w.start()
     return w
@@ -185,9 +188,10 @@ def test_a_stalled_watch_is_given_up_and_listed_again(api: FakeAPI) -> None:
     # the consumer sees as RESET + the list + SYNCED.
     api.pods = [pod("a", gpus=1)]
     events = Events()
-    w = _watcher(api, events)
+    w = _watcher(api, events, window=0.3)  # given up after 0.9 s of silence
     try:
         events.until("SYNCED")
+        # Silent either way: the stall, or the test held for 0.9 s before it came.
         api.watch_events.put("stall")
         assert events.until("SYNCED") == ["RESET", "ADDED", "SYNCED"]
     finally:
@@ -198,18 +202,24 @@ def test_a_stalled_watch_is_given_up_and_listed_again(api: FakeAPI) -> None:
 def test_a_stalled_watch_makes_the_state_not_live_until_it_recovers(api: FakeAPI) -> None:
     # Between the stall and the relist, no progress arrives: with a clock the test
     # moves, the state goes not-live exactly when two windows pass without a sign.
+    # The relist (0.9 s of silence after the list) reaches the state only once the
+    # test has looked: however long the test is held, the order is the same.
     state, clock = synced_state()
+    looked = threading.Event()
     done = threading.Event()
     seen: list[str] = []
+    window = [0.3]
 
     def deliver(typ: str, obj: dict[str, Any]) -> None:
+        if typ == "RESET":
+            looked.wait(GUARD)
         seen.append(typ)
         state.pod_event(typ, obj)
         if typ == "SYNCED" and seen.count("SYNCED") == 2:
             done.set()
 
     api.pods = [pod("a", gpus=1)]
-    w = Watcher(api.api_client(), "pods", deliver, window=lambda: 0.3)
+    w = Watcher(api.api_client(), "pods", deliver, window=lambda: window[0])
     w.start()
     try:
         assert w.synced.wait(GUARD)  # listed: the clock is moved only after this sign
@@ -217,8 +227,12 @@ def test_a_stalled_watch_makes_the_state_not_live_until_it_recovers(api: FakeAPI
         clock.now += 2 * state.watch_window() + 1  # no sign of life for too long
         state.namespace_event("PROGRESS", {})
         assert not state.synced()
+        window[0] = QUIET  # the watch after the relist is not given up before the end
+        looked.set()
         assert done.wait(GUARD)  # the relist on a new connection
         assert state.synced()
+        assert seen == ["ADDED", "SYNCED", "RESET", "ADDED", "SYNCED"]
     finally:
+        looked.set()
         w.stop()
         api.released.set()

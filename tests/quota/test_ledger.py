@@ -43,7 +43,10 @@ class Clock:
 
 
 def make_store(api: FakeAPI, p: CompiledPolicy | None = None, *, wall: float = NOW,
-               timeout: float = 1.0) -> tuple[LedgerStore, ClusterState, Clock]:
+               timeout: float = 10.0) -> tuple[LedgerStore, ClusterState, Clock]:
+    """A replica's store over the fake API; its client gives up a request after
+    ``timeout`` seconds (long, so only an injected hang ever reaches it), inside the
+    admission budget of ``admit`` (quotakit.BUDGET, longer still)."""
     p = p or policy()
     clock = Clock()
     state = ClusterState(lambda: p, clock=clock)
@@ -172,6 +175,9 @@ ALLOW = compile_policy(load_text(POLICY.replace("spec:\n", "spec:\n  quotaLedger
 @pytest.mark.parametrize("fault", ["503", "hang", "refused"])
 def test_an_unreachable_ledger_denies_with_words_a_developer_can_read(
         api: FakeAPI, caplog: pytest.LogCaptureFixture, fault: str) -> None:
+    # A hang is given up by the client's read timeout (0.2 s), a hundred times sooner
+    # than the admission budget (quotakit.BUDGET) runs out: the developer reads what
+    # happened on the wire however long a loaded machine holds the test's threads.
     store, _, _ = make_store(api, timeout=0.2)
     if fault == "refused":
         store.maps = ConfigMaps(_refusing_client(), NS, timeout=0.2)
