@@ -286,19 +286,7 @@ def desired_status(obj: dict[str, Any], view: View, now: datetime, stale_after: 
     served = view.served_generation if view.served_uid == uid else 0
     judged = view.judged_uid == uid and view.judged_generation == generation
 
-    replicas: dict[str, dict[str, Any]] = {}
-    for entry in old.get("replicas") or ():
-        seen = _parse_time(entry.get("lastReportTime"))
-        if seen is not None and (now - seen) > timedelta(seconds=stale_after):
-            continue  # a replica gone without a clean stop
-        replicas[str(entry.get("name"))] = dict(entry)
-    mine = replicas.pop(view.replica, None)
-    if not leaving:
-        same = mine is not None and mine.get("servedGeneration") == served
-        replicas[view.replica] = {
-            "name": view.replica, "servedGeneration": served,
-            "lastReportTime": (mine or {}).get("lastReportTime") if same and not refresh
-            else _time(now)}
+    replicas = _replicas(old, view, served, now, stale_after, refresh, leaving)
     status["replicas"] = [replicas[n] for n in sorted(replicas)]
     if not status["replicas"]:
         del status["replicas"]
@@ -312,23 +300,8 @@ def desired_status(obj: dict[str, Any], view: View, now: datetime, stale_after: 
         conditions["Accepted"] = _condition(conditions.get("Accepted"), "Accepted",
                                             generation, *accepted, now)
     gens = {n: int(e.get("servedGeneration") or 0) for n, e in replicas.items()}
-    if not gens:
-        active = ("Unknown", "NoReplicas", "no webhook replica reports serving it")
-    else:
-        listing = ", ".join(f"{n}={g}" for n, g in sorted(gens.items()))
-        if all(g == generation for g in gens.values()):
-            active = ("True", "Served", f"{len(gens)} replica(s) serve generation "
-                                        f"{generation}: {', '.join(sorted(gens))}")
-        elif (conditions.get("Accepted") or {}).get("status") == "False" and (
-                conditions["Accepted"].get("observedGeneration") == generation):
-            active = ("False", "ServingLastAccepted",
-                      f"generation {generation} is refused (see Accepted); the replicas "
-                      f"keep the last accepted: {listing}")
-        else:
-            active = ("False", "Updating", f"not every replica serves generation "
-                                           f"{generation} yet: {listing}")
     conditions["Active"] = _condition(conditions.get("Active"), "Active", generation,
-                                      *active, now)
+                                      *_active(gens, generation, conditions), now)
     status["conditions"] = [conditions[t] for t in ("Accepted", "Active") if t in conditions]
 
     if not leaving and served and served >= max(gens.values(), default=0):
@@ -339,6 +312,44 @@ def desired_status(obj: dict[str, Any], view: View, now: datetime, stale_after: 
         status["lastAccepted"] = {"generation": generation,
                                   "spec": copy.deepcopy(view.accepted_spec)}
     return status
+
+
+def _replicas(old: dict[str, Any], view: View, served: int, now: datetime,
+              stale_after: float, refresh: bool, leaving: bool) -> dict[str, dict[str, Any]]:
+    """The replicas reporting, by name: the others' entries that are not stale, and this
+    replica's own (its report time kept when nothing changed, unless ``refresh``)."""
+    replicas: dict[str, dict[str, Any]] = {}
+    for entry in old.get("replicas") or ():
+        seen = _parse_time(entry.get("lastReportTime"))
+        if seen is not None and (now - seen) > timedelta(seconds=stale_after):
+            continue  # a replica gone without a clean stop
+        replicas[str(entry.get("name"))] = dict(entry)
+    mine = replicas.pop(view.replica, None)
+    if not leaving:
+        same = mine is not None and mine.get("servedGeneration") == served
+        replicas[view.replica] = {
+            "name": view.replica, "servedGeneration": served,
+            "lastReportTime": (mine or {}).get("lastReportTime") if same and not refresh
+            else _time(now)}
+    return replicas
+
+
+def _active(gens: dict[str, int], generation: int, conditions: dict[Any, dict[str, Any]]
+            ) -> tuple[str, str, str]:
+    """The Active condition's status, reason and message, from what each replica serves."""
+    if not gens:
+        return ("Unknown", "NoReplicas", "no webhook replica reports serving it")
+    listing = ", ".join(f"{n}={g}" for n, g in sorted(gens.items()))
+    if all(g == generation for g in gens.values()):
+        return ("True", "Served", f"{len(gens)} replica(s) serve generation "
+                                  f"{generation}: {', '.join(sorted(gens))}")
+    if (conditions.get("Accepted") or {}).get("status") == "False" and (
+            conditions["Accepted"].get("observedGeneration") == generation):
+        return ("False", "ServingLastAccepted",
+                f"generation {generation} is refused (see Accepted); the replicas "
+                f"keep the last accepted: {listing}")
+    return ("False", "Updating", f"not every replica serves generation "
+                                 f"{generation} yet: {listing}")
 
 
 def _condition(old: dict[str, Any] | None, kind: str, generation: int, status: str,
