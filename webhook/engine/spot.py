@@ -108,34 +108,49 @@ def place(check: Checker, policy: CompiledPolicy, template: PodTemplate,
     if v.refused is not None:
         check.report(Rule.SPOT_PLACEMENT, v.refused)
         return []
-    spec, sptr = template.spec, template.spec_pointer
-    values = frozenset(spot.values)
-    own = placement.restriction(spot.label)
-    changes: list[str] = []
     if v.on_spot:
-        ruled_out = (own is not None and not own.values & values) or not placement.survives(
-            spot.label, list(spot.values))
-        if ruled_out:
-            if v.required and _spot_only(check):
-                check.report(Rule.SPOT_PLACEMENT, messages.spot_ruled_out(
-                    own.source if own else "node affinity", spot.label, spot.values,
-                    check.tenant.name if check.tenant else "-"))
-            return []  # an allowed pod's own choice to stay off spot is kept
-        if add_missing(spec, sptr, patch, spot.tolerations):
-            changes.append("spot-tolerations")
-        if v.required:
-            pinned = placement.pin(spot.label, list(spot.values), patch)
-        else:
-            pinned = _prefer(spec, sptr, spot, patch)
-        if pinned:
-            changes.append("spot-node-affinity")
-        return changes
-    if own is not None and own.values and own.values <= values:
+        return _onto_spot(check, spot, v, template, placement, patch)
+    return _off_spot(check, spot, v, template, placement, patch)
+
+
+def _onto_spot(check: Checker, spot: SpotRules, v: Verdict, template: PodTemplate,
+               placement: Placement, patch: Patch) -> list[str]:
+    """A pod that runs on spot nodes: their tolerations, and affinity to them (required or
+    preferred), unless its own placement keeps it off spot."""
+    own = placement.restriction(spot.label)
+    ruled_out = (own is not None and not own.values & frozenset(spot.values)) or not (
+        placement.survives(spot.label, list(spot.values)))
+    if ruled_out:
+        if v.required and _spot_only(check):
+            check.report(Rule.SPOT_PLACEMENT, messages.spot_ruled_out(
+                own.source if own else "node affinity", spot.label, spot.values,
+                check.tenant.name if check.tenant else "-"))
+        return []  # an allowed pod's own choice to stay off spot is kept
+    changes: list[str] = []
+    if add_missing(template.spec, template.spec_pointer, patch, spot.tolerations):
+        changes.append("spot-tolerations")
+    if v.required:
+        pinned = placement.pin(spot.label, list(spot.values), patch)
+    else:
+        pinned = _prefer(template.spec, template.spec_pointer, spot, patch)
+    if pinned:
+        changes.append("spot-node-affinity")
+    return changes
+
+
+def _off_spot(check: Checker, spot: SpotRules, v: Verdict, template: PodTemplate,
+              placement: Placement, patch: Patch) -> list[str]:
+    """A pod kept off spot nodes: its spot tolerations stripped (or refused) and the spot
+    nodes excluded, unless it asked for spot nodes alone (then told why not)."""
+    own = placement.restriction(spot.label)
+    if own is not None and own.values and own.values <= frozenset(spot.values):
         # Whatever the mode, the pod's own choice is left as it is: keeping it off spot
         # now would leave it no node at all.
         check.report(Rule.SPOT_PLACEMENT, messages.spot_asked(
             own.source, spot.label, sorted(own.values), v.why_not))
         return []
+    spec, sptr = template.spec, template.spec_pointer
+    changes: list[str] = []
     tolerations = child_list(spec, "tolerations", sptr) or []
     hits = gpu_taint_tolerations(tolerations, spot.keys)
     if hits:
