@@ -191,55 +191,70 @@ class StateCollector(Collector):
         store, policy = self._store, self._policy()
         if store is None:
             return
-        labels = ["tenant", "scope", "namespace", "name"]
-        used = GaugeMetricFamily("gpu_webhook_quota_used",
-                                 "Quota in use (running pods plus reservations), per cap.",
-                                 labels=labels)
-        limit = GaugeMetricFamily("gpu_webhook_quota_limit", "Quota caps of the policy.",
-                                  labels=labels)
-        if policy is not None:
-            view = store.view()
-            for t in policy.tenants:
-                scopes = [("tenant", "", t.quota, view.tenant(t.name))] if t.quota else []
-                scopes += [("namespace", ns, q, view.namespace(ns))
-                           for ns, q in sorted(t.namespace_quota.items())]
-                for scope, ns, caps, totals in scopes:
-                    assert caps is not None
-                    for name, cap, now in _caps(caps, totals):
-                        used.add_metric([t.name, scope, ns, name], now)
-                        limit.add_metric([t.name, scope, ns, name], cap)
-        yield used
-        yield limit
+        yield from _quota(policy, store)
         if policy is not None and policy.cohorts:
             yield from _cohorts(policy, store.view())
-        # The join key for NVIDIA's dcgm-exporter, whose series carry namespace and pod but
-        # know nothing of tenants: `DCGM_... * on (namespace) group_left (tenant)
-        # gpu_webhook_namespace_tenant` sums GPU activity per tenant. One series per
-        # namespace of a tenant, so bounded by the cluster's namespaces.
-        info = GaugeMetricFamily(
-            "gpu_webhook_namespace_tenant",
-            "1 for each namespace that belongs to a GPU tenant (by name or by its labels); "
-            "product: the tenant's one allowed GPU product, empty when it has several.",
-            labels=["namespace", "tenant", "product"])
-        if policy is not None:
-            for ns, tenant, product in namespace_tenants(policy, self._namespaces()):
-                info.add_metric([ns, tenant, product], 1.0)
-        yield info
-        for attr, name, text in (
-            ("commits", "gpu_webhook_quota_reservations",
-             "Quota reservations committed for admitted GPU pods."),
-            ("conflicts", "gpu_webhook_quota_reservation_conflicts",
-             "Ledger writes that lost a compare-and-swap race to another replica (retried)."),
-            ("expired", "gpu_webhook_quota_reservations_expired",
-             "Reservations dropped after their TTL because their pod was never seen."),
-        ):
-            # Always exposed (0 where a store has no such event, e.g. no conflicts in
-            # memory) so that dashboards and alerts never see a missing series.
-            value = getattr(store, attr, 0)
-            yield CounterMetricFamily(name, text, value=value if isinstance(value, int) else 0)
-        yield GaugeMetricFamily("gpu_webhook_cache_synced",
-                                "1 when the usage store's cluster caches are synced (always "
-                                "1 for the in-memory store).", value=float(store.ready()))
+        yield _namespace_tenants(policy, self._namespaces())
+        yield from _store_state(store)
+
+
+def _quota(policy: CompiledPolicy | None, store: _Store) -> Iterator[Metric]:
+    """Each cap of the policy, and what is in use under it."""
+    labels = ["tenant", "scope", "namespace", "name"]
+    used = GaugeMetricFamily("gpu_webhook_quota_used",
+                             "Quota in use (running pods plus reservations), per cap.",
+                             labels=labels)
+    limit = GaugeMetricFamily("gpu_webhook_quota_limit", "Quota caps of the policy.",
+                              labels=labels)
+    if policy is not None:
+        view = store.view()
+        for t in policy.tenants:
+            scopes: list[tuple[str, str, Limits, Totals]] = (
+                [("tenant", "", t.quota, view.tenant(t.name))] if t.quota else [])
+            scopes += [("namespace", ns, q, view.namespace(ns))
+                       for ns, q in sorted(t.namespace_quota.items())]
+            for scope, ns, caps, totals in scopes:
+                for name, cap, now in _caps(caps, totals):
+                    used.add_metric([t.name, scope, ns, name], now)
+                    limit.add_metric([t.name, scope, ns, name], cap)
+    yield used
+    yield limit
+
+
+def _namespace_tenants(policy: CompiledPolicy | None, namespaces: Mapping[str, Mapping[str, str]]
+                       ) -> Metric:
+    # The join key for NVIDIA's dcgm-exporter, whose series carry namespace and pod but
+    # know nothing of tenants: `DCGM_... * on (namespace) group_left (tenant)
+    # gpu_webhook_namespace_tenant` sums GPU activity per tenant. One series per
+    # namespace of a tenant, so bounded by the cluster's namespaces.
+    info = GaugeMetricFamily(
+        "gpu_webhook_namespace_tenant",
+        "1 for each namespace that belongs to a GPU tenant (by name or by its labels); "
+        "product: the tenant's one allowed GPU product, empty when it has several.",
+        labels=["namespace", "tenant", "product"])
+    if policy is not None:
+        for ns, tenant, product in namespace_tenants(policy, namespaces):
+            info.add_metric([ns, tenant, product], 1.0)
+    return info
+
+
+def _store_state(store: _Store) -> Iterator[Metric]:
+    """The store's reservation counters and whether its caches are synced."""
+    for attr, name, text in (
+        ("commits", "gpu_webhook_quota_reservations",
+         "Quota reservations committed for admitted GPU pods."),
+        ("conflicts", "gpu_webhook_quota_reservation_conflicts",
+         "Ledger writes that lost a compare-and-swap race to another replica (retried)."),
+        ("expired", "gpu_webhook_quota_reservations_expired",
+         "Reservations dropped after their TTL because their pod was never seen."),
+    ):
+        # Always exposed (0 where a store has no such event, e.g. no conflicts in
+        # memory) so that dashboards and alerts never see a missing series.
+        value = getattr(store, attr, 0)
+        yield CounterMetricFamily(name, text, value=value if isinstance(value, int) else 0)
+    yield GaugeMetricFamily("gpu_webhook_cache_synced",
+                            "1 when the usage store's cluster caches are synced (always "
+                            "1 for the in-memory store).", value=float(store.ready()))
 
 
 def _cohorts(policy: CompiledPolicy, view: UsageView) -> Iterator[Metric]:
