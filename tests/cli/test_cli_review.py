@@ -121,7 +121,7 @@ def test_denied_by_the_validating_webhook(gpu_webhook: Run, tmp_path: Path) -> N
     done = gpu_webhook("review", "-f", _write(tmp_path, "pod.yaml", big))
     assert done.returncode == 1
     assert "DENIED (by the validating webhook)" in done.stdout
-    assert "allows at most 8 per container" in done.stdout
+    assert "allows at most 8 GPUs per container" in done.stdout
 
 
 def test_deployment_template_is_reviewed(gpu_webhook: Run, tmp_path: Path) -> None:
