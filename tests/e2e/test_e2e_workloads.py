@@ -96,7 +96,7 @@ def test_a_bad_template_is_refused_at_apply(
         'Error from server (Forbidden): error when creating "STDIN": '
         + denial_prefix(webhook.mutating)
         + f"deployment {ns}/half, pod template, container \"train\": nvidia.com/gpu limit "
-        "'500m' is not a whole number. GPUs are whole devices: ask for a whole number of 1 "
+        "0.5 is not a whole number. GPUs are whole devices: ask for a whole number of 1 "
         'or more, e.g. "1" (or remove it, or write 0, for no GPU). '
         "[rule gpu-whole-number, tenant research]")
     assert control_plane.kubectl("get", "deployment", "half", "-n", ns,

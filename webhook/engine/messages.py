@@ -335,7 +335,20 @@ def claim_unpinned(attribute: str, tenant: str, allowed: Iterable[str]) -> str:
             "it when it runs).")
 
 
-def template_unknown(name: str) -> str:
+def template_unknown(name: str, why: str | None = None) -> str:
+    """``why``: "absent" when the API server was asked and has no such template, the
+    reason its read failed, or None when it was not asked (offline: the manifests
+    given)."""
+    if why == "absent":
+        return (f"uses ResourceClaimTemplate {name}, which does not exist in its namespace "
+                "(the webhook asked the API server), so the GPUs it asks for cannot be "
+                "counted. Create the template first, or fix its name in "
+                "spec.resourceClaims.")
+    if why is not None:
+        return (f"uses ResourceClaimTemplate {name}, which the webhook has not seen yet and "
+                f"could not read from the API server ({why}), so the GPUs it asks for "
+                "cannot be counted. Retry in a moment; if it persists, tell the platform "
+                "team.")
     return (f"uses ResourceClaimTemplate {name}, which the webhook has not seen, so the GPUs "
             "it asks for cannot be counted. Wait a few seconds and retry if the template was "
             "just created (the webhook learns of it a moment later); otherwise create it "
