@@ -100,14 +100,14 @@ def test_a_gang_over_quota_is_refused_at_apply(
     (volcano_job("vc-caps", 3, 8),
      "volcano job {ns}/vc-caps: its gang of 4 pods must start together, and its GPU pods "
      "(task worker 3 x 8) need 24 a100 GPUs at once, but tenant caps's quota is 3 a100 "
-     "GPUs: it can never start. Make the gang need at most 3 a100 GPUs (the tightest of "
-     "the 3 caps it exceeds) (fewer pods, or fewer per pod), or ask the platform team for "
-     "more quota. [rule quota, tenant caps]"),
+     "GPUs (the tightest of the 3 caps it exceeds): it can never start. Make the gang "
+     "need at most 3 a100 GPUs (fewer pods, or fewer per pod), or ask the platform team "
+     "for more quota. [rule quota, tenant caps]"),
     (pytorchjob("pt-caps", 2, 2),
      "pytorchjob {ns}/pt-caps: its gang of 3 pods must start together, and its GPU pods "
      "(replica type Master 1 x 2 + replica type Worker 2 x 2) need 6 a100 GPUs at once, "
-     "but tenant caps's quota is 3 a100 GPUs: it can never start. Make the gang need at "
-     "most 3 a100 GPUs (the tightest of the 2 caps it exceeds) (fewer pods, or fewer per "
+     "but tenant caps's quota is 3 a100 GPUs (the tightest of the 2 caps it exceeds): it "
+     "can never start. Make the gang need at most 3 a100 GPUs (fewer pods, or fewer per "
      "pod), or ask the platform team for more quota. [rule quota, tenant caps]"),
 ], ids=["volcano-job", "pytorchjob"])
 def test_a_gang_over_several_caps_gets_one_answer(

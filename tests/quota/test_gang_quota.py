@@ -69,8 +69,8 @@ def test_a_gang_over_two_caps_is_refused_once_with_the_tighter() -> None:
     d = admit(MemoryStore(), policy(), vcjob(("worker", 4, 4)))
     assert not d.allowed
     (line,) = d.message.splitlines()
-    assert ("Make the gang need at most 6 a100 GPUs (the tightest of the 2 caps it "
-            "exceeds)") in line
+    assert ("quota is 6 a100 GPUs (the tightest of the 2 caps it exceeds): it can never "
+            "start. Make the gang need at most 6 a100 GPUs (fewer pods") in line
     assert "at most 8" not in line
 
 
@@ -85,7 +85,7 @@ def test_a_pytorchjob_over_two_caps_is_refused_once() -> None:
     assert not d.allowed
     (line,) = d.message.splitlines()
     assert "need 12 a100 GPUs at once" in line
-    assert "at most 6 a100 GPUs (the tightest of the 2 caps it exceeds)" in line
+    assert "quota is 6 a100 GPUs (the tightest of the 2 caps it exceeds)" in line
 
 
 def test_not_all_at_once_is_a_warning(golden: Callable[[str, str], None]) -> None:

@@ -366,13 +366,13 @@ def roles_never_fit(scope: str, what: str, breakdown: str, total: float, pods: i
     if gang:
         return (f"its gang of {_pods(pods)} must start together, and its GPU pods "
                 f"({breakdown}) need {num(total)} {what} at once, but {scope}'s quota is "
-                f"{num(cap)} {what}: it can never start. Make the gang need at most "
-                f"{num(cap)} {what}{tightest(others)} (fewer pods, or fewer per pod), or "
+                f"{num(cap)} {what}{tightest(others)}: it can never start. Make the gang "
+                f"need at most {num(cap)} {what} (fewer pods, or fewer per pod), or "
                 "ask the platform "
                 "team for more quota.")
     return (f"asks for {_pods(pods)} at once, {breakdown} = {num(total)} {what}, but "
-            f"{scope}'s quota is {num(cap)} {what}: it can never run in full. Ask for at "
-            f"most {num(cap)} {what}{tightest(others)} (fewer pods, or fewer per pod).")
+            f"{scope}'s quota is {num(cap)} {what}{tightest(others)}: it can never run in "
+            f"full. Ask for at most {num(cap)} {what} (fewer pods, or fewer per pod).")
 
 
 def roles_exceed_quota(scope: str, what: str, breakdown: str, total: float, pods: int,
