@@ -432,7 +432,8 @@ def _policy_check(args: argparse.Namespace) -> int:
             failed += 1
             print(exc, file=sys.stderr)
             continue
-        print(f"{f}: ok (policy {policy.metadata.name}, {len(policy.spec.tenants)} tenants)")
+        n = len(policy.spec.tenants)
+        print(f"{f}: ok (policy {policy.metadata.name}, {n} tenant{'' if n == 1 else 's'})")
     if failed:
         print(f"{failed} of {len(args.files)} policy files invalid", file=sys.stderr)
     return 1 if failed else 0

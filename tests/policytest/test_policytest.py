@@ -83,7 +83,7 @@ def test_a_broken_suite_names_file_line_and_field(gpu_webhook: Run, tmp_path: Pa
     r = gpu_webhook("test", str(tmp_path))
     assert r.returncode == 2
     assert f"{suite}:6: usage[0].prodcut: unknown field 'prodcut'" in r.stdout
-    assert f"{suite}:10: cases[0].expect.outcome: Input should be" in r.stdout
+    assert f"{suite}:10: cases[0].expect.outcome: must be 'allowed'" in r.stdout
     assert "1 suite could not run" in r.stdout
 
 
