@@ -113,7 +113,7 @@ def test_warn_mode_tenant_sees_warnings_and_the_pod_is_created(
     assert out.stdout.strip() == "pod/big created"
     assert (f"Warning: pod {ns}/big: asks for 2 GPUs in all (counted as Kubernetes does: app "
             "containers and sidecars together, or the largest init container); tenant trial "
-            "allows at most 1 per pod. Ask for 1 or fewer, or split the work across pods. "
+            "allows at most 1 GPU per pod. Ask for 1 or fewer, or split the work across pods. "
             "[rule max-gpus-per-pod, tenant trial]") in out.stderr.splitlines()
     assert out.stderr.count("Warning:") == 1
     stored = get(control_plane, ns, "pod", "big")
