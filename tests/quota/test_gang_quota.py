@@ -151,3 +151,13 @@ def test_argo_steps_are_checked_one_pod_at_a_time() -> None:
     assert not d.allowed
     assert d.message.startswith("workflow team-b/wf: template train asks for 5 "
                                 "nvidia.com/gpu per pod, but tenant team-b's quota is 4")
+
+
+def test_a_gang_not_free_under_two_caps_is_warned_once_by_the_tighter() -> None:
+    store = MemoryStore()
+    busy(store, 1, 3)  # 3 of the 6 A100s and 3 of the 5 GPU pods in use
+    d = admit(store, policy(), vcjob(("worker", 4, 1)))
+    assert d.allowed, d.message
+    (warning,) = d.warnings  # a100 has room for 3 of the 4, the pods cap for 2
+    assert ("only 2 of tenant team-a's 5 GPU pods (the tightest of the 2 caps it exceeds) "
+            "are free now (3 in use)") in warning

@@ -398,8 +398,8 @@ def roles_not_free(scope: str, what: str, breakdown: str, asked: float, used: fl
     if kind:
         tail += f" {events_on(kind)}"
     return (f"asks for {breakdown} = {num(asked)} {what}, but only {num(free)} of "
-            f"{scope}'s {num(cap)} {what} are free now ({num(used)} in use)"
-            f"{tightest(others)}: {now}.{tail}")
+            f"{scope}'s {num(cap)} {what}{tightest(others)} are free now ({num(used)} in "
+            f"use): {now}.{tail}")
 
 
 def role_pod_never_fits(scope: str, what: str, role: str, per_pod: float, cap: float,
