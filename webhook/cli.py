@@ -432,7 +432,8 @@ def _policy_check(args: argparse.Namespace) -> int:
             failed += 1
             print(exc, file=sys.stderr)
             continue
-        print(f"{f}: ok (policy {policy.metadata.name}, {len(policy.spec.tenants)} tenants)")
+        n = len(policy.spec.tenants)
+        print(f"{f}: ok (policy {policy.metadata.name}, {n} tenant{'' if n == 1 else 's'})")
     if failed:
         print(f"{failed} of {len(args.files)} policy files invalid", file=sys.stderr)
     return 1 if failed else 0
@@ -556,17 +557,25 @@ def _review(args: argparse.Namespace) -> int:
         # object, and pods earlier in the file count against the ones after them.
         out = through_both(body, policy, labels, store, claims)
         m = out.mutating
+        skipped = next((d.skipped for d in out.decisions if d.skipped), None) \
+            if all(d.skipped for d in out.decisions) else None
+        decision = ("denied" if not out.allowed else "skipped" if skipped else "allowed")
         result: dict[str, Any] = {"kind": doc["kind"], "name": req.name or "(generated)",
-                                  "namespace": req.namespace,
-                                  "decision": "allowed" if out.allowed else "denied",
+                                  "namespace": req.namespace, "decision": decision,
                                   "phase": out.phase, "message": out.message or None,
+                                  "rules": out.rules(),
+                                  "tenant": next((d.tenant for d in out.decisions
+                                                  if d.tenant), None),
                                   "warnings": out.warnings}
+        if skipped:
+            result["skipped"] = _SKIPPED.get(skipped, skipped)
         if out.validating is not None:
-            result.update(
-                audit=[f.message for d in out.decisions for f in d.findings
-                       if f.mode.value == "audit"],
-                changes=m.mutations, patch=m.patch, object=out.patched,
-            )
+            result["audit"] = [f.message for d in out.decisions for f in d.findings
+                               if f.mode.value == "audit"]
+        if out.allowed and not skipped:
+            # What the API server would store; a denied object is stored by no one, so
+            # its would-be changes are not shown as if they were made.
+            result.update(changes=m.mutations, patch=m.patch, object=out.patched)
         denied |= not out.allowed
         results.append(result)
     if args.output != "text":
@@ -577,10 +586,22 @@ def _review(args: argparse.Namespace) -> int:
     return 1 if denied else 0
 
 
+# Why the webhooks leave an object alone (Decision.skipped), for `review`.
+_SKIPPED = {
+    "kind": "the webhooks do not review this kind of object",
+    "exempt": "its namespace or user is exempt in the policy",
+    "operation": "the webhooks do not review this operation",
+    "subresource": "the webhooks do not review this subresource",
+    "no-gpu": "it asks for no GPU",
+}
+
+
 def _print_result(r: dict[str, Any]) -> None:
     head = f"{r['kind']} {r['namespace']}/{r['name']}: {r['decision'].upper()}"
     if r.get("phase"):
         head += f" (by the {r['phase']} webhook)"
+    if r.get("skipped"):
+        head += f" ({r['skipped']})"
     print(head)
     if r.get("message"):
         for line in r["message"].splitlines():

@@ -33,10 +33,10 @@ BAD: list[tuple[str, str, str, str, str]] = [
     ("unknown-field", _edit("maxGpusPerPod: 8", "maxGpusPerPods: 8"), "maxGpusPerPods",
      "spec.tenants[0].maxGpusPerPods", "unknown field 'maxGpusPerPods'"),
     ("wrong-type", _edit("gpus: 32", "gpus: lots"), "gpus: lots",
-     "spec.tenants[0].quota.gpus", "valid number"),
+     "spec.tenants[0].quota.gpus", "must be a number (got 'lots')"),
     ("negative-number", _edit("maxGpusPerContainer: 2", "maxGpusPerContainer: -2"),
      "maxGpusPerContainer: -2", "spec.tenants[1].maxGpusPerContainer",
-     "greater than or equal to 0 (got -2)"),
+     "must be 0 or more (got -2)"),
     ("unknown-product", _edit("allowedProducts: [l4]", "allowedProducts: [t4]"),
      "allowedProducts: [t4]", "spec.tenants[1].allowedProducts[0]",
      "product 't4' is not defined; add it under spec.products.aliases"),
@@ -132,3 +132,13 @@ def test_no_file_is_a_usage_error(gpu_webhook: Run) -> None:
     done = gpu_webhook("policy", "check")
     assert done.returncode == 2
     assert "FILE" in done.stderr
+
+
+def test_one_tenant_is_one_tenant(gpu_webhook: Run, tmp_path: Path) -> None:
+    one = tmp_path / "one.yaml"
+    one.write_text("apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicy\n"
+                   "metadata: {name: solo}\nspec:\n  tenants:\n"
+                   "    - {name: team, namespaces: [team]}\n")
+    done = gpu_webhook("policy", "check", str(one))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{one}: ok (policy solo, 1 tenant)"]

@@ -121,7 +121,21 @@ def test_denied_by_the_validating_webhook(gpu_webhook: Run, tmp_path: Path) -> N
     done = gpu_webhook("review", "-f", _write(tmp_path, "pod.yaml", big))
     assert done.returncode == 1
     assert "DENIED (by the validating webhook)" in done.stdout
-    assert "allows at most 8 per container" in done.stdout
+    assert "allows at most 8 GPUs per container" in done.stdout
+    # Denied: nothing is stored, so no changes are shown as if they were made.
+    assert "changes:" not in done.stdout
+    assert "patched object" not in done.stdout
+
+
+def test_an_object_the_webhooks_leave_alone_is_said_to_be_skipped(gpu_webhook: Run,
+                                                                   tmp_path: Path) -> None:
+    service = ("apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: research}\n"
+               "spec: {ports: [{port: 80}]}\n")
+    done = gpu_webhook("review", "-f", _write(tmp_path, "svc.yaml", service))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == (
+        "Service research/web: SKIPPED (the webhooks do not review this kind of object)")
+    assert "ALLOWED" not in done.stdout
 
 
 def test_deployment_template_is_reviewed(gpu_webhook: Run, tmp_path: Path) -> None:
@@ -147,7 +161,7 @@ def test_multi_document_file_reviews_each(gpu_webhook: Run, tmp_path: Path) -> N
         "Pod research/trainer: ALLOWED",
         "Pod research/half: DENIED (by the mutating webhook)",
         "Pod research/web: ALLOWED",
-        "Service default/svc: ALLOWED",
+        "Service default/svc: SKIPPED (the webhooks do not review this kind of object)",
     ]
 
 
@@ -198,6 +212,10 @@ def test_json_output_is_parseable(gpu_webhook: Run, tmp_path: Path) -> None:
     assert denied["decision"] == "denied"
     assert denied["phase"] == "mutating"
     assert "differs from limit 2" in denied["message"]
+    # The rule and tenant, as `test -o json` has them.
+    assert denied["rules"] == ["gpu-requests-match-limits"]
+    assert denied["tenant"] == allowed["tenant"] == "research"
+    assert "patch" not in denied and "object" not in denied
 
 
 def test_stdin_manifest(gpu_webhook: Run) -> None:

@@ -17,6 +17,7 @@ from e2ekit import (
     Deployment,
     NamespaceFactory,
     apply,
+    create_namespace,
     denial_prefix,
     get,
     gpu_pod,
@@ -65,11 +66,12 @@ def test_gpu_request_and_limit_are_completed(
     ("2", "1", 'container "train": nvidia.com/gpu request 1 differs from limit 2. GPU requests '
                "must equal limits: set both to 2, or drop the request (it defaults to the "
                "limit). [rule gpu-requests-match-limits, tenant research]"),
-    ("500m", None, "container \"train\": nvidia.com/gpu limit '500m' is not a whole number. "
+    # 0.5 in the manifest reaches the webhook as "500m": named as the number, as offline.
+    *((half, None, "container \"train\": nvidia.com/gpu limit 0.5 is not a whole number. "
                    'GPUs are whole devices: ask for a whole number of 1 or more, e.g. "1" '
                    "(or remove it, or write 0, for no GPU). "
-                   "[rule gpu-whole-number, tenant research]"),
-], ids=["request-differs-from-limit", "fractional"])
+                   "[rule gpu-whole-number, tenant research]") for half in ("500m", 0.5)),
+], ids=["request-differs-from-limit", "fractional-500m", "fractional-0.5"])
 def test_unusable_gpu_quantities_are_refused_with_our_message(
     control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
     limits: str, requests: str | None, message: str,
@@ -168,3 +170,50 @@ def test_a_namespace_of_no_tenant_may_not_run_gpu_pods(
         + f'pod {ns}/stray: namespace "{ns}" belongs to no GPU tenant, so it may not run GPU '
         "pods. Ask the platform team to add it to a tenant in GPU policy e2e, or remove the "
         "GPU request. [rule tenant-required, policy e2e]")
+
+
+def test_a_product_outside_the_tenant_is_refused_naming_node_label_values(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("research")
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": PRODUCT_LABEL, "operator": "In", "values": ["NVIDIA-L4"]}]}]}}}
+    out = apply(control_plane, ns, gpu_pod("l4", affinity=own))
+    assert out.returncode != 0
+    # What nodes carry, not the policy's short names (a100, h100), which no node matches.
+    assert (f"pod {ns}/l4: its node affinity allows only {PRODUCT_LABEL} in [NVIDIA-L4], "
+            f"but tenant research's GPU pods may run only on {PRODUCT_LABEL} in "
+            f"[{A100}, {H100}].") in out.stderr, out.stderr
+
+
+def test_a_mig_maximum_is_told_in_gpus_and_in_slices(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+) -> None:
+    ns = namespace("mig")
+    pod = gpu_pod("nb", limits=None)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.40gb": "3"}}
+    out = apply(control_plane, ns, pod)
+    assert out.returncode != 0
+    assert ("asks for 3 nvidia.com/mig-3g.40gb (3 x 0.5 = 1.5 GPUs) in all (counted as "
+            "Kubernetes does: app containers and sidecars together, or the largest init "
+            "container); tenant mig allows at most 1 GPU per pod. Ask for 2 "
+            "nvidia.com/mig-3g.40gb (1 GPU) or fewer, or split the work across pods. "
+            "[rule max-gpus-per-pod, tenant mig]") in out.stderr, out.stderr
+
+
+def test_a_pod_over_two_quota_scopes_gets_one_denial_and_no_product_still_refused(
+    control_plane: ControlPlane, webhook: Deployment,
+) -> None:
+    # Tenant caps: 3 a100, 8 h100, and e2e-caps-dev's own 4 GPUs. 5 a100 GPUs break the
+    # a100 cap and the namespace's; h100 has room, but the namespace cap refuses 5 of
+    # those too, so it is not offered.
+    ns = "e2e-caps-dev"
+    create_namespace(control_plane, ns, "caps")
+    out = apply(control_plane, ns, gpu_pod("big", limits="5"))
+    assert out.returncode != 0
+    (line,) = [s for s in out.stderr.splitlines() if s.strip()]
+    assert (f"pod {ns}/big: exceeded quota: tenant caps would use 5 of its 3 a100 GPUs (the "
+            "tightest of the 2 caps it exceeds): 0 in use, this pod asks 5. 3 are free "
+            "now. Ask for 3 or fewer") in line, out.stderr
+    assert "h100" not in line

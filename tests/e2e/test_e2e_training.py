@@ -95,6 +95,34 @@ def test_a_gang_over_quota_is_refused_at_apply(
     assert "[rule quota, tenant gang]" in out.stderr
 
 
+# tenant caps: 16 GPUs, 2 GPU pods, 3 a100 GPUs (tests/e2e/policies/e2e.yaml)
+@pytest.mark.parametrize(("obj", "message"), [
+    (volcano_job("vc-caps", 3, 8),
+     "volcano job {ns}/vc-caps: its gang of 4 pods must start together, and its GPU pods "
+     "(task worker 3 x 8) need 24 a100 GPUs at once, but tenant caps's quota is 3 a100 "
+     "GPUs (the tightest of the 3 caps it exceeds): it can never start. Make the gang "
+     "need at most 3 a100 GPUs (fewer pods, or fewer per pod), or ask the platform team "
+     "for more quota. [rule quota, tenant caps]"),
+    (pytorchjob("pt-caps", 2, 2),
+     "pytorchjob {ns}/pt-caps: its gang of 3 pods must start together, and its GPU pods "
+     "(replica type Master 1 x 2 + replica type Worker 2 x 2) need 6 a100 GPUs at once, "
+     "but tenant caps's quota is 3 a100 GPUs (the tightest of the 2 caps it exceeds): it "
+     "can never start. Make the gang need at most 3 a100 GPUs (fewer pods, or fewer per "
+     "pod), or ask the platform team for more quota. [rule quota, tenant caps]"),
+], ids=["volcano-job", "pytorchjob"])
+def test_a_gang_over_several_caps_gets_one_answer(
+    control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
+    obj: dict[str, Any], message: str,
+) -> None:
+    ns = namespace("caps")
+    out = apply(control_plane, ns, obj)
+    assert out.returncode != 0
+    # One denial: each cap's own "at most N" would name a gang another cap refuses.
+    assert out.stderr.count("[rule quota") == 1, out.stderr
+    assert (denial_prefix(webhook.validating) + message.format(ns=ns)) in out.stderr, \
+        out.stderr
+
+
 def templates(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     spec = obj["spec"]
     if kind == "Job":

@@ -96,7 +96,7 @@ def test_a_bad_template_is_refused_at_apply(
         'Error from server (Forbidden): error when creating "STDIN": '
         + denial_prefix(webhook.mutating)
         + f"deployment {ns}/half, pod template, container \"train\": nvidia.com/gpu limit "
-        "'500m' is not a whole number. GPUs are whole devices: ask for a whole number of 1 "
+        "0.5 is not a whole number. GPUs are whole devices: ask for a whole number of 1 "
         'or more, e.g. "1" (or remove it, or write 0, for no GPU). '
         "[rule gpu-whole-number, tenant research]")
     assert control_plane.kubectl("get", "deployment", "half", "-n", ns,
@@ -113,7 +113,7 @@ def test_warn_mode_tenant_sees_warnings_and_the_pod_is_created(
     assert out.stdout.strip() == "pod/big created"
     assert (f"Warning: pod {ns}/big: asks for 2 GPUs in all (counted as Kubernetes does: app "
             "containers and sidecars together, or the largest init container); tenant trial "
-            "allows at most 1 per pod. Ask for 1 or fewer, or split the work across pods. "
+            "allows at most 1 GPU per pod. Ask for 1 or fewer, or split the work across pods. "
             "[rule max-gpus-per-pod, tenant trial]") in out.stderr.splitlines()
     assert out.stderr.count("Warning:") == 1
     stored = get(control_plane, ns, "pod", "big")

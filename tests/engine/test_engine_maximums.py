@@ -49,7 +49,7 @@ def test_one_container_over_a_tighter_pod_cap_is_told_the_pod_cap() -> None:
                               "      maxGpusPerContainer: 16\n      maxGpusPerPod: 4\n"))
     d = decided(pod(container(limits=gpus(20), requests=gpus(20))), policy)
     assert rules(d.findings) == [(Rule.MAX_PER_POD, Mode.ENFORCE)]
-    assert "at most 4 per pod" in d.message and "Ask for 4 or fewer" in d.message
+    assert "at most 4 GPUs per pod" in d.message and "Ask for 4 or fewer" in d.message
     assert "16" not in d.message
 
 

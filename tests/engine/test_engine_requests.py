@@ -145,8 +145,19 @@ def test_quantities_are_read_as_kubernetes_reads_them(value: Any, mutate_allows:
         assert v.allowed is (not validate_rules)
     else:
         assert [f.rule for f in m.decision.findings] == [Rule.GPU_QUANTITY]
-        assert f"nvidia.com/gpu limit '{value}' is " in m.decision.message
+        # A fraction is named as the number it is ("500m" reaches admission for a 0.5).
+        shown = {"500m": "0.5", "1.5": "1.5"}.get(value, f"'{value}'")
+        assert f"nvidia.com/gpu limit {shown} is " in m.decision.message
         assert 'whole number of 1 or more, e.g. "1"' in m.decision.message
+
+
+def test_a_fraction_reads_the_same_offline_and_through_the_api_server() -> None:
+    # Offline, a manifest's `nvidia.com/gpu: 0.5` is the number 0.5; through kubectl the
+    # API server hands admission its canonical form, "500m". One message for both.
+    offline, online = (mutate_checked(pod(container(limits=gpus(v)))).decision.message
+                       for v in (0.5, "500m"))
+    assert offline == online
+    assert "nvidia.com/gpu limit 0.5 is not a whole number." in offline
 
 
 @pytest.mark.parametrize("zero", [0, "0", "0m", "0.0"])

@@ -71,7 +71,7 @@ def test_per_pod_maximum_uses_the_effective_request(init_containers: list[dict[s
     if not allowed:
         assert [f.rule for f in v.findings] == [Rule.MAX_PER_POD]
         assert f"asks for {effective} GPUs in all" in v.message
-        assert "allows at most 8 per pod" in v.message
+        assert "allows at most 8 GPUs per pod" in v.message
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_per_pod_maximum_uses_the_effective_request(init_containers: list[dict[s
     [
         pytest.param("research", [container(limits=gpus(9))],
                      [Rule.MAX_PER_CONTAINER],  # one fault, one message (test_engine_maximums)
-                     'container "main": asks for 9 GPUs; tenant research allows at most 8 per '
+                     'container "main": asks for 9 GPUs; tenant research allows at most 8 GPUs per '
                      "container", id="one container over both caps"),
         pytest.param("research", [container("a", limits=gpus(5)),
                                   container("b", limits=gpus(5))],
@@ -88,7 +88,7 @@ def test_per_pod_maximum_uses_the_effective_request(init_containers: list[dict[s
                      None, id="8 shared slices weigh 2 GPUs: within 2 per container"),
         pytest.param("serving", [container(limits=gpus(12, SHARED))],
                      [Rule.MAX_PER_CONTAINER], "asks for 12 nvidia.com/gpu.shared (12 x 0.25 = "
-                     "3 GPUs); tenant inference allows at most 2 per container",
+                     "3 GPUs); tenant inference allows at most 2 GPUs per container",
                      id="12 shared slices weigh 3 GPUs, named as asked"),
     ],
 )
@@ -159,7 +159,8 @@ def test_unpinned_message_says_what_to_add() -> None:
     v = validated(pod())
     assert v.message.splitlines() == [
         "pod research/trainer: may be scheduled on any nvidia.com/gpu.product, but tenant "
-        "research's GPU pods must be pinned to [a100, h100]. Add a required node affinity "
+        "research's GPU pods must be pinned to [NVIDIA-A100-SXM4-80GB, "
+        "NVIDIA-H100-80GB-HBM3]. Add a required node affinity "
         "(the mutating webhook does this when it runs) or a nodeSelector with an allowed "
         "value. [rule allowed-products, tenant research]",
         "pod research/trainer: may be scheduled on any topology.example.com/gpu-rack, but "

@@ -225,7 +225,7 @@ def test_a_bad_template_is_refused_naming_the_task() -> None:
     assert not decision.allowed
     assert decision.message.startswith(
         'volcano job research/mindspore-gpu, task mpiworker, pod template, container '
-        '"mpiworker": nvidia.com/gpu limit \'500m\' is not a whole number.')
+        '"mpiworker": nvidia.com/gpu limit 0.5 is not a whole number.')
 
 
 def test_trainjob_and_argo_are_checked_not_patched() -> None:

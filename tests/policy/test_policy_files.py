@@ -154,7 +154,7 @@ def test_warn_rollout() -> None:
     policy = _policy("warn-rollout.yaml")
     _, _, v = _run(policy, _pod("vision", _gpu(6)))
     assert v is not None and v.allowed
-    assert any("allows at most 4 per pod" in w and "[rule max-gpus-per-pod" in w
+    assert any("allows at most 4 GPUs per pod" in w and "[rule max-gpus-per-pod" in w
                for w in v.warnings)
     # audit: admitted silently, but the finding is recorded (logged and counted).
     m, _, v = _run(policy, _pod("legacy-batch", _gpu(3)))

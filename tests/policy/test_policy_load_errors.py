@@ -61,21 +61,21 @@ CASES: list[tuple[str, str, str, str]] = [
     ("unknown-spec-field", _spec("tenant: []  # <-\n"), "spec.tenant",
      "unknown field 'tenant'"),
     ("unknown-tenant-field", _tenant("namespaces: [a]\nmaxGpus: 4  # <-\n"),
-     "spec.tenants[0].maxGpus", "check the spelling"),
+     "spec.tenants[0].maxGpus", "did you mean 'maxGpusPerPod'?"),
     ("unknown-quota-field", _tenant("namespaces: [a]\nquota:\n  gpu: 4  # <-\n"),
      "spec.tenants[0].quota.gpu", "unknown field 'gpu'"),
     ("wrong-type-number", _tenant("namespaces: [a]\nquota:\n  gpus: lots  # <-\n"),
-     "spec.tenants[0].quota.gpus", "valid number"),
+     "spec.tenants[0].quota.gpus", "must be a number (got 'lots')"),
     ("wrong-type-list", _tenant("namespaces: research  # <-\n"),
-     "spec.tenants[0].namespaces", "valid list"),
+     "spec.tenants[0].namespaces", "must be a list, e.g. [a, b]"),
     ("wrong-type-mapping", _spec("products: [a100]  # <-\n"), "spec.products",
-     "dictionary"),
+     "must be a mapping of key: value lines (got a list)"),
     ("negative-count", _tenant("namespaces: [a]\nquota:\n  pods: -1  # <-\n"),
-     "spec.tenants[0].quota.pods", "greater than or equal to 0"),
+     "spec.tenants[0].quota.pods", "must be 0 or more (got -1)"),
     ("negative-max", _tenant("namespaces: [a]\nmaxGpusPerPod: -2  # <-\n"),
      "spec.tenants[0].maxGpusPerPod", "(got -2)"),
     ("zero-weight", _spec("gpuResources:\n  weights:\n    nvidia.com/mig-1g.10gb: 0  # <-\n"),
-     "spec.gpuResources.weights.nvidia.com/mig-1g.10gb", "greater than 0"),
+     "spec.gpuResources.weights.nvidia.com/mig-1g.10gb", "must be more than 0"),
     ("workload-replicas-other-item", _spec("""\
         workloadKinds:
           - group: ml.example.com
@@ -102,7 +102,8 @@ CASES: list[tuple[str, str, str, str]] = [
             versions: [v1]
             roles:
               - template: spec.template  # <-
-        """), "spec.workloadKinds[0].roles[0].template", "should match pattern"),
+        """), "spec.workloadKinds[0].roles[0].template",
+     "must be a JSON Pointer into the object, starting with / (e.g. /spec/template)"),
     ("workload-unknown-field", _spec("""\
         workloadKinds:
           - group: ml.example.com
@@ -113,7 +114,7 @@ CASES: list[tuple[str, str, str, str]] = [
             roles: [{template: /spec/template}]
         """), "spec.workloadKinds[0].gangMin", "unknown field 'gangMin'"),
     ("wrong-api-version", "apiVersion: gpu-webhook.dev/v1  # <-\n" + HEAD.split("\n", 1)[1],
-     "apiVersion", "apiVersion must be 'gpu-webhook.dev/v1alpha1'"),
+     "apiVersion", "must be 'gpu-webhook.dev/v1alpha1' (got 'gpu-webhook.dev/v1')"),
     ("wrong-kind", HEAD.replace("kind: GPUPolicy", "kind: GpuPolicy  # <-"), "kind",
      "'GPUPolicy'"),
     ("missing-metadata", "apiVersion: gpu-webhook.dev/v1alpha1  # <-\nkind: GPUPolicy\n",
@@ -218,12 +219,9 @@ def test_every_problem_is_reported_at_once() -> None:
         load_text(text, "team.yaml")
     lines = str(caught.value).splitlines()
     assert lines == [
-        "team.yaml:13: spec.tenants[0].maxGpusPerPod: "
-        "Input should be greater than or equal to 0 (got -1)",
-        "team.yaml:15: spec.tenants[0].quota.gpus: "
-        "Input should be a valid number, unable to parse string as a number (got 'lots')",
-        "team.yaml:16: spec.tenants[0].quota.pod: "
-        "unknown field 'pod': check the spelling against policies/README.md",
+        "team.yaml:13: spec.tenants[0].maxGpusPerPod: must be 0 or more (got -1)",
+        "team.yaml:15: spec.tenants[0].quota.gpus: must be a number (got 'lots')",
+        "team.yaml:16: spec.tenants[0].quota.pod: unknown field 'pod': did you mean 'pods'?",
     ]
 
 
@@ -330,3 +328,93 @@ def test_a_key_differing_only_in_case_gets_the_right_spelling() -> None:
     assert problem.line == _expected_line(text)
     assert problem.message == ("unknown field 'reservationTtlSeconds': "
                                "did you mean 'reservationTTLSeconds'?")
+
+
+# Nothing of the parsers' own wording reaches the platform engineer.
+PARSER_WORDS = ("Input should be", "valid dictionary", "<block end>", "<block mapping start>",
+                "expected ',' or", "should match pattern", "apiVersion: apiVersion")
+
+
+def test_no_message_speaks_the_parsers_language() -> None:
+    for _, text, _, _ in CASES:
+        with pytest.raises(PolicyError) as caught:
+            load_text(text, "team.yaml")
+        for word in PARSER_WORDS:
+            assert word not in str(caught.value), (word, str(caught.value))
+
+
+def test_the_api_version_is_named_once() -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_text("apiVersion: gpu-webhook.dev/v1\n" + HEAD.split("\n", 1)[1], "team.yaml")
+    assert str(caught.value) == ("team.yaml:1: apiVersion: must be "
+                                 "'gpu-webhook.dev/v1alpha1' (got 'gpu-webhook.dev/v1')")
+
+
+@pytest.mark.parametrize(("key", "camel", "where"), [
+    ("max_gpus_per_pod", "maxGpusPerPod", "spec.tenants[0]"),
+    ("default_product", "defaultProduct", "spec.tenants[0]"),
+    ("non_gpu_pods_tolerating_gpu_taints", "nonGpuPodsToleratingGpuTaints", "spec"),
+], ids=["tenant", "tenant-product", "spec"])
+def test_a_snake_case_key_is_refused_with_its_camel_case_name(key: str, camel: str,
+                                                              where: str) -> None:
+    # The docs write camelCase; the Python names were accepted too, so two spellings of
+    # one field could meet in one file and one of them silently win.
+    text = (_tenant(f"namespaces: [a]\n{key}: a100  # <-\n") if where != "spec" else
+            _spec(f"{key}: strip  # <-\n"))
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    [problem] = caught.value.problems
+    assert (problem.path, problem.line) == (f"{where}.{key}", _expected_line(text))
+    assert problem.message == (f"unknown field {key!r}: policy fields are camelCase, as in "
+                               f"policies/README.md: write {camel!r}")
+
+
+@pytest.mark.parametrize(("text", "key", "meant"), [
+    (_tenant("namespaces: [a]\nallowedProduct: [a100]  # <-\n"), "allowedProduct",
+     "allowedProducts"),
+    (_tenant("namespaces: [a]\nquota:\n  gpsu: 4  # <-\n"), "gpsu", "gpus"),
+    (_spec("tenats: []  # <-\n"), "tenats", "tenants"),
+], ids=["plural", "transposed", "spec-level"])
+def test_an_unknown_key_is_told_the_closest_field_of_its_own_mapping(
+        text: str, key: str, meant: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    [problem] = caught.value.problems
+    assert problem.line == _expected_line(text)
+    assert problem.message == f"unknown field {key!r}: did you mean {meant!r}?"
+
+
+# YAML syntax errors: what is wrong with the line, in words, and the line's own text.
+SYNTAX_CASES: list[tuple[str, str, str]] = [
+    ("dedented-key", HEAD + "spec:\n    mode: warn\n  tenants: []  # <-\n",
+     'YAML syntax: this line is indented differently from the lines before it: the keys '
+     'of one mapping, and the items of one list, must start in the same column. Line it '
+     'up with the key it sits beside, or indent it under the one it belongs to (column 3 '
+     'of "  tenants: []  # <-")'),
+    ("indented-key", HEAD + "spec:\n  mode: warn\n   tenants: []  # <-\n",
+     "YAML syntax: a ':' where no key can start: the line is indented deeper than the key "
+     "before it (line it up), or a value holds ': ' (quote the value)"),
+    ("tab", HEAD + "spec:\n\tmode: warn  # <-\n",
+     "YAML syntax: a tab indents this line; YAML indents with spaces only: use spaces"),
+    ("unclosed-list", HEAD + "spec:\n  tenants: [a,  # <-\n  mode: warn\n",
+     "YAML syntax: a list opened with '[' at line 6 is not closed: add the ']'"),
+    ("unclosed-at-the-end", HEAD + "spec:\n  tenants: [  # <-\n", "YAML syntax: a list or "
+     "mapping opened with '[' or '{' is not closed before the end of the file"),
+    ("unclosed-quote", HEAD + "spec:\n  mode: 'warn  # <-\n", "YAML syntax: a quoted "
+     "string opened at line 6 is never closed: add the closing quote"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), [c[1:] for c in SYNTAX_CASES],
+                         ids=[c[0] for c in SYNTAX_CASES])
+def test_a_yaml_syntax_error_says_what_is_wrong_in_words(text: str, message: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_text(text, "team.yaml")
+    [problem] = caught.value.problems
+    assert message in problem.message
+    for word in PARSER_WORDS:
+        assert word not in problem.message
+    # The line named is the one to edit (an unclosed bracket or quote: where the file
+    # ends, with the line it opened on in the words).
+    if "opened" not in message:
+        assert problem.line == _expected_line(text)

@@ -55,6 +55,12 @@ def test_a_failing_suite_says_what_differed(gpu_webhook: Run) -> None:
     assert ('- patched /spec/tolerations/3/key: expected "nvidia.com/gpu", got nothing '
             "there (/spec/tolerations has 1 items)") in out
     assert lines[-1] == "1 suite, 4 cases: 1 passed, 3 failed"
+    # Names and differences in full: a long name on a line of its own, and the denial
+    # to its end (its rule and tenant).
+    assert "  expects allowed, but the case before took the last A100" in lines
+    assert not any(ln.rstrip().endswith("...") for ln in lines)
+    assert any(ln.startswith("      - outcome: expected allowed, got denied:")
+               and ln.endswith("[rule quota, tenant research]") for ln in lines)
 
 
 def test_json_output_carries_the_differences(gpu_webhook: Run) -> None:
@@ -64,6 +70,9 @@ def test_json_output_carries_the_differences(gpu_webhook: Run) -> None:
     assert suite["passed"] is False
     assert [c["result"] for c in suite["cases"]] == ["PASS", "FAIL", "FAIL", "FAIL"]
     assert suite["cases"][1]["rules"] == ["quota"]
+    assert suite["cases"][1]["tenant"] == "research"
+    assert suite["cases"][1]["name"] == "expects allowed, but the case before took the last A100"
+    assert suite["cases"][1]["differences"][0].endswith("[rule quota, tenant research]")
     assert suite["cases"][2]["differences"][0].startswith("phase: expected")
 
 
@@ -83,7 +92,7 @@ def test_a_broken_suite_names_file_line_and_field(gpu_webhook: Run, tmp_path: Pa
     r = gpu_webhook("test", str(tmp_path))
     assert r.returncode == 2
     assert f"{suite}:6: usage[0].prodcut: unknown field 'prodcut'" in r.stdout
-    assert f"{suite}:10: cases[0].expect.outcome: Input should be" in r.stdout
+    assert f"{suite}:10: cases[0].expect.outcome: must be 'allowed'" in r.stdout
     assert "1 suite could not run" in r.stdout
 
 

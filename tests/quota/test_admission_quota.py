@@ -35,16 +35,14 @@ def test_pods_are_admitted_until_the_cap_and_the_message_has_the_numbers() -> No
     d = admit(store, policy(), pod("big", gpus=3, product="H100"))
     assert not d.allowed
     assert d.message == (
-        # "exceeded quota": what controllers (Argo Workflows) retry a refused pod on.
-        "pod team-a/big: exceeded quota: tenant team-a would use 10 of its 8 GPUs: 7 in use "
+        # "exceeded quota": what controllers (Argo Workflows) retry a refused pod on. The
+        # h100 cap (2 free) is exceeded too: told once, by the tighter cap (1 free), as
+        # "ask for 2 or fewer" would name a pod the GPU cap still refuses.
+        "pod team-a/big: exceeded quota: tenant team-a would use 10 of its 8 GPUs (the "
+        "tightest of the 2 caps it exceeds): 7 in use "
         "(job/llm-pretrain 4, pod/new 2, pod/notebook-x 1), this pod asks 3. 1 is free now. "
         "Ask for 1 or fewer, wait for running pods to finish, or ask the platform team for "
-        "more quota. [rule quota, tenant team-a]\n"
-        # The product cap is exceeded too; its holders are only that product's.
-        "pod team-a/big: exceeded quota: tenant team-a would use 5 of its 4 h100 GPUs: 2 in "
-        "use (pod/new 2), this pod asks 3. 2 are free now. Ask for 2 or fewer, wait for "
-        "running pods to finish, or ask the platform team for more quota. "
-        "[rule quota, tenant team-a]"
+        "more quota. [rule quota, tenant team-a]"
     )
 
 
@@ -65,7 +63,8 @@ def test_namespace_cap_inside_the_tenant() -> None:
 
 
 def test_pod_count_cap() -> None:
-    store = store_with(*(pod(f"p{i}", gpus=1, product="H100") for i in range(5)))
+    store = store_with(*(pod(f"p{i}", gpus=1, product="H100" if i < 2 else "A100")
+                         for i in range(5)))
     d = admit(store, policy(), pod("sixth", gpus=1, product="H100"))
     assert not d.allowed
     assert "would use 6 of its 5 GPU pods" in d.message
@@ -84,7 +83,8 @@ def test_dry_run_is_checked_but_never_reserves() -> None:
         assert admit(store, p, pod(f"dry{i}", gpus=4, product="H100"), dry_run=True).allowed
     assert store.view().tenant("team-a").gpus == 0
     over = admit(store, p, pod("dry-over", gpus=9, product="H100"), dry_run=True)
-    assert not over.allowed and "would use 9 of its 8 GPUs" in over.message
+    # Over the tenant's 8 GPUs and its 4 h100: told by the tighter.
+    assert not over.allowed and "would use 9 of its 4 h100 GPUs" in over.message
 
 
 def test_admitted_pods_are_reserved_so_a_burst_never_exceeds_the_cap() -> None:

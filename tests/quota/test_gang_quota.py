@@ -58,8 +58,34 @@ def test_the_gang_minimum_is_what_must_fit() -> None:
     # of 4 fits: allowed, warned that it can never run whole.
     d = admit(MemoryStore(), policy(), vcjob(("worker", 7, 1), min_available=4))
     assert d.allowed, d.message
-    assert len(d.warnings) == 2
-    assert all("its gang of 4 pods" in w for w in d.warnings)
+    (warning,) = d.warnings  # both caps say so: told once, by the tighter (5 pods)
+    assert "its gang of 4 pods" in warning
+    assert "quota is 5 GPU pods (the tightest of the 2 caps it exceeds)" in warning
+
+
+def test_a_gang_over_two_caps_is_refused_once_with_the_tighter() -> None:
+    # 4 workers x 4 A100: 16 GPUs over the tenant's 8 and its 6 a100 GPUs. "At most 8"
+    # would name a gang the a100 cap still refuses.
+    d = admit(MemoryStore(), policy(), vcjob(("worker", 4, 4)))
+    assert not d.allowed
+    (line,) = d.message.splitlines()
+    assert ("quota is 6 a100 GPUs (the tightest of the 2 caps it exceeds): it can never "
+            "start. Make the gang need at most 6 a100 GPUs (fewer pods") in line
+    assert "at most 8" not in line
+
+
+def test_a_pytorchjob_over_two_caps_is_refused_once() -> None:
+    spec = template(3)
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": "ddp", "namespace": "team-a", "uid": "uid-ddp"},
+           "spec": {"pytorchReplicaSpecs": {
+               "Master": {"replicas": 1, "template": spec},
+               "Worker": {"replicas": 3, "template": spec}}}}
+    d = admit(MemoryStore(), policy(), job)
+    assert not d.allowed
+    (line,) = d.message.splitlines()
+    assert "need 12 a100 GPUs at once" in line
+    assert "quota is 6 a100 GPUs (the tightest of the 2 caps it exceeds)" in line
 
 
 def test_not_all_at_once_is_a_warning(golden: Callable[[str, str], None]) -> None:
@@ -125,3 +151,13 @@ def test_argo_steps_are_checked_one_pod_at_a_time() -> None:
     assert not d.allowed
     assert d.message.startswith("workflow team-b/wf: template train asks for 5 "
                                 "nvidia.com/gpu per pod, but tenant team-b's quota is 4")
+
+
+def test_a_gang_not_free_under_two_caps_is_warned_once_by_the_tighter() -> None:
+    store = MemoryStore()
+    busy(store, 1, 3)  # 3 of the 6 A100s and 3 of the 5 GPU pods in use
+    d = admit(store, policy(), vcjob(("worker", 4, 1)))
+    assert d.allowed, d.message
+    (warning,) = d.warnings  # a100 has room for 3 of the 4, the pods cap for 2
+    assert ("only 2 of tenant team-a's 5 GPU pods (the tightest of the 2 caps it exceeds) "
+            "are free now (3 in use)") in warning

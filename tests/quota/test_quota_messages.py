@@ -39,9 +39,10 @@ def store_with(p: CompiledPolicy, *pods: dict[str, Any]) -> MemoryStore:
     return store
 
 
-def research(name: str, gpus: int, product: str) -> dict[str, Any]:
+def research(name: str, gpus: int, product: str, namespace: str = "research"
+             ) -> dict[str, Any]:
     """A research pod as stored after the mutating webhook: pinned to product and rack."""
-    obj = pod(name, "research", gpus, product=product)
+    obj = pod(name, namespace, gpus, product=product)
     (term,) = obj["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     term["matchExpressions"].append({"key": "topology.example.com/gpu-rack",
@@ -100,6 +101,32 @@ def test_a_full_product_names_the_label_that_asks_for_the_one_with_room(
     assert ("None is free now; a100 has 22 free (set label gpu.example.com/product: a100)."
             in d.message)
     golden("messages/quota-other-product.txt", d.message + "\n")
+
+
+def test_a_pod_over_two_scopes_is_told_once_and_offered_only_what_would_be_admitted(
+        golden: Callable[[str, str], None]) -> None:
+    p = enforced()
+    # 22 of research's 24 a100 in use; a 5-GPU a100 pod in research-dev is over that
+    # cap and over research-dev's own 4 GPUs. h100 has 8 free, but research-dev's cap
+    # would refuse 5 h100 GPUs as well: it is not offered.
+    busy = [research(f"a-{i}", 2, A100) for i in range(11)]
+    d = admit(store_with(p, *busy), p, research("big", 5, A100, "research-dev"))
+    assert not d.allowed
+    (line,) = d.message.splitlines()
+    assert ("tenant research would use 27 of its 24 a100 GPUs (the tightest of the 2 caps "
+            "it exceeds)") in line
+    assert "2 are free now." in line
+    assert "h100" not in line
+    golden("messages/quota-two-scopes.txt", d.message + "\n")
+
+
+def test_another_product_is_offered_when_every_cap_admits_it() -> None:
+    p = enforced()
+    busy = [research(f"a-{i}", 2, A100) for i in range(11)]
+    d = admit(store_with(p, *busy), p, research("small", 3, A100, "research-dev"))
+    assert not d.allowed
+    (line,) = d.message.splitlines()
+    assert "h100 has 8 free (set label gpu.example.com/product: h100)" in line
 
 
 def test_a_workload_over_two_caps_gets_the_one_binding_answer(

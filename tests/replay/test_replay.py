@@ -34,7 +34,7 @@ def test_changed_decisions_are_counted_and_listed(gpu_webhook: Run) -> None:
                  "patch changed:     2", "unchanged:         2", "unreadable lines:  1"):
         assert f"  {line}\n" in out
     assert "line 1: Pod research/pretrain-0 (CREATE by alice): allowed->denied" in out
-    assert "tenant research allows at most 4 per container" in out
+    assert "tenant research allows at most 4 GPUs per container" in out
     assert "line 2: Pod research/finetune-0 (CREATE by bob): patch changed" in out
     assert ("patched object: add /spec/affinity/nodeAffinity/requiredDuringScheduling"
             "IgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/1/values/2 "

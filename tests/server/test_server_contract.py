@@ -138,7 +138,7 @@ def test_validate_never_patches(client: httpx.Client, obj: dict[str, Any]) -> No
                                       "labels": {"gpu.example.com/product": "l4"}}},
      r'GPU product "l4".*tenant research may not use'),
     ("/validate", pod(gpus=9, nodeSelector=RESEARCH_PINNED),
-     r"asks for 9 GPUs; tenant research allows at most 8 per container"),
+     r"asks for 9 GPUs; tenant research allows at most 8 GPUs per container"),
     ("/validate", pod(gpus=2), r"must be pinned.*\[rule allowed-products, tenant research\]"),
 ], ids=["no-tenant", "request-differs", "fractional", "product-not-allowed", "over-max",
         "unpinned"])
@@ -159,7 +159,7 @@ def test_warn_mode_allows_with_a_warning_kubectl_prints(client: httpx.Client) ->
         "limits": {"nvidia.com/mig-3g.40gb": 4}, "requests": {"nvidia.com/mig-3g.40gb": 4}}
     resp = _answer(client.post("/validate", json=review(obj)))
     assert resp["allowed"] is True
-    assert any("tenant notebooks allows at most 1 per pod" in w for w in resp["warnings"])
+    assert any("tenant notebooks allows at most 1 GPU per pod" in w for w in resp["warnings"])
 
 
 # ---------------------------------------------------------------- malformed input

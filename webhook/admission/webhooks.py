@@ -12,6 +12,9 @@ tests all decide a review here, so what is tested is what runs:
 - :func:`releasing`: a gang workload's DELETE, which frees what its gang reservation
   still holds.
 
+Before either webhook decides, a DRA claim or template the object names and the watch
+cache has not delivered yet is read from the API server (``webhook.admission.claimreads``).
+
 :func:`admit` picks one of them for a webhook path. Each returns a final
 :class:`~webhook.engine.decision.Decision`; the callers only carry it (to the reply
 :func:`reply` builds, a report, an assertion) and count what it says.
@@ -20,11 +23,13 @@ tests all decide a review here, so what is tested is what runs:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from webhook.admission.claimreads import ClaimReader, seeing
 from webhook.admission.quota import with_quota
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
@@ -68,6 +73,7 @@ class Cluster:
     store: UsageStore | None = None  # None: quota is not checked
     read_workload: WorkloadReader | None = None  # None: scale-ups are not checked
     claims: ClaimLookup = no_claims  # DRA claims and templates seen (a watch cache)
+    read_claim: ClaimReader | None = None  # None: an unseen claim is not read
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
@@ -114,6 +120,12 @@ async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluste
 async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
                 cluster: Cluster, budget: float = 1.0) -> Decision:
     """The decision of the webhook at ``phase`` for one parsed review."""
+    if cluster.read_claim is not None and not req.sub_resource:
+        started = time.monotonic()
+        claims = await seeing(req, cluster.claims, cluster.read_claim, budget)
+        if claims is not cluster.claims:
+            cluster = replace(cluster, claims=claims)
+            budget = max(budget - (time.monotonic() - started), 0.0)
     if phase is Phase.MUTATE:
         return mutating(req, policy, cluster.labels, cluster.claims, cluster.store)
     if req.sub_resource:

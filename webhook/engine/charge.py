@@ -73,8 +73,8 @@ def unknown_templates(check: Checker, target: Target) -> None:
     costs is unknown, so it is not admitted blind (rule unknown-claim)."""
     if target.tenant is None:
         return
-    for name in target.unknown_templates:
-        check.report(Rule.UNKNOWN_CLAIM, messages.template_unknown(name))
+    for name, why in target.unseen_templates:
+        check.report(Rule.UNKNOWN_CLAIM, messages.template_unknown(name, why))
 
 
 def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,

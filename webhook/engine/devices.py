@@ -40,6 +40,15 @@ def no_claims(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
     return None
 
 
+def unseen_reason(claims: ClaimLookup, kind: str, namespace: str, name: str) -> str | None:
+    """Why a lookup has no such claim, when it can say: "absent" (the API server has
+    none of that name) or why reading it failed; None when it was not asked for (a watch
+    cache alone, the manifests given offline). A lookup says so by an ``unseen`` method
+    (``webhook.admission.claimreads.ReadThrough``)."""
+    why = getattr(claims, "unseen", None)
+    return why(kind, namespace, name) if callable(why) else None
+
+
 _PROFILE = re.compile(r"""\.profile\s*==\s*['"]([0-9a-z.]+)['"]""")
 
 

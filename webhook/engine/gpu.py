@@ -103,16 +103,22 @@ def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[Cont
             if asked > cap_c:
                 check.report(Rule.MAX_PER_CONTAINER,
                              messages.per_container_max(asked, tenant.name, cap_c,
-                                                        _named(policy, amounts, asked)),
+                                                        _named(policy, amounts, asked),
+                                                        _within(policy, amounts, cap_c)),
                              c.describe())
     if cap_p is not None and pod_ask > cap_p and skip is not Rule.MAX_PER_POD:
         # DRA devices are already GPU-equivalents: the named devices are the pod's
         # own extended resources, and the claims are added as GPUs.
         named = None if claimed else _named(policy, effective, pod_ask)
+        fewer = None if claimed else _within(policy, effective, cap_p)
         check.report(Rule.MAX_PER_POD,
-                     messages.per_pod_max(pod_ask, tenant.name, cap_p, named))
+                     messages.per_pod_max(pod_ask, tenant.name, cap_p, named, fewer))
     return effective
 
 
 def _named(policy: CompiledPolicy, counts: dict[str, float], gpus: float) -> str:
     return messages.devices([(r, n, policy.weight(r)) for r, n in counts.items()], gpus)
+
+
+def _within(policy: CompiledPolicy, counts: dict[str, float], cap: float) -> str:
+    return messages.within([(r, n, policy.weight(r)) for r, n in counts.items()], cap)

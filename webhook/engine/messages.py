@@ -124,21 +124,34 @@ def devices(asked: Sequence[tuple[str, float, float]], gpus: float) -> str:
     return f"{named} ({sums} = {num(gpus)} {'GPU' if gpus == 1 else 'GPUs'})"
 
 
-def per_container_max(asked: float, tenant: str, cap: float, what: str | None = None
-                      ) -> str:
+def within(asked: Sequence[tuple[str, float, float]], cap: float) -> str:
+    """The most a cap of ``cap`` GPUs allows, in the resource the developer asked for
+    when it is one resource counted at a weight (``2 nvidia.com/mig-3g.40gb (1 GPU)``:
+    slices, not GPU-equivalents, are what they write); else ``cap`` as a number."""
+    asked = [(r, n, w) for r, n, w in asked if n]
+    if len(asked) == 1 and asked[0][2] not in (0, 1):
+        r, _, w = asked[0]
+        return f"{int(cap / w + 1e-9)} {r} ({_gpus(cap)})"
+    return num(cap)
+
+
+def per_container_max(asked: float, tenant: str, cap: float, what: str | None = None,
+                      fewer: str | None = None) -> str:
     what = what or f"{num(asked)} GPUs"
     return (
-        f"asks for {what}; tenant {tenant} allows at most {num(cap)} per container. "
-        f"Ask for {num(cap)} or fewer, or split the work across pods."
+        f"asks for {what}; tenant {tenant} allows at most {_gpus(cap)} per container. "
+        f"Ask for {fewer or num(cap)} or fewer, or split the work across pods."
     )
 
 
-def per_pod_max(asked: float, tenant: str, cap: float, what: str | None = None) -> str:
+def per_pod_max(asked: float, tenant: str, cap: float, what: str | None = None,
+                fewer: str | None = None) -> str:
     what = what or f"{num(asked)} GPUs"
     return (
         f"asks for {what} in all (counted as Kubernetes does: app containers and "
         f"sidecars together, or the largest init container); tenant {tenant} allows at most "
-        f"{num(cap)} per pod. Ask for {num(cap)} or fewer, or split the work across pods."
+        f"{_gpus(cap)} per pod. Ask for {fewer or num(cap)} or fewer, or split the work "
+        "across pods."
     )
 
 
@@ -206,9 +219,10 @@ def alternative(product: str, free: float, label: str | None, annotation: str | 
 
 def quota_exceeded(scope: str, what: str, used: float, asked: float, cap: float,
                    top: list[tuple[str, float]], asker: str, alternatives: list[str],
-                   asked_as: str | None = None) -> str:
+                   asked_as: str | None = None, others: int = 0) -> str:
     """``exceeded quota: tenant team-a would use 10 of its 8 GPUs (product a100): 6 in use
-    (...), this pod asks 4. 2 are free now; h100 has 4 free (set label ...).``"""
+    (...), this pod asks 4. 2 are free now; h100 has 4 free (set label ...).``
+    ``others``: the other caps the pod exceeds, of which this one binds."""
     free = max(cap - used, 0)
     held = f"{num(used)} in use" + (f" ({owners(top)})" if top and used else "")
     fits = (f"{num(free)} {'is' if free == 1 else 'are'} free now" if free
@@ -219,7 +233,7 @@ def quota_exceeded(scope: str, what: str, used: float, asked: float, cap: float,
             " Wait for running pods to finish, free some up, or ask the platform team for "
             "more quota.")
     return (f"{EXCEEDED_QUOTA}: {scope} would use {num(used + asked)} of its {num(cap)} "
-            f"{what}: {held}, {asker} {asked_as or num(asked)}. "
+            f"{what}{tightest(others)}: {held}, {asker} {asked_as or num(asked)}. "
             f"{fits[0].upper() + fits[1:]}{alt}.{hint}")
 
 
@@ -236,7 +250,7 @@ def most_pods(cap: float, per_pod: float) -> int:
     return int(cap // per_pod) if per_pod else 0
 
 
-def _tightest(others: int) -> str:
+def tightest(others: int) -> str:
     # Several caps broken at once would each give their own "at most N": only the
     # smallest answers the question, so it is the one given, said to be the tightest.
     return f" (the tightest of the {others + 1} caps it exceeds)" if others else ""
@@ -255,10 +269,10 @@ def gang_never_fits(scope: str, what: str, pods: int, per_pod: float, cap: float
                     others: int = 0) -> str:
     return (f"asks for {_pods(pods)} x {num(per_pod)} = {num(pods * per_pod)} {what} at once, "
             f"but {scope}'s quota is {num(cap)} {what}: it can never run in full. "
-            + (f"Run at most {_pods(most_pods(cap, per_pod))}{_tightest(others)}."
+            + (f"Run at most {_pods(most_pods(cap, per_pod))}{tightest(others)}."
                if what == PODS else
                f"Run at most {_pods(most_pods(cap, per_pod))} of this size"
-               f"{_tightest(others)}, or fewer {what} per pod."))
+               f"{tightest(others)}, or fewer {what} per pod."))
 
 
 def gang_not_free(scope: str, what: str, pods: int, per_pod: float, free: float,
@@ -267,7 +281,7 @@ def gang_not_free(scope: str, what: str, pods: int, per_pod: float, free: float,
     tail = f" {events_on(kind)}" if kind else ""
     return (f"asks for {_pods(pods)} x {num(per_pod)} {what}, but only {num(free)} of "
             f"{scope}'s {num(cap)} {what} are free now: {now} of its pods can start now"
-            f"{_tightest(others)} and the rest will be refused until quota frees up.{tail}")
+            f"{tightest(others)} and the rest will be refused until quota frees up.{tail}")
 
 
 def quota_unavailable(reason: str) -> str:
@@ -310,8 +324,8 @@ def fake_extended_resource_claim(annotation: str) -> str:
 
 
 def claim_per_pod_max(asked: float, tenant: str, cap: float) -> str:
-    return (f"asks for {num(asked)} GPUs in all; tenant {tenant} allows at most {num(cap)} per "
-            f"pod, and every pod using this claim would hold them. Ask for {num(cap)} or "
+    return (f"asks for {num(asked)} GPUs in all; tenant {tenant} allows at most {_gpus(cap)} "
+            f"per pod, and every pod using this claim would hold them. Ask for {num(cap)} or "
             "fewer devices.")
 
 
@@ -321,7 +335,20 @@ def claim_unpinned(attribute: str, tenant: str, allowed: Iterable[str]) -> str:
             "it when it runs).")
 
 
-def template_unknown(name: str) -> str:
+def template_unknown(name: str, why: str | None = None) -> str:
+    """``why``: "absent" when the API server was asked and has no such template, the
+    reason its read failed, or None when it was not asked (offline: the manifests
+    given)."""
+    if why == "absent":
+        return (f"uses ResourceClaimTemplate {name}, which does not exist in its namespace "
+                "(the webhook asked the API server), so the GPUs it asks for cannot be "
+                "counted. Create the template first, or fix its name in "
+                "spec.resourceClaims.")
+    if why is not None:
+        return (f"uses ResourceClaimTemplate {name}, which the webhook has not seen yet and "
+                f"could not read from the API server ({why}), so the GPUs it asks for "
+                "cannot be counted. Retry in a moment; if it persists, tell the platform "
+                "team.")
     return (f"uses ResourceClaimTemplate {name}, which the webhook has not seen, so the GPUs "
             "it asks for cannot be counted. Wait a few seconds and retry if the template was "
             "just created (the webhook learns of it a moment later); otherwise create it "
@@ -335,28 +362,31 @@ def parts(items: Iterable[tuple[str, int, float]]) -> str:
 
 
 def roles_never_fit(scope: str, what: str, breakdown: str, total: float, pods: int,
-                    cap: float, gang: bool) -> str:
+                    cap: float, gang: bool, others: int = 0) -> str:
     if gang:
         return (f"its gang of {_pods(pods)} must start together, and its GPU pods "
                 f"({breakdown}) need {num(total)} {what} at once, but {scope}'s quota is "
-                f"{num(cap)} {what}: it can never start. Make the gang need at most "
-                f"{num(cap)} {what} (fewer pods, or fewer per pod), or ask the platform "
+                f"{num(cap)} {what}{tightest(others)}: it can never start. Make the gang "
+                f"need at most {num(cap)} {what} (fewer pods, or fewer per pod), or "
+                "ask the platform "
                 "team for more quota.")
     return (f"asks for {_pods(pods)} at once, {breakdown} = {num(total)} {what}, but "
-            f"{scope}'s quota is {num(cap)} {what}: it can never run in full. Ask for at "
-            f"most {num(cap)} {what} (fewer pods, or fewer per pod).")
+            f"{scope}'s quota is {num(cap)} {what}{tightest(others)}: it can never run in "
+            f"full. Ask for at most {num(cap)} {what} (fewer pods, or fewer per pod).")
 
 
 def roles_exceed_quota(scope: str, what: str, breakdown: str, total: float, pods: int,
-                       cap: float, gang_pods: int, gang_total: float) -> str:
+                       cap: float, gang_pods: int, gang_total: float, others: int = 0
+                       ) -> str:
     return (f"asks for {_pods(pods)} in all, {breakdown} = {num(total)} {what}, but "
-            f"{scope}'s quota is {num(cap)} {what}: its gang of {_pods(gang_pods)} "
+            f"{scope}'s quota is {num(cap)} {what}{tightest(others)}: its gang of "
+            f"{_pods(gang_pods)} "
             f"({num(gang_total)} {what}) can start, but never all of its pods at once.")
 
 
 def roles_not_free(scope: str, what: str, breakdown: str, asked: float, used: float,
                    cap: float, gang_pods: int | None, gang_total: float,
-                   unreserved: bool, kind: str = "") -> str:
+                   unreserved: bool, kind: str = "", others: int = 0) -> str:
     free = max(cap - used, 0.0)
     if gang_pods is not None:
         now = (f"its gang of {_pods(gang_pods)} needs {num(gang_total)} {what} and cannot "
@@ -368,13 +398,15 @@ def roles_not_free(scope: str, what: str, breakdown: str, asked: float, used: fl
     if kind:
         tail += f" {events_on(kind)}"
     return (f"asks for {breakdown} = {num(asked)} {what}, but only {num(free)} of "
-            f"{scope}'s {num(cap)} {what} are free now ({num(used)} in use): {now}.{tail}")
+            f"{scope}'s {num(cap)} {what}{tightest(others)} are free now ({num(used)} in "
+            f"use): {now}.{tail}")
 
 
-def role_pod_never_fits(scope: str, what: str, role: str, per_pod: float, cap: float
-                        ) -> str:
+def role_pod_never_fits(scope: str, what: str, role: str, per_pod: float, cap: float,
+                        others: int = 0) -> str:
     return (f"{role} asks for {num(per_pod)} {what} per pod, but {scope}'s quota is "
-            f"{num(cap)} {what}: its pod can never run. Ask for {num(cap)} or fewer.")
+            f"{num(cap)} {what}: its pod can never run. Ask for {num(cap)} or fewer"
+            f"{tightest(others)}.")
 
 
 # --- spot capacity (rule spot-placement) ------------------------------------------------
@@ -522,5 +554,5 @@ def gang_never_fits_borrowing(scope: str, pods: int, per_pod: float, cap: float,
     return (f"asks for {_pods(pods)} x {num(per_pod)} = {num(pods * per_pod)} GPUs at once, "
             f"but {scope}'s own {num(cap)} GPUs and the {num(extra)} it may ever borrow "
             f"from cohort {cohort} are {num(total)}: it can never run in full. Run at most "
-            f"{_pods(most_pods(total, per_pod))} of this size{_tightest(others)}, or fewer "
+            f"{_pods(most_pods(total, per_pod))} of this size{tightest(others)}, or fewer "
             f"GPUs per pod.")

@@ -131,6 +131,13 @@ def _product(check: Checker, policy: CompiledPolicy, template: PodTemplate,
     return None
 
 
+def _values(policy: CompiledPolicy, products: list[str] | None) -> list[str]:
+    """The node-label values of products (every product when ``products`` is None): a
+    message about ``nvidia.com/gpu.product in [...]`` names what nodes carry, not the
+    policy's short names, which no node matches."""
+    return [policy.product_value[p] for p in (products or sorted(policy.product_value))]
+
+
 def _chosen(check: Checker, policy: CompiledPolicy, asked: str | None,
             own: Restriction | None, allowed: list[str] | None) -> list[str] | None:
     """The products the pod may be pinned to, before its own terms are considered."""
@@ -155,7 +162,7 @@ def _chosen(check: Checker, policy: CompiledPolicy, asked: str | None,
             shown = sorted(own.values)
             check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
                 own.source, policy.product_label, shown, tenant.name if tenant else "-",
-                allowed or sorted(policy.product_value)))
+                _values(policy, allowed)))
         elif tenant and tenant.default_product in ok and len(ok) > 1:
             products = [tenant.default_product]
         else:
@@ -186,7 +193,7 @@ def _satisfiable(check: Checker, policy: CompiledPolicy, placement: Placement,
         elif not keep:
             check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
                 "node affinity", policy.product_label, [],
-                tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
+                tenant.name if tenant else "-", _values(policy, allowed)))
         products = keep
     if products and asked is not None and not placement.survives(
             policy.product_label, [policy.product_value[asked]]):
@@ -206,7 +213,7 @@ def _satisfiable(check: Checker, policy: CompiledPolicy, placement: Placement,
                                   [policy.product_value[p] for p in products]):
             check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(
                 "node affinity", policy.product_label, [],
-                tenant.name if tenant else "-", allowed or sorted(policy.product_value)))
+                tenant.name if tenant else "-", _values(policy, allowed)))
             products = []
     return products
 
@@ -255,7 +262,7 @@ def check_pinned(check: Checker, policy: CompiledPolicy, template: PodTemplate,
         allowed_values = [policy.product_value[p] for p in tenant.allowed_products]
         if own is None:
             check.report(Rule.ALLOWED_PRODUCTS, messages.unpinned(
-                policy.product_label, tenant.name, tenant.allowed_products))
+                policy.product_label, tenant.name, allowed_values))
             reported = True
         elif not own.values <= set(allowed_values):
             check.report(Rule.ALLOWED_PRODUCTS, messages.placement_conflict(

@@ -13,7 +13,7 @@ from typing import Any
 
 from webhook.engine import messages
 from webhook.engine.decision import Decision, malformed, subject_of
-from webhook.engine.devices import ClaimLookup, is_gpu_request, no_claims
+from webhook.engine.devices import ClaimLookup, is_gpu_request, no_claims, unseen_reason
 from webhook.k8s.claims import (
     CLAIM,
     TEMPLATE,
@@ -51,6 +51,7 @@ class ClaimUse:
     entry: PodClaim
     requests: list[DeviceRequest] | None
     gpu: bool  # it asks a GPU device class
+    unseen: str | None = None  # why it is unseen, when the lookup said (devices.unseen_reason)
 
     @property
     def per_pod(self) -> bool:
@@ -76,6 +77,12 @@ class Target:
     @property
     def unknown_templates(self) -> list[str]:
         return [c.entry.template for c in self.claims
+                if c.requests is None and c.entry.template is not None]
+
+    @property
+    def unseen_templates(self) -> list[tuple[str, str | None]]:
+        """The unknown templates with why each is unseen (None: not asked)."""
+        return [(c.entry.template, c.unseen) for c in self.claims
                 if c.requests is None and c.entry.template is not None]
 
 
@@ -182,7 +189,8 @@ def _claim_use(entry: PodClaim, namespace: str, policy: CompiledPolicy,
                   else (CLAIM, entry.claim))
     obj = claims(kind, namespace, name) if name else None
     if obj is None:
-        return ClaimUse(entry, None, False)
+        why = unseen_reason(claims, kind, namespace, name) if name else None
+        return ClaimUse(entry, None, False, why)
     try:
         found = claim_spec(kind, dict(obj))
         requests = device_requests(*found) if found is not None else []

@@ -75,7 +75,10 @@ def gpu_count(value: object) -> int:
     if q.adjusted() > 15:
         raise QuantityError(f"{_show(value)} is far more devices than any node has")
     if q != q.to_integral_value():
-        raise QuantityError(f"{_show(value)} is not a whole number")
+        # Shown as the number it is, not as written: the API server hands admission its
+        # canonical form ("500m" for a 0.5 in the manifest), so kubectl and an offline
+        # review of the same manifest would otherwise quote it differently.
+        raise QuantityError(f"{_decimal(q)} is not a whole number")
     n = int(q)
     if n < 0:
         raise QuantityError(f"{_show(value)} is negative")
@@ -93,6 +96,12 @@ def is_zero(value: object) -> bool:
         return parse(value) == 0
     except QuantityError:
         return False
+
+
+def _decimal(q: Decimal) -> str:
+    """``0.5`` for 500m, 0.5 and "0.5" alike: plain decimal notation, no exponent."""
+    text = format(q, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _show(value: object) -> str:

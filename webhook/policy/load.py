@@ -14,18 +14,30 @@ than a located error.
 A key given twice in one mapping is an error naming both lines: PyYAML keeps the last
 one silently, so a ``mode: warn`` dedented by one level from a tenant to ``spec`` would
 turn the whole policy to warn with ``policy check`` saying ok.
+
+Errors speak the product's language, not the parsers': a YAML syntax error says what is
+wrong with the line (indentation, a tab, an unclosed bracket or quote) from what PyYAML's
+error carries (its problem and marks), with the line's text; a schema error says what the
+field must be ("must be a list, e.g. [a, b]"), not pydantic's "Input should be a valid
+list". Fields are camelCase only, as the docs write them: a snake_case key is refused
+with its camelCase name, and an unknown key gets the closest known one ("did you mean").
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import types
+import typing
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
 
 from webhook.policy import model
 from webhook.policy.model import API_VERSION, KIND, FieldProblem, GPUPolicy
@@ -50,6 +62,8 @@ _PATTERN_WORDS = {
                              "(e.g. nvidia.com/mig-*)",
     model._SERVICE_ACCOUNT: "must be namespace/name of a service account "
                             "(e.g. gpu-operator/nvidia-device-plugin)",
+    model._POINTER: "must be a JSON Pointer into the object, starting with / "
+                    "(e.g. /spec/template)",
 }
 _SCALARS = (str, int, float, bool)
 
@@ -150,8 +164,7 @@ def load_document(text: str, source: str, model: type[Model], kind: str) -> Mode
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        reason = exc.problem or exc.context or "invalid YAML"
-        raise PolicyError(source, [Problem("", line, f"YAML syntax: {reason}")]) from None
+        raise PolicyError(source, [Problem("", line, _syntax(exc, text))]) from None
     except yaml.YAMLError as exc:
         raise PolicyError(source, [Problem("", None, f"YAML syntax: {exc}")]) from None
     if not docs:
@@ -178,9 +191,52 @@ def load_document(text: str, source: str, model: type[Model], kind: str) -> Mode
                                            f"expected a mapping with apiVersion: {API_VERSION}, "
                                            f"kind: {kind}")])
     try:
-        return model.model_validate(raw)
+        # By alias only: the YAML is camelCase, as the docs write it. A snake_case key
+        # (the Python name) is an unknown field, told its camelCase spelling.
+        return model.model_validate(raw, by_alias=True, by_name=False)
     except ValidationError as exc:
-        raise PolicyError(source, [_problem(e, node) for e in exc.errors()]) from None
+        raise PolicyError(source, [_problem(e, node, model) for e in exc.errors()]) from None
+
+
+def _syntax(exc: yaml.MarkedYAMLError, text: str) -> str:
+    """A YAML syntax error in words, from what PyYAML's error carries: its problem
+    ("expected <block end>, but found '?'"), where it was found and, for an unclosed
+    bracket or quote, where that began. The offending line is quoted."""
+    problem = exc.problem or exc.context or ""
+    mark, start = exc.problem_mark, exc.context_mark
+    opened = f" at line {start.line + 1}" if start is not None else ""
+    if problem.startswith("expected <block end>") or problem.startswith(
+            "expected <block mapping start>"):
+        hint = ("this line is indented differently from the lines before it: the keys of "
+                "one mapping, and the items of one list, must start in the same column. "
+                "Line it up with the key it sits beside, or indent it under the one it "
+                "belongs to")
+    elif problem == "mapping values are not allowed here":
+        hint = ("a ':' where no key can start: the line is indented deeper than the key "
+                "before it (line it up), or a value holds ': ' (quote the value)")
+    elif "'\\t'" in problem:  # PyYAML writes the tab escaped
+        hint = "a tab indents this line; YAML indents with spaces only: use spaces"
+    elif problem.startswith("expected ',' or ']'"):
+        hint = f"a list opened with '['{opened} is not closed: add the ']'"
+    elif problem.startswith("expected ',' or '}'"):
+        hint = f"a mapping opened with '{{'{opened} is not closed: add the '}}'"
+    elif "<stream end>" in problem and "flow" in (exc.context or ""):
+        hint = ("a list or mapping opened with '[' or '{' is not closed before the end of "
+                "the file: add the ']' or '}'")
+    elif "end of stream" in problem and "quoted" in (exc.context or ""):
+        hint = f"a quoted string opened{opened} is never closed: add the closing quote"
+    elif problem == "could not find expected ':'":
+        hint = ("a key without ':' (write key: value), or a value carried onto the next "
+                "line without quotes")
+    else:
+        hint = (f"{problem or 'invalid YAML'}; check the indentation and quoting of this "
+                "line and the one before it")
+    if mark is None:
+        return f"YAML syntax: {hint}"
+    lines = text.splitlines()
+    here = lines[mark.line].rstrip() if mark.line < len(lines) else ""
+    shown = f'"{here[:80]}"' if here.strip() else "the end of the file"
+    return f"YAML syntax: {hint} (column {mark.column + 1} of {shown})"
 
 
 def _duplicate_keys(node: yaml.Node, loc: list[object]) -> list[Problem]:
@@ -216,7 +272,39 @@ def _empty(node: yaml.Node | None) -> bool:
                             and node.tag == "tag:yaml.org,2002:null" and node.value == "")
 
 
-def _problem(error: object, root: yaml.Node) -> Problem:
+# pydantic's words for a wrong type, in the schema's: what the field must be, with an
+# example where one helps. Keyed by pydantic's error type.
+_TYPE_WORDS = {
+    "list_type": "must be a list, e.g. [a, b] (or one item per line, each after '- ')",
+    "dict_type": "must be a mapping of key: value lines",
+    "model_type": "must be a mapping of key: value lines",
+    "model_attributes_type": "must be a mapping of key: value lines",
+    "string_type": "must be a string",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "set_type": "must be a list, e.g. [a, b]",
+    "frozen_set_type": "must be a list, e.g. [a, b]",
+}
+# ... and the bounds: pydantic's ctx names the limit.
+_BOUND_WORDS = {
+    "greater_than": "must be more than {gt}",
+    "greater_than_equal": "must be {ge} or more",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+    "too_short": "must have at least {min_length} item(s)",
+    "too_long": "must have at most {max_length} items",
+    "string_too_short": "must be at least {min_length} character(s) long",
+    "string_too_long": "must be at most {max_length} characters long",
+    "string_pattern_mismatch": "must match the pattern {pattern}",
+}
+
+
+def _problem(error: object, root: yaml.Node, top: type[BaseModel] = GPUPolicy) -> Problem:
     assert isinstance(error, dict)
     loc = [p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
     ctx = error.get("ctx") or {}
@@ -229,21 +317,100 @@ def _problem(error: object, root: yaml.Node) -> Problem:
         message = message[len("Value error, "):]
     kind = error.get("type")
     value = error.get("input")
+    if kind in _TYPE_WORDS:
+        message = _TYPE_WORDS[str(kind)]
+        if not isinstance(value, _SCALARS):
+            message += f" (got {_shape(value)})"
+    elif kind in _BOUND_WORDS:
+        with contextlib.suppress(KeyError, IndexError):  # a ctx without the bound: as is
+            message = _BOUND_WORDS[str(kind)].format(**{k: _plain(v) for k, v in ctx.items()})
+    elif message.startswith("Input should be "):
+        message = "must be " + message[len("Input should be "):]  # one of the choices
     if kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_WORDS:
         message = _PATTERN_WORDS[ctx["pattern"]]
     if (kind not in ("value_error", "extra_forbidden", "missing")
             and isinstance(value, _SCALARS) and repr(value) not in message):
         message += f" (got {value!r})"  # the bad value, so the fix is obvious
     if kind == "extra_forbidden":
-        message = f"unknown field {loc[-1]!r}: check the spelling against policies/README.md"
-        known = _field_names().get(str(loc[-1]).lower())
-        if known and known != loc[-1]:
-            message = f"unknown field {loc[-1]!r}: did you mean {known!r}?"
+        message = _unknown_field(str(loc[-1]), _fields_at(top, loc[:-1]))
     elif kind == "literal_error" and loc == ["apiVersion"]:
-        message = f"apiVersion must be {API_VERSION!r} (got {error.get('input')!r})"
+        message = f"must be {API_VERSION!r} (got {error.get('input')!r})"
     elif kind == "missing":
         message = "required field is missing"
     return Problem(path, _line(root, loc), message)
+
+
+def _shape(value: object) -> str:
+    """What a non-scalar value is, in YAML's words."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return "nothing" if value is None else type(value).__name__
+
+
+def _plain(v: object) -> object:
+    return int(v) if isinstance(v, float) and v == int(v) else v
+
+
+def _unknown_field(key: str, known: list[str]) -> str:
+    """An unknown key: its camelCase name if it is a snake_case spelling of a field, the
+    right spelling if it differs only in case, else the closest known field, if any."""
+    names = known or sorted(set(_field_names().values()))
+    by_lower = {n.lower(): n for n in names}
+    camel = to_camel(key) if "_" in key else None
+    for guess in (camel, key):
+        if guess is None:
+            continue
+        right = by_lower.get(guess.lower()) or _field_names().get(guess.lower())
+        if right and right != key:
+            if guess is camel:
+                return (f"unknown field {key!r}: policy fields are camelCase, as in "
+                        f"policies/README.md: write {right!r}")
+            return f"unknown field {key!r}: did you mean {right!r}?"
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field {key!r}: did you mean {close[0]!r}?"
+    return f"unknown field {key!r}: check the spelling against policies/README.md"
+
+
+def _fields_at(top: type[BaseModel], loc: list[object]) -> list[str]:
+    """The field names (YAML spelling) of the model at ``loc``, or [] when ``loc`` leads
+    through something that is not a model (a free-form mapping)."""
+    node: Any = top
+    for part in loc:
+        node = _unwrap(node)
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = next((f for n, f in node.model_fields.items()
+                          if (f.alias or n) == part), None)
+            if field is None:
+                return []
+            node = field.annotation
+        elif typing.get_origin(node) in (list, tuple, set, frozenset) and isinstance(part, int):
+            node = (typing.get_args(node) or (Any,))[0]
+        elif typing.get_origin(node) is dict:
+            node = (typing.get_args(node) or (Any, Any))[-1]
+        else:
+            return []
+    node = _unwrap(node)
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return sorted((f.alias or n) for n, f in node.model_fields.items())
+    return []
+
+
+def _unwrap(node: Any) -> Any:
+    """``X`` from ``Annotated[X, ...]`` and ``X | None``."""
+    while True:
+        origin = typing.get_origin(node)
+        if origin is typing.Annotated:
+            node = typing.get_args(node)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(node) if a is not type(None)]
+            if len(args) != 1:
+                return node
+            node = args[0]
+        else:
+            return node
 
 
 @cache

@@ -11,7 +11,9 @@ what is free right now, the developer gets a warning at ``kubectl apply`` time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 
 from webhook.engine import messages
@@ -80,22 +82,35 @@ def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
     return out
 
 
-def _alternatives(policy: CompiledPolicy, tenant: TenantRules, line: Line, usage: UsageView,
+def _alternatives(policy: CompiledPolicy, tenant: TenantRules, usage: UsageView,
                   ask: Ask) -> list[str]:
-    """Other allowed products with room for this ask, for the 'what would fit' hint."""
-    if line.product is None or tenant.quota is None:
+    """Other allowed products this pod would be admitted on, for the 'what would fit'
+    hint: every cap is checked with the product swapped (the tenant's and the
+    namespace's alike), so a product is offered only if no cap would still refuse it."""
+    if ask.product is None or tenant.quota is None:
         return []
     out = []
     totals = usage.tenant(tenant.name)
     label, annotation = policy.product_request_label, policy.product_request_annotation
     for p, cap in tenant.quota.products.items():
-        if p == line.product or (tenant.allowed_products and p not in tenant.allowed_products):
+        if p == ask.product or (tenant.allowed_products and p not in tenant.allowed_products):
             continue
-        free = cap - totals.products.get(p, 0.0)
-        if free + EPSILON >= ask.gpus:
+        other = replace(ask, cost=replace(ask.cost, product=p))
+        if all(_fits(line) for line in lines(tenant, other, usage)):
+            free = cap - totals.products.get(p, 0.0)
             out.append(messages.alternative(p, free, label, annotation, policy.product_label,
                                             policy.product_value.get(p, p)))
     return out
+
+
+def _fits(line: Line) -> bool:
+    return line.used + line.per_pod <= line.cap + EPSILON
+
+
+def _room(line: Line) -> float:
+    """How much of this pod the cap has room for (1: all of it): comparable across caps
+    counted in different units, so the smallest is the binding one."""
+    return line.free() / line.per_pod if line.per_pod else float("inf")
 
 
 def _asked_as(check: Checker, line: Line, ask: Ask) -> str | None:
@@ -110,18 +125,24 @@ def _asked_as(check: Checker, line: Line, ask: Ask) -> str | None:
 
 
 def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -> bool:
-    """Report every cap a pod would exceed; True when it fits."""
-    fits = True
-    for line in lines(tenant, ask, usage):
-        if line.used + line.per_pod > line.cap + EPSILON:
-            fits = False
-            top = usage.top_owners(line.holders)
-            check.report(Rule.QUOTA, messages.quota_exceeded(
-                line.scope, line.what, line.used, line.per_pod, line.cap, top,
-                "this pod asks" if ask.counts_pods else f"this {ask.kind} asks",
-                _alternatives(check.policy, tenant, line, usage, ask),
-                _asked_as(check, line, ask)))
-    return fits
+    """Report the cap a pod would exceed; True when it fits.
+
+    A pod over several caps (its tenant's and its namespace's, GPUs and a product's) is
+    told once, with the binding cap: the one with room for the least of it. Each cap's
+    own "N are free now" would name a number another cap still refuses."""
+    broken = [line for line in lines(tenant, ask, usage) if not _fits(line)]
+    if not broken:
+        return True
+    # On a tie the more specific cap (a product's, spot, pods; the namespace's) is named:
+    # it speaks in the units the pod was asked in, and its fix is the one to act on.
+    line = min(reversed(broken), key=_room)
+    top = usage.top_owners(line.holders)
+    check.report(Rule.QUOTA, messages.quota_exceeded(
+        line.scope, line.what, line.used, line.per_pod, line.cap, top,
+        "this pod asks" if ask.counts_pods else f"this {ask.kind} asks",
+        _alternatives(check.policy, tenant, usage, ask),
+        _asked_as(check, line, ask), len(broken) - 1))
+    return False
 
 
 def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -> None:
@@ -191,21 +212,35 @@ def _gang_lines(tenant: TenantRules, gang: GangAsk, usage: UsageView) -> list[_G
     return list(out.values())
 
 
+# A finding of one cap: (the share of what is asked the cap has room for, its message
+# given how many other caps the same finding broke).
+_Found = tuple[float, Callable[[int], str]]
+
+
 def check_gang(check: Checker, tenant: TenantRules, gang: GangAsk, usage: UsageView,
                reservable: bool = False) -> bool:
     """A workload with roles against the caps: denied if its gang (every pod, when it
     has none) can never fit, warned if not all its pods can ever run at once or if it
-    does not fit what is free now. True when the gang fits now (it may be reserved)."""
+    does not fit what is free now. True when the gang fits now (it may be reserved).
+
+    Each finding is made once, from the binding cap (the one with room for the smallest
+    share of what is asked), as for a Deployment: two caps broken at once would each
+    say "at most N" with their own N, and only the smallest is true of the workload."""
     members = gang.members()
     fits_now = True
+    never: list[_Found] = []
+    whole_over: list[_Found] = []
+    not_free: list[_Found] = []
+    per_role: dict[str, list[_Found]] = {}
     for g in _gang_lines(tenant, gang, usage):
         line, cap = g.line, g.line.cap
         roles = [(gang.roles[i], per) for i, per in g.parts]
         if gang.sequential:
             for r, per in roles:
                 if per > cap + EPSILON:
-                    check.report(Rule.QUOTA, messages.role_pod_never_fits(
-                        line.scope, line.what, gang.role_label(r), per, cap))
+                    per_role.setdefault(r.name, []).append((cap / per, partial(
+                        messages.role_pod_never_fits, line.scope, line.what,
+                        gang.role_label(r), per, cap)))
             continue
         whole = sum(r.pods * per for r, per in roles)
         need = sum(members[i] * per for i, per in g.parts)
@@ -218,19 +253,33 @@ def check_gang(check: Checker, tenant: TenantRules, gang: GangAsk, usage: UsageV
                                         for (r, per), (i, _) in zip(roles, g.parts,
                                                                     strict=True)
                                         if members[i])
-            check.report(Rule.QUOTA, messages.roles_never_fit(
-                line.scope, line.what, gang_parts, need, sum(members), cap,
-                gang.gang is not None))
+            never.append((cap / need, partial(
+                messages.roles_never_fit, line.scope, line.what, gang_parts, need,
+                sum(members), cap, gang.gang is not None)))
         elif whole > cap + EPSILON:
-            check.report(Rule.QUOTA, messages.roles_exceed_quota(
-                line.scope, line.what, all_of, whole, gang.pods, cap, sum(members), need),
-                at_most=Mode.WARN)
+            whole_over.append((cap / whole, partial(
+                messages.roles_exceed_quota, line.scope, line.what, all_of, whole,
+                gang.pods, cap, sum(members), need)))
         elif added and line.used + added > cap + EPSILON:
             added_of = messages.parts((gang.role_label(r), r.pods_added, per)
                                       for r, per in roles if r.pods_added)
-            check.report(Rule.QUOTA, messages.roles_not_free(
-                line.scope, line.what, added_of, added, line.used, cap,
-                sum(members) if gang.gang is not None else None, need, reservable,
-                gang.kind),
-                at_most=Mode.WARN)
+            not_free.append((max(cap - line.used, 0.0) / added, partial(
+                messages.roles_not_free, line.scope, line.what, added_of, added,
+                line.used, cap, sum(members) if gang.gang is not None else None, need,
+                reservable, gang.kind)))
+    for found in per_role.values():
+        check.report(Rule.QUOTA, _binding(found))
+    if never:
+        check.report(Rule.QUOTA, _binding(never))
+        return fits_now
+    if whole_over:
+        check.report(Rule.QUOTA, _binding(whole_over), at_most=Mode.WARN)
+    if not_free:
+        check.report(Rule.QUOTA, _binding(not_free), at_most=Mode.WARN)
     return fits_now
+
+
+def _binding(found: list[_Found]) -> str:
+    """The message of the binding cap (the least room), told how many caps it beat."""
+    _, say = min(found, key=lambda f: f[0])
+    return say(len(found) - 1)

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.libs import kube, logs
@@ -48,6 +49,7 @@ class Cluster:
     read_workload: WorkloadReader
     watchers: list[kube.Watcher]
     api: Any = None  # the API client, for what the leader replica writes (server.upkeep)
+    read_claim: ClaimReader | None = None  # a claim or template the watches lack yet
 
     def stop(self) -> None:
         for w in self.watchers:
@@ -88,7 +90,8 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
-    return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api)
+    return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
+                   claim_reader(kube.ResourceClaims(api)))
 
 
 def workload_reader(workloads: kube.Workloads) -> WorkloadReader:
@@ -106,5 +109,23 @@ def workload_reader(workloads: kube.Workloads) -> WorkloadReader:
                 f"API server within {timeout:.1f}s") from None
         except kube.KubeError as exc:
             raise WorkloadUnreadable(str(exc)) from None
+
+    return read
+
+
+def claim_reader(claims: kube.ResourceClaims) -> ClaimReader:
+    """Read a DRA claim or template (one a pod names before the watch has delivered it)
+    off the event loop, within ``timeout``; None when the API server has none."""
+
+    async def read(kind: str, namespace: str, name: str, timeout: float
+                   ) -> dict[str, Any] | None:
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(claims.read, kind, namespace, name, timeout), timeout)
+        except TimeoutError:
+            raise ClaimUnreadable(
+                f"the API server did not answer within {timeout:g}s") from None
+        except kube.KubeError as exc:
+            raise ClaimUnreadable(exc.reason) from None
 
     return read

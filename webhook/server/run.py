@@ -194,6 +194,7 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         store=cluster.store if cluster else MemoryStore(ttl=active.policy.reservation_ttl),
         read_workload=cluster.read_workload if cluster else None,
         claims=cluster.state.claim_lookup if cluster else no_claims,
+        read_claim=cluster.read_claim if cluster else None,
         ready_checks=ready,
         max_inflight=settings.max_inflight,
         request_timeout=settings.request_timeout)

@@ -189,6 +189,7 @@ class Got:
     changes: list[str] = field(default_factory=list)
     patched: dict[str, Any] | None = None
     reserved: bool = False
+    tenant: str | None = None
 
 
 @dataclass
@@ -379,7 +380,8 @@ class _Runner:
         out = through_both(body, self.policy, self.labels, self.store, self.claims)
         m, v = out.mutating, out.validating
         got = Got(outcome="", changes=list(m.mutations), rules=out.rules(),
-                  warnings=out.warnings)
+                  warnings=out.warnings,
+                  tenant=next((d.tenant for d in out.decisions if d.tenant), None))
         if v is None:
             got.outcome, got.phase, got.message = "denied", "mutating", m.message
             return _compare(case, got)
@@ -489,8 +491,10 @@ def _expected(e: Expect) -> str:
 
 
 def _first(text: str) -> str:
+    # The whole first line: the end of a message (its fix, its rule) is what tells two
+    # denials apart, so it is never cut.
     line = text.splitlines()[0] if text else ""
-    return line if len(line) <= 160 else line[:157] + "..."
+    return line + (" (+ more lines)" if "\n" in text.strip() else "")
 
 
 def _quote(text: str) -> str:
@@ -527,7 +531,10 @@ def render_text(results: list[SuiteResult]) -> str:
         got_w = max([3, *(len(got_label(c)) for c in s.cases)])
         lines.append(f"  {'CASE':<{width}}  {'EXPECTED':<{exp_w}}  {'GOT':<{got_w}}  RESULT")
         for c in s.cases:
-            name = c.name if len(c.name) <= width else c.name[:width - 3] + "..."
+            name = c.name
+            if len(name) > width:  # in full on a line of its own, never cut
+                lines.append(f"  {name}")
+                name = ""
             lines.append(f"  {name:<{width}}  {c.expected:<{exp_w}}  "
                          f"{got_label(c):<{got_w}}  {'PASS' if c.passed else 'FAIL'}")
             for d in c.differences:
@@ -554,7 +561,8 @@ def as_json(results: list[SuiteResult]) -> list[dict[str, Any]]:
         "passed": s.error is None and not s.failed,
         "cases": [{
             "name": c.name, "expected": c.expected, "got": c.got.outcome,
-            "phase": c.got.phase, "rules": c.got.rules, "message": c.got.message,
+            "phase": c.got.phase, "rules": c.got.rules, "tenant": c.got.tenant,
+            "message": c.got.message,
             "warnings": c.got.warnings, "changes": c.got.changes, "reserved": c.got.reserved,
             "result": "PASS" if c.passed else "FAIL", "differences": c.differences,
         } for c in s.cases],

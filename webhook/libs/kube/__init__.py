@@ -1,16 +1,17 @@
 """The one package that talks to the Kubernetes API (through the ``kubernetes`` client),
 one module per family of objects.
 
-Everything else speaks the product's terms: pods and namespaces arrive as plain dicts
-from :class:`Watcher` (:mod:`.watch`), the workload of a scale request is read as a plain
-dict by :class:`Workloads` (:mod:`.workloads`), the ledger reads and writes one ConfigMap
-with a resourceVersion precondition (:mod:`.configmaps`), self-managed certificates read
-and write one Secret the same way (:mod:`.secrets`) and set the ``caBundle`` of named
-webhook configurations (:mod:`.webhookconfigs`), the leader holds a Lease (:mod:`.leases`),
-GPUPolicy, GPUQuota and PolicyReport objects are custom objects (:mod:`.custom`), and API
-failures become :class:`Conflict`, :class:`NotFound` or :class:`Unreachable` with a
-message that says what was tried (:mod:`.api`). Callers use the names below
-(``kube.ConfigMaps``), not the modules.
+Everything else speaks the product's terms: pods and namespaces arrive as plain dicts from
+:class:`Watcher` (:mod:`.watch`), the workload of a scale request is read as a plain dict
+by :class:`Workloads` (:mod:`.workloads`), a DRA claim or template a pod names and the
+watch has not delivered yet by :class:`ResourceClaims` (:mod:`.claims`), the ledger reads
+and writes one ConfigMap with a resourceVersion precondition (:mod:`.configmaps`), self-
+managed certificates read and write one Secret the same way (:mod:`.secrets`) and set the
+``caBundle`` of named webhook configurations (:mod:`.webhookconfigs`), the leader holds a
+Lease (:mod:`.leases`), GPUPolicy, GPUQuota and PolicyReport objects are custom objects
+(:mod:`.custom`), and API failures become :class:`Conflict`, :class:`NotFound` or
+:class:`Unreachable` with a message that says what was tried (:mod:`.api`). Callers use
+the names below (``kube.ConfigMaps``), not the modules.
 """
 
 from webhook.libs.kube.api import (
@@ -21,6 +22,7 @@ from webhook.libs.kube.api import (
     connect,
     translated,
 )
+from webhook.libs.kube.claims import ResourceClaims
 from webhook.libs.kube.configmaps import ConfigMaps, StoredMap
 from webhook.libs.kube.custom import (
     APPLY,
@@ -53,6 +55,7 @@ __all__ = [
     "KubeError",
     "Leases",
     "NotFound",
+    "ResourceClaims",
     "Secrets",
     "StoredLease",
     "StoredMap",

@@ -33,6 +33,7 @@ import orjson
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from webhook.admission.claimreads import ClaimReader, named
 from webhook.admission.webhooks import Cluster, Phase, WorkloadReader, admit, mutating, reply
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
@@ -68,6 +69,7 @@ class Runtime:
     store: UsageStore | None = None
     read_workload: WorkloadReader | None = None  # for scale requests; None: no cluster
     claims: ClaimLookup = no_claims  # DRA claims and templates the watches hold
+    read_claim: ClaimReader | None = None  # one the watches have not delivered; None: no cluster
     ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
@@ -85,7 +87,7 @@ class AdmissionApp:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload,
-                               runtime.claims)
+                               runtime.claims, runtime.read_claim)
         # This app's quota gauges and store counters, read when Prometheus scrapes (a
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(
@@ -174,7 +176,9 @@ class AdmissionApp:
         active = self.runtime.policy.active
         assert active is not None, "the server starts only after a policy loaded"
         try:
-            if phase is Phase.MUTATE and self.reuse is not None:
+            # A pod naming DRA claims is never reused (webhook.server.web.reuse), and may
+            # need one read from the API server first (webhook.admission.claimreads).
+            if phase is Phase.MUTATE and self.reuse is not None and not named(req):
                 decision = self._mutating(req, active.policy, active.generation)
             else:
                 decision = await admit(phase, req, active.policy, self.cluster, budget)
