@@ -147,22 +147,14 @@ def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest,
     old = _old_pods(req, policy)
     denied = False
     for rt in targets.roles:
-        target, role = rt.target, rt.role
-        check = Checker(policy, tenant, target.subject, OWNED)
+        check = Checker(policy, tenant, rt.target.subject, OWNED)
         try:
-            unknown_templates(check, target)
-            if target.has_gpu:
-                cost = (pod_cost(check, policy, target) if role.patchable
-                        else _unpinned_cost(check, policy, target))
-            else:
-                if (policy.non_gpu_tolerations is TolerationPolicy.DENY and role.patchable
-                        and not target.claims):
-                    _tolerates_gpu_taints(check, policy, target)
-                cost = Cost(None, {}, 0.0)
+            cost = _role_cost(check, policy, rt.target, rt.role.patchable)
         except MalformedObject as exc:
-            return Validation(malformed(target.subject, exc))
+            return Validation(malformed(rt.target.subject, exc))
         denied |= check.denied
         findings.extend(check.findings)
+        role = rt.role
         name = role.name or ""
         added = role.pods if old is None else max(0, role.pods - old.get(name, 0))
         asks.append(RoleAsk(name, cost, role.pods, added, role.minimum))
@@ -173,22 +165,40 @@ def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest,
     w = targets.workload
     gang = GangAsk(tenant.name, req.namespace, w.kind, w.noun, w.role_word, tuple(asks),
                    w.gang, w.sequential)
-    reservation = None
-    name = req.name or _name(req.object)
-    if (w.gang is not None and w.reserves and req.operation == "CREATE" and not req.dry_run
-            and req.object is not None and not owned_by_reserving(req.object)):
-        # The validating webhook sees the final object, uid included: a gang's GPUs are
-        # reserved under it, and its pods find it through their owners. A workload made
-        # by a reserved one (a TrainJob's JobSet) is checked only: its pods draw from
-        # its owner's reservation, and reserving again would hold the GPUs twice.
-        meta = req.object.get("metadata") or {}
-        uid = meta.get("uid") if isinstance(meta, dict) else None
-        if uid:
-            reservation = GangReservation(
-                key=str(uid), owner=f"{w.kind.lower()}/{name}",
-                ids=workload_ids(req.group, req.kind, req.namespace, name, str(uid)))
     return Validation(decision, GangQuota(tenant=tenant, subject=targets.subject, gang=gang,
-                                          reservation=reservation))
+                                          reservation=_gang_reservation(req, w)))
+
+
+def _role_cost(check: Checker, policy: CompiledPolicy, target: Target, patchable: bool
+               ) -> Cost:
+    """One role's rules checked (reporting to ``check``), and what one of its pods costs."""
+    unknown_templates(check, target)
+    if target.has_gpu:
+        return (pod_cost(check, policy, target) if patchable
+                else _unpinned_cost(check, policy, target))
+    if (policy.non_gpu_tolerations is TolerationPolicy.DENY and patchable
+            and not target.claims):
+        _tolerates_gpu_taints(check, policy, target)
+    return Cost(None, {}, 0.0)
+
+
+def _gang_reservation(req: AdmissionRequest, w: Workload) -> GangReservation | None:
+    """The reservation of a gang workload's CREATE (not a dry run), under its uid."""
+    if (w.gang is None or not w.reserves or req.operation != "CREATE" or req.dry_run
+            or req.object is None or owned_by_reserving(req.object)):
+        # A workload made by a reserved one (a TrainJob's JobSet) is checked only: its
+        # pods draw from its owner's reservation, and reserving again would hold the
+        # GPUs twice.
+        return None
+    # The validating webhook sees the final object, uid included: a gang's GPUs are
+    # reserved under it, and its pods find it through their owners.
+    meta = req.object.get("metadata") or {}
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    if not uid:
+        return None
+    name = req.name or _name(req.object)
+    return GangReservation(key=str(uid), owner=f"{w.kind.lower()}/{name}",
+                           ids=workload_ids(req.group, req.kind, req.namespace, name, str(uid)))
 
 
 def _name(obj: dict[str, Any] | None) -> str:
