@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -86,6 +86,18 @@ def mutating(req: AdmissionRequest, policy: CompiledPolicy,
     if store is None or not policy.cohorts:
         return d
     return borrow_on_mutate(req, policy, d, store.view(), labels, claims)
+
+
+def reusable(req: AdmissionRequest, policy: CompiledPolicy,
+             labels: Mapping[str, str] | None) -> bool:
+    """Whether the mutating decision is a function of the request, the policy and the
+    namespace's labels alone, so that the decision made for a pod of the same shape is
+    this pod's too. Not for a cohort tenant's pod: it is marked as borrowed by what its
+    tenant uses now (webhook.quota.borrow), so it is decided afresh each time."""
+    if not policy.cohorts:
+        return True
+    owner = policy.tenant_for(req.namespace, labels)
+    return owner is None or owner.cohort is None
 
 
 async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,

@@ -34,7 +34,15 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.admission.claimreads import ClaimReader, named
-from webhook.admission.webhooks import Cluster, Phase, WorkloadReader, admit, mutating, reply
+from webhook.admission.webhooks import (
+    Cluster,
+    Phase,
+    WorkloadReader,
+    admit,
+    mutating,
+    reply,
+    reusable,
+)
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.target import NamespaceLabels, no_labels
@@ -201,13 +209,9 @@ class AdmissionApp:
         policy generation and these namespace labels (webhook.server.web.reuse)."""
         assert self.reuse is not None
         labels = self.cluster.labels(req.namespace)
-        if policy.cohorts:
-            owner = policy.tenant_for(req.namespace, labels)
-            if owner is not None and owner.cohort is not None:
-                # A cohort tenant's pod is marked as borrowed by what its tenant uses
-                # now (webhook.quota.borrow): decided afresh each time, never reused.
-                return mutating(req, policy, self.cluster.labels, self.cluster.claims,
-                                self.cluster.store)
+        if not reusable(req, policy, labels):
+            return mutating(req, policy, self.cluster.labels, self.cluster.claims,
+                            self.cluster.store)
         key = self.reuse.key(req, labels, generation)
         if key is not None:
             reused = self.reuse.get(key)
