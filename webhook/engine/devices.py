@@ -27,6 +27,7 @@ from webhook.engine import messages
 from webhook.engine.cost import Cost
 from webhook.engine.decision import Checker
 from webhook.k8s.claims import Alternative, DeviceRequest
+from webhook.k8s.objects import parse_pointer
 from webhook.k8s.patch import Patch
 from webhook.policy.compiled import IMPLICIT_PREFIX, CompiledPolicy, TenantRules
 from webhook.policy.model import Rule
@@ -201,8 +202,7 @@ def _at(obj: dict[str, Any], pointer: str) -> dict[str, Any]:
     """The mapping at a JSON Pointer that :mod:`webhook.k8s.claims` produced (so every
     step exists and is the right type)."""
     node: Any = obj
-    for token in pointer.strip("/").split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
+    for token in parse_pointer(pointer):
         node = node[int(token)] if isinstance(node, list) else node[token]
     assert isinstance(node, dict)
     return node

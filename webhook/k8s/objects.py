@@ -21,6 +21,20 @@ def escape(token: str) -> str:
     return token
 
 
+def unescape(token: str) -> str:
+    """One JSON Pointer reference token decoded (``~1`` is ``/``, then ``~0`` is ``~``)."""
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def parse_pointer(pointer: str) -> tuple[str, ...]:
+    """The reference tokens of a JSON Pointer (``/spec/a~1b`` -> ("spec", "a/b"))."""
+    if pointer == "":
+        return ()
+    if not pointer.startswith("/"):
+        raise ValueError(f"{pointer!r} is not a JSON Pointer: it must start with '/'")
+    return tuple(unescape(t) for t in pointer[1:].split("/"))
+
+
 class MalformedObject(ValueError):
     """The object has the wrong JSON type where the pod spec needs a mapping or list."""
 

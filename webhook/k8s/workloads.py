@@ -523,15 +523,6 @@ READERS: dict[tuple[str, str], Reader] = {
 # --- kinds the policy configures ------------------------------------------------------
 
 
-def parse_pointer(pointer: str) -> tuple[str, ...]:
-    """The reference tokens of a JSON Pointer (``/spec/a~1b`` -> ("spec", "a/b"))."""
-    if pointer == "":
-        return ()
-    if not pointer.startswith("/"):
-        raise ValueError(f"{pointer!r} is not a JSON Pointer: it must start with '/'")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
-
-
 @dataclass(frozen=True, slots=True)
 class RolePaths:
     """One kind of role of a configured kind, as pointer token paths; ``*`` in

@@ -11,7 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from webhook.k8s.workloads import KindPaths, RolePaths, parse_pointer
+from webhook.k8s.objects import parse_pointer
+from webhook.k8s.workloads import KindPaths, RolePaths
 from webhook.policy.model import (
     BorrowedPriority,
     DeviceClass,

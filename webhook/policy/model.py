@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from webhook.k8s.objects import parse_pointer
 from webhook.k8s.workloads import READERS
 
 BUILT_IN_KINDS = frozenset(READERS)
@@ -511,10 +512,6 @@ _VERSION = r"^v[0-9]+((alpha|beta)[0-9]+)?$"
 _POINTER = r"^(/([^/~]|~[01])*)+$"
 
 
-def _tokens(pointer: str) -> tuple[str, ...]:
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
-
-
 class WorkloadRole(_Strict):
     """Where one kind of role of a configured workload keeps its pod template.
 
@@ -532,7 +529,7 @@ class WorkloadRole(_Strict):
 
     @model_validator(mode="after")
     def _same_item(self) -> WorkloadRole:
-        tokens = _tokens(self.template)
+        tokens = parse_pointer(self.template)
         stars = [i for i, t in enumerate(tokens) if t == "*"]
         if len(stars) > 1:
             raise FieldProblem(("template",),
@@ -542,7 +539,7 @@ class WorkloadRole(_Strict):
         for field_name, value in (("replicas", self.replicas), ("name", self.name)):
             if value is None:
                 continue
-            own = _tokens(value)
+            own = parse_pointer(value)
             if own[: len(prefix)] != prefix or "*" in own[len(prefix):]:
                 raise FieldProblem((field_name,),
                     f"{field_name} {value!r} must point into the same item as the template "

@@ -69,7 +69,8 @@ from typing import Any, Literal
 
 import yaml
 
-from webhook.k8s.workloads import CRD_KINDS, parse_pointer
+from webhook.k8s.objects import parse_pointer
+from webhook.k8s.workloads import CRD_KINDS
 from webhook.policy.model import GPUPolicy, TolerationPolicy, WorkloadKind
 
 FailurePolicy = Literal["Fail", "Ignore"]

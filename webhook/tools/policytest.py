@@ -33,7 +33,7 @@ from pydantic.alias_generators import to_camel
 
 from webhook.admission.offline import ClaimBook, through_both
 from webhook.engine.charge import charge_of_pod
-from webhook.k8s.objects import escape
+from webhook.k8s.objects import escape, parse_pointer
 from webhook.k8s.review import AdmissionRequest, BadReview, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, Problem, load_document, load_file, read_file
@@ -405,11 +405,12 @@ _MISSING = object()
 
 def resolve(doc: Any, pointer: str) -> Any:
     """The value at a JSON Pointer, or ``_MISSING``."""
-    if pointer == "":
-        return doc
+    try:
+        tokens = parse_pointer(pointer)
+    except ValueError:
+        return _MISSING
     node = doc
-    for raw in pointer[1:].split("/"):
-        token = raw.replace("~1", "/").replace("~0", "~")
+    for token in tokens:
         if isinstance(node, dict) and token in node:
             node = node[token]
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
