@@ -24,7 +24,7 @@ from webhook.engine.pinning import check_pinned
 from webhook.engine.placement import Placement
 from webhook.engine.target import Target, read_target
 from webhook.k8s import claims as claims_wire
-from webhook.k8s.objects import MalformedObject
+from webhook.k8s.objects import MalformedObject, shown_name
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
 
@@ -181,4 +181,4 @@ def owner_of(pod: Mapping[str, Any]) -> str:
         if kind == "ReplicaSet" and pth and name.endswith("-" + pth):
             return "deployment/" + name[: -len(pth) - 1]
         return f"{kind.lower()}/{name}"
-    return "pod/" + str(meta.get("name") or meta.get("generateName", "") + "*")
+    return "pod/" + (shown_name(pod) or "*")

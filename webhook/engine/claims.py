@@ -30,7 +30,7 @@ from webhook.engine.handoff import ClaimQuota, Reservation, Validation
 from webhook.engine.target import NamespaceLabels, no_tenant
 from webhook.k8s import claims
 from webhook.k8s.claims import DeviceRequest
-from webhook.k8s.objects import MalformedObject, child_map
+from webhook.k8s.objects import MalformedObject, child_map, shown_name
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy, TenantRules
@@ -72,7 +72,7 @@ def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabe
     obj = req.object
     raw = obj.get("metadata")
     meta: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    name = req.name or str(meta.get("name") or (str(meta.get("generateName") or "") + "*"))
+    name = shown_name(obj, req.name) or "*"
     subject = f"{req.kind.lower()} {req.namespace}/{name}"
     try:
         found = claims.claim_spec(req.kind, obj)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook.engine import messages
-from webhook.k8s.objects import MalformedObject
+from webhook.k8s.objects import MalformedObject, shown_name
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Mode, Rule
 
@@ -166,13 +166,7 @@ class Quiet(Checker):
 
 def subject_of(kind: str, namespace: str, obj: dict[str, Any], request_name: str) -> str:
     """``pod team-a/trainer-0``; ``deployment team-a/web`` for a workload's template."""
-    meta = obj.get("metadata")
-    name = request_name
-    if isinstance(meta, dict):
-        name = name or _s(meta.get("name"))
-        if not name and _s(meta.get("generateName")):
-            name = _s(meta.get("generateName")) + "*"
-    name = name or "(unnamed)"
+    name = shown_name(obj, request_name) or "(unnamed)"
     ref = f"{namespace}/{name}" if namespace else name
     if kind == "Pod":
         return f"pod {ref}"

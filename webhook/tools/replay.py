@@ -19,6 +19,7 @@ import jsonpatch
 import orjson
 
 from webhook.admission.offline import through_both
+from webhook.k8s.objects import shown_name
 from webhook.k8s.review import BadReview, parse_review
 from webhook.policy.compiled import CompiledPolicy
 
@@ -101,8 +102,7 @@ def replay(raw_lines: list[bytes], baseline: CompiledPolicy, candidate: Compiled
 
 def _subject(raw: bytes) -> str:
     req = parse_review(raw)
-    meta = (req.object or {}).get("metadata") or {}
-    name = req.name or str(meta.get("name") or meta.get("generateName", "") + "*")
+    name = shown_name(req.object, req.name) or "*"
     who = f" by {req.username}" if req.username else ""
     return f"{req.kind} {req.namespace}/{name} ({req.operation}{who})"
 
