@@ -171,7 +171,3 @@ def subject_of(kind: str, namespace: str, obj: dict[str, Any], request_name: str
     if kind == "Pod":
         return f"pod {ref}"
     return f"{kind.lower()} {ref}, pod template"
-
-
-def _s(v: object) -> str:
-    return v if isinstance(v, str) else ""
