@@ -162,11 +162,8 @@ def _made_for_a_pod(meta: Mapping[str, Any]) -> bool:
                 if isinstance(m, dict) and m.get("operation") in ("Update", "Apply")}
     if not managers <= _CONTROL_PLANE:
         return False
-    if claims_wire.EXTENDED_RESOURCE_ANNOTATION in annotations:
-        return "kube-scheduler" in managers
-    if claims_wire.POD_CLAIM_ANNOTATION in annotations:
-        return "kube-controller-manager" in managers
-    return False
+    return claims_wire.made_for_a_pod(annotations, "kube-scheduler" in managers,
+                                      "kube-controller-manager" in managers)
 
 
 def owner_of(pod: Mapping[str, Any]) -> str:

@@ -83,11 +83,11 @@ def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabe
     if not any(devices.is_gpu_request(policy, r) for r in requests):
         return Decision.skip("no-gpu")
     tenant = policy.tenant_for(req.namespace, labels(req.namespace)) if req.namespace else None
+    by_scheduler = req.username == claims.SCHEDULER_USER
     extended = claims.EXTENDED_RESOURCE_ANNOTATION in annotations
-    by_scheduler = extended and req.username == claims.SCHEDULER_USER
-    for_pod = (claims.POD_CLAIM_ANNOTATION in annotations
-               and req.username in CLAIM_CONTROLLER_USERS)
-    return ClaimTarget(req.kind, obj, requests, tenant, subject, by_scheduler or for_pod,
+    for_pod = claims.made_for_a_pod(annotations, by_scheduler,
+                                    req.username in CLAIM_CONTROLLER_USERS)
+    return ClaimTarget(req.kind, obj, requests, tenant, subject, for_pod,
                        extended and not by_scheduler)
 
 

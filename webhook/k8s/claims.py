@@ -15,6 +15,7 @@ versions (v1beta1 had the request fields flat) to this shape before sending them
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,22 @@ POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 # that fakes it would escape ResourceQuota (kubernetes/kubernetes#135404).
 EXTENDED_RESOURCE_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 SCHEDULER_USER = "system:kube-scheduler"
+
 # The most devices one request can be allocated (resource.k8s.io's
 # AllocationResultsMaxSize): what ResourceQuota charges an ``allocationMode: All``.
 ALL_DEVICES = 32
+
+
+def made_for_a_pod(annotations: Mapping[str, Any], by_scheduler: bool,
+                   by_claim_controller: bool) -> bool:
+    """Whether a claim was made for one pod, which is charged for its devices instead:
+    the claim the scheduler makes for a plain extended-resource request (its annotation,
+    written by the scheduler), or the claim the resourceclaim controller makes from a
+    template (its annotation, written by the controller). Admission knows the writer
+    from the request's user, the cluster cache from the object's field managers."""
+    if EXTENDED_RESOURCE_ANNOTATION in annotations:
+        return by_scheduler
+    return POD_CLAIM_ANNOTATION in annotations and by_claim_controller
 
 
 @dataclass(frozen=True, slots=True)
