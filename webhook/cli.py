@@ -555,7 +555,7 @@ def _review(args: argparse.Namespace) -> int:
 
         # The documents of one file share an empty usage store: quota caps apply to each
         # object, and pods earlier in the file count against the ones after them.
-        out = through_both(body, policy, labels, store, claims)
+        out = through_both(req, policy, labels, store, claims)
         m = out.mutating
         skipped = next((d.skipped for d in out.decisions if d.skipped), None) \
             if all(d.skipped for d in out.decisions) else None

@@ -45,7 +45,7 @@ def reserved_then_seen(review: dict[str, Any], policy: CompiledPolicy, both: boo
     body = orjson.dumps(review)
     uid = review["request"]["uid"]
     if both:
-        out = through_both(body, policy, store=store)
+        out = through_both(parse_review(body), policy, store=store)
         if not out.reserved:
             return None
         assert out.patched is not None

@@ -31,7 +31,7 @@ import orjson
 from webhook.admission.offline import Outcome, through_both
 from webhook.engine.charge import TERMINAL_PHASES
 from webhook.engine.target import NamespaceLabels
-from webhook.k8s.review import request_review
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import MemoryStore
 
@@ -85,8 +85,8 @@ def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabel
                 "metadata": {k: meta[k] for k in ("name", "namespace", "labels",
                                                    "annotations", "ownerReferences")
                              if k in meta}}
-    body = orjson.dumps(request_review(stripped, uid=str(meta.get("uid") or subject)))
-    o: Outcome = through_both(body, policy, labels, store)
+    req = parse_review(orjson.dumps(request_review(stripped, uid=str(meta.get("uid") or subject))))
+    o: Outcome = through_both(req, policy, labels, store)
     rules = tuple(RuleFinding(f.rule.value, f.mode.value, f.message)
                   for d in o.decisions for f in d.findings)
     if not o.allowed:

@@ -17,13 +17,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import jsonpatch
-import orjson
 
 from webhook.admission.webhooks import Cluster, mutating, validating
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import Decision
 from webhook.engine.target import NamespaceLabels, no_labels
-from webhook.k8s.review import AdmissionRequest, parse_review
+from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import MemoryStore
 
@@ -96,28 +95,29 @@ class ClaimBook:
             self._known[(req.kind, req.namespace, name)] = obj
 
 
-def through_both(body: bytes, policy: CompiledPolicy, labels: NamespaceLabels = no_labels,
-                 store: MemoryStore | None = None, claims: ClaimBook | None = None
-                 ) -> Outcome:
-    """Run an AdmissionReview body through the admission pipeline: mutating, the patch
+def through_both(req: AdmissionRequest, policy: CompiledPolicy,
+                 labels: NamespaceLabels = no_labels, store: MemoryStore | None = None,
+                 claims: ClaimBook | None = None) -> Outcome:
+    """Run a parsed AdmissionReview through the admission pipeline: mutating, the patch
     applied as the API server applies it, then validating (with quota). An admitted claim
-    or template goes into ``claims``, for the objects after it.
-
-    Raises BadReview for a body that is not a usable review."""
-    req = parse_review(body)
-    original = orjson.loads(body)["request"]["object"]  # mutating edits req's own copy
+    or template goes into ``claims``, for the objects after it. ``req`` is left as it
+    is, so one review can be run under two policies (``review --replay``)."""
+    original = req.object
+    req = replace(req, object=copy.deepcopy(original))  # the mutating webhook edits it
     book = claims if claims is not None else ClaimBook()
     store = store if store is not None else MemoryStore()
     m = mutating(req, policy, labels, book, store)
     if not m.allowed:
         return Outcome(m, None, None)
-    patched = jsonpatch.apply_patch(original, m.patch) if m.patch else original
+    patched = (jsonpatch.apply_patch(original, m.patch) if m.patch
+               else copy.deepcopy(original))
     final = copy.deepcopy(patched)
-    if req.operation == "CREATE" and ((req.kind == "Pod" and req.group == "") or is_claim(req)):
+    if (final is not None and req.operation == "CREATE"
+            and ((req.kind == "Pod" and req.group == "") or is_claim(req))):
         as_stored(final, req.uid)
     commits = store.commits
     vreq = replace(req, object=final)
     v = asyncio.run(validating(vreq, policy, Cluster(labels, store, claims=book)))
-    if v.allowed:
+    if v.allowed and final is not None:
         book.add(vreq, final)
     return Outcome(m, v, patched, reserved=store.commits > commits)

@@ -357,16 +357,15 @@ class _Runner:
         obj: dict[str, Any] = docs[0]
         return obj
 
-    def _request(self, i: int, case: Case, obj: dict[str, Any]) -> tuple[bytes, AdmissionRequest]:
+    def _request(self, i: int, case: Case, obj: dict[str, Any]) -> AdmissionRequest:
         review: Any = request_review(obj, uid=f"{self.suite.metadata.name}-{i}",
                                      operation=case.operation, namespace=case.namespace,
                                      username=case.user, groups=case.groups,
                                      dry_run=case.dry_run)
         if case.old_resource is not None:
             review["request"]["oldObject"] = copy.deepcopy(case.old_resource)
-        body = orjson.dumps(review)
         try:
-            return body, parse_review(body)
+            return parse_review(orjson.dumps(review))
         except BadReview as exc:
             raise PolicyError(str(self.path), [Problem(f"cases[{i}].resource", None,
                                                        str(exc))]) from None
@@ -376,8 +375,8 @@ class _Runner:
         if not isinstance(obj.get("kind"), str):
             raise PolicyError(str(self.path), [Problem(
                 f"cases[{i}].resource", None, "a Kubernetes object with apiVersion and kind")])
-        body, _ = self._request(i, case, obj)
-        out = through_both(body, self.policy, self.labels, self.store, self.claims)
+        out = through_both(self._request(i, case, obj), self.policy, self.labels,
+                           self.store, self.claims)
         m, v = out.mutating, out.validating
         got = Got(outcome="", changes=list(m.mutations), rules=out.rules(),
                   warnings=out.warnings,

@@ -20,7 +20,7 @@ import orjson
 
 from webhook.admission.offline import through_both
 from webhook.k8s.objects import shown_name
-from webhook.k8s.review import BadReview, parse_review
+from webhook.k8s.review import AdmissionRequest, BadReview, parse_review
 from webhook.policy.compiled import CompiledPolicy
 
 CHANGES = ("allowed->denied", "denied->allowed", "warnings changed", "patch changed")
@@ -66,10 +66,10 @@ class Report:
         return sum(ln.error is not None for ln in self.lines)
 
 
-def decide(body: bytes, policy: CompiledPolicy) -> Verdict:
+def decide(req: AdmissionRequest, policy: CompiledPolicy) -> Verdict:
     """One recorded review through both webhooks under ``policy``."""
     # Quota against empty usage: a recording does not say what was running at the time.
-    out = through_both(body, policy)
+    out = through_both(req, policy)
     return Verdict(out.allowed, out.message, out.warnings,
                    out.patched if out.allowed else None, list(out.mutating.mutations),
                    out.rules())
@@ -82,12 +82,12 @@ def replay(raw_lines: list[bytes], baseline: CompiledPolicy, candidate: Compiled
         if not raw.strip():
             continue
         try:
-            subject = _subject(raw)
-            before, after = decide(raw, baseline), decide(raw, candidate)
+            req = parse_review(raw)
+            before, after = decide(req, baseline), decide(req, candidate)
         except (BadReview, orjson.JSONDecodeError) as exc:
             out.append(Line(n, "", error=str(exc)))
             continue
-        line = Line(n, subject, baseline=before, candidate=after)
+        line = Line(n, _subject(req), baseline=before, candidate=after)
         if before.allowed and not after.allowed:
             line.changes.append("allowed->denied")
         elif after.allowed and not before.allowed:
@@ -100,8 +100,7 @@ def replay(raw_lines: list[bytes], baseline: CompiledPolicy, candidate: Compiled
     return Report(out)
 
 
-def _subject(raw: bytes) -> str:
-    req = parse_review(raw)
+def _subject(req: AdmissionRequest) -> str:
     name = shown_name(req.object, req.name) or "*"
     who = f" by {req.username}" if req.username else ""
     return f"{req.kind} {req.namespace}/{name} ({req.operation}{who})"
