@@ -284,7 +284,7 @@ def test_the_ledger_role_names_exactly_the_ledgers_of_the_shipped_policy() -> No
     import yaml as _yaml
 
     from webhook.policy.load import load_file
-    from webhook.quota.ledger import BORROWED_PREFIX, LEDGER_PREFIX
+    from webhook.quota.entries import BORROWED_PREFIX, LEDGER_PREFIX
 
     base = Path(__file__).resolve().parents[2] / "deploy" / "base"
     policy = load_file(base / "policy.yaml")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from e2ekit import LEDGER_NAMESPACE, POLICY, apply, gpu_pod, gpu_webhook
 
-from webhook.quota.ledger import LABELS, LEDGER_PREFIX
+from webhook.quota.entries import LABELS, LEDGER_PREFIX
 
 pytestmark = pytest.mark.e2e
 

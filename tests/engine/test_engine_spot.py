@@ -42,7 +42,7 @@ from webhook.k8s.workloads import read_workload
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, load_text
 from webhook.policy.model import Rule
-from webhook.quota.ledger import Entry, decode, encode
+from webhook.quota.entries import Entry, decode, encode
 from webhook.quota.store import MemoryStore
 from webhook.server.metrics import StateCollector
 from webhook.tools.status import Cluster, report

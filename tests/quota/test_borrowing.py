@@ -27,14 +27,14 @@ from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
-from webhook.quota.ledger import (
+from webhook.quota.entries import (
     BORROWED_PREFIX,
     LEDGER_PREFIX,
     Entry,
-    LedgerStore,
     decode_borrowed,
     encode_borrowed,
 )
+from webhook.quota.ledger import LedgerStore
 from webhook.quota.store import MemoryStore, UsageStore
 
 POLICY = """

@@ -26,8 +26,9 @@ from webhook.admission import webhooks
 from webhook.admission.webhooks import Cluster, Phase
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
+from webhook.quota.entries import LEDGER_PREFIX, decode
 from webhook.quota.gang import GANG_BOUND_SECONDS
-from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore, decode
+from webhook.quota.ledger import LedgerStore
 from webhook.quota.store import MemoryStore, UsageStore
 
 NS = "gpu-webhook"

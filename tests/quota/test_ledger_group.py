@@ -23,7 +23,8 @@ from webhook.admission.webhooks import Cluster, validating
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
 from webhook.libs.kube import ConfigMaps
-from webhook.quota.ledger import LEDGER_PREFIX, Entry, LedgerStore, encode
+from webhook.quota.entries import LEDGER_PREFIX, Entry, encode
+from webhook.quota.ledger import LedgerStore
 from webhook.quota.usage import Charge
 
 NS = "gpu-webhook"

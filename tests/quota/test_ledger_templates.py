@@ -23,7 +23,8 @@ from webhook.libs.kube import ConfigMaps
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_file
 from webhook.quota.cache import ClusterState
-from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore
+from webhook.quota.entries import LEDGER_PREFIX
+from webhook.quota.ledger import LedgerStore
 
 POLICY = compile_policy(load_file("policies/multi-tenant.yaml"))
 TTL = 60.0

@@ -25,7 +25,8 @@ from webhook.admission.webhooks import Cluster, validating
 from webhook.k8s.review import parse_review, request_review
 from webhook.libs.kube import ConfigMaps
 from webhook.quota.cache import ClusterState
-from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore
+from webhook.quota.entries import LEDGER_PREFIX
+from webhook.quota.ledger import LedgerStore
 from webhook.quota.usage import Usage
 
 NAMES = ["a", "b", "c", "d", "e", "f"]

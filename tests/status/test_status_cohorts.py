@@ -13,7 +13,7 @@ from webhook.engine.borrowed import BORROWED_LABEL, account
 from webhook.engine.cost import Charge
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_file
-from webhook.quota.ledger import Entry, encode_borrowed
+from webhook.quota.entries import Entry, encode_borrowed
 from webhook.tools.status import Cluster, report, table
 
 POLICY = Path(__file__).parents[2] / "policies" / "examples" / "cohorts.yaml"

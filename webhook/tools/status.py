@@ -23,14 +23,14 @@ from webhook.engine.charge import charge_of_pod
 from webhook.libs import kube
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.quota import status as quota_status
-from webhook.quota.ledger import (
+from webhook.quota.entries import (
     BORROWED_LABELS,
     BORROWED_PREFIX,
     LEDGER_PREFIX,
     decode,
     decode_borrowed,
 )
-from webhook.quota.ledger import LABELS as LEDGER_LABELS
+from webhook.quota.entries import LABELS as LEDGER_LABELS
 from webhook.quota.status import Report, Row
 from webhook.quota.usage import Usage
 

@@ -26,7 +26,8 @@ from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
 from webhook.quota.cache import ClusterState
-from webhook.quota.ledger import LEDGER_PREFIX, LedgerStore
+from webhook.quota.entries import LEDGER_PREFIX
+from webhook.quota.ledger import LedgerStore
 from webhook.server.leading import leader
 
 _SELECTOR = ",".join(f"{k}={v}" for k, v in status.MANAGED_BY.items())
