@@ -1,5 +1,6 @@
 """The pure policy engine: (admission request, policy, usage) -> decision.
 
-No I/O and no web framework here: the HTTPS server, the ``review`` and ``test`` commands
-all call :func:`webhook.engine.mutate.mutate` and :func:`webhook.engine.validate.validate`.
+No I/O and no web framework here: the admission pipeline (``webhook.admission``) runs
+:func:`webhook.engine.mutate.mutate` and :func:`webhook.engine.validate.validate`, the
+latter handing quota work to it as one of the records of :mod:`webhook.engine.handoff`.
 """
