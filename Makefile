@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint unit e2e controlplane promtool helm bench bench-quick audit demo demo-down bench-scale
+.PHONY: install run test lint unit e2e controlplane promtool helm image-tools image bench bench-quick audit demo demo-down bench-scale
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
 # A failed install fails `make install`: tests/bench cannot run without it.
@@ -58,11 +58,28 @@ promtool:
 helm:
 	bash tests/deploy/helm/build.sh
 
-# The fast suite: no API server, no install or benchmark runs (marked slow).
+# podman, runc and mmdebstrap (Debian), for the image test (tests/e2e/test_e2e_image.py):
+# the Dockerfile built on a Debian base made by mmdebstrap and run as the Deployment runs
+# it. Root installs them; a failed install fails the target.
+image-tools:
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null \
+		|| (apt-get update -q && apt-get install -y -q --no-install-recommends podman runc mmdebstrap) \
+		|| { echo "make image-tools: podman, runc and mmdebstrap could not be installed;" \
+		          "tests/e2e/test_e2e_image.py needs them: apt-get install podman runc mmdebstrap" \
+		          "(as root)" >&2; exit 1; }
+
+# The image, with whichever engine is here (docker or podman): IMAGE=registry/name:tag
+# names it, BASE=... changes the base both stages start from (README.md, "Build your own image").
+IMAGE ?= gpu-webhook:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+ENGINE ?= $(shell command -v docker >/dev/null && echo docker || echo podman)
+image:
+	$(ENGINE) build $(if $(BASE),--build-arg BASE=$(BASE)) -t $(IMAGE) .
+
+# The fast suite: no API server, no image, tour or benchmark runs (marked slow).
 unit: install
 	$(BIN)/pytest -m "not e2e and not slow"
 
-e2e: install controlplane
+e2e: install controlplane image-tools
 	$(BIN)/pytest -m e2e
 
 # Known vulnerabilities in the installed dependencies (pip-audit). Skips, saying so,
@@ -70,7 +87,7 @@ e2e: install controlplane
 audit: install
 	$(BIN)/python tools/audit.py
 
-test: lint audit controlplane promtool helm
+test: lint audit controlplane promtool helm image-tools
 	$(BIN)/pytest
 
 # Benchmark: the served webhook vs a bare ASGI app over HTTPS, plus in-process costs

@@ -53,6 +53,16 @@ def helm() -> str:
     return path
 
 
+def kube_version() -> str:
+    """The Kubernetes release the e2e control plane runs (tests/e2e/controlplane/
+    versions.env), for ``helm template --kube-version``: a helm built from source without
+    the release's link flags takes its cluster to be v1.20.0, below the chart's
+    ``kubeVersion``, where an official build assumes the release it was built against."""
+    env = HELM_BUILD.parents[2] / "e2e" / "controlplane" / "versions.env"
+    [line] = [ln for ln in env.read_text().splitlines() if ln.startswith("K8S_VERSION=")]
+    return line.split("=", 1)[1].strip()
+
+
 def free_port() -> int:
     """A loopback port nobody listens on right now."""
     with socket.socket() as s:

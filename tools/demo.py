@@ -104,6 +104,9 @@ def script() -> list[Step]:
              "time-sliced L4 replicas (nvidia.com/gpu.shared)", "NVIDIA-L4", pods=2),
         Step("notebooks", pod("notebook-0", 1, "nvidia.com/mig-1g.10gb"), "run",
              "a MIG slice on the A100 MIG node", a100),
+        Step("notebooks", pod("notebook-gpu", 1), "run",
+             "a whole GPU, not the MIG slices notebooks may use: warned (warn mode), runs, "
+             "and the audit's PolicyReport says so", a100),
         Step("research", pod("too-big", 12), "denied",
              "over the 8 per container and per pod: told once"),
         Step("research", mismatched, "denied", "request differs from limit: the fix is named"),
@@ -232,6 +235,26 @@ class Demo:
         return rows
 
 
+    def seen(self, steps: list[Step], timeout: float) -> None:
+        """Wait until what the leader writes shows what runs: research's GPUQuota object
+        counts its running pods, and the PolicyReport of notebooks (in warn mode) has the
+        warned pod. The namespace's first step is marked failed if they never do."""
+        research = [s for s in steps if s.namespace == "research"]
+        running = sum(s.pods for s in research if s.expect == "run")
+
+        def counted() -> bool:
+            quotas = self.get("gpuquotas", "-n", "research")["items"]
+            return [q.get("status", {}).get("pods") for q in quotas] == [running]
+
+        def reported() -> bool:
+            reports = self.get("policyreports", "-n", "notebooks")["items"]
+            return any(r.get("summary", {}).get("warn") for r in reports)
+
+        for ns, ok in (("research", counted), ("notebooks", reported)):
+            if not wait(f"the leader's GPUQuota and PolicyReport for {ns}", ok, timeout):
+                next(s for s in steps if s.namespace == ns).ok = False
+
+
 def table(rows: list[list[str]], width: int | None = None) -> str:
     width = width or max(120, shutil.get_terminal_size((150, 40)).columns)
     head = ["WORKLOAD", "POD", "NODE", "PRODUCT", "RACK", "RESULT"]
@@ -258,7 +281,11 @@ def run(work_dir: Path, down_after: bool, timeout: float) -> int:
           "kube-controller-manager, kwok,")
     print("16 GPU/CPU nodes from tests/e2e/gpucluster/gpu-cluster.yaml, and the webhook "
           "with tests/e2e/gpucluster/policy.yaml ...")
-    sim = SimCluster(work_dir)
+    # The product as installed (CRDs, the policy ConfigMap, the leader writing GPUQuota
+    # objects and PolicyReports), its status written every 2 s and its audit run every
+    # 10 s rather than every 10 s and 5 min, so that both are there when the table is.
+    sim = SimCluster(work_dir, as_installed=True,
+                     webhook_args=["--quota-status-seconds", "2", "--audit-seconds", "10"])
     sim.start()
     try:
         print(f"  ready in {time.monotonic() - t0:.0f}s ({sim.cp.version}); "
@@ -281,6 +308,7 @@ def run(work_dir: Path, down_after: bool, timeout: float) -> int:
         for i, step in enumerate(steps):
             rows += demo.rows(step, steps[i - 1] if step.expect == "queued" else None)
         print(table(rows))
+        demo.seen(steps, timeout)
         failed = [s for s in steps if not s.ok]
         for s in failed:
             print(f"\nUNEXPECTED: {s.workload} should have been '{s.expect}': "
@@ -296,11 +324,18 @@ def run(work_dir: Path, down_after: bool, timeout: float) -> int:
         return 1 if failed else 0
     pids = sim.detach()
     state.write_text(json.dumps({"pids": pids, "kubeconfig": str(sim.cp.kubeconfig)}))
+    # kubectl and gpu-webhook on the PATH, the demo's kubeconfig: one file to source.
+    env = work_dir / "env"
+    env.write_text(f"export KUBECONFIG={sim.cp.kubeconfig}\n"
+                   f"export PATH={sim.cp.bin_dir}:{Path(sys.executable).parent}:$PATH\n")
     print(f"""
-The cluster is still up. Try it:
-  export KUBECONFIG={sim.cp.kubeconfig}
-  export PATH={sim.cp.bin_dir}:$PATH
-  kubectl get pods -A -o wide
+The cluster is still up, with the webhook installed as on a cluster (CRDs, the policy
+ConfigMap, the leader writing GPUQuota objects and PolicyReports). Try it:
+  . {env}
+  kubectl get gpuquotas -n research
+  gpu-webhook status -n research
+  gpu-webhook audit
+  kubectl get policyreports -n notebooks
   kubectl describe job epoch-2 -n batch
 Webhook logs: {work_dir / 'webhook'}/replica-0.log; component logs: {sim.cp.work_dir}
 Stop it: make demo-down   (or: kill {' '.join(str(p) for p in pids.values())})""")

@@ -1,7 +1,8 @@
 """The ``gpu-webhook`` command line. Thin: parse flags, call the modules that do the work.
 
 Commands: ``serve``, ``certs``, ``manifests``, ``policy check|schema|crd``, ``review``
-(also ``review --replay``), ``test``, ``status``, ``audit``, ``completion``.
+(also ``review --replay``), ``test``, ``status``, ``audit``, ``admission-review``,
+``completion``.
 Exit codes: 0 success/allowed, 1 denied, invalid policy or a failed policy test, 2 usage
 or input error; each command's ``--help`` lists its own (``EXIT_CODES``).
 """
@@ -185,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("path", metavar="DIR", help="directory of suites, or one suite file")
     t.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
     t.set_defaults(func=_test)
+    _add_admission_review_command(sub)
     _add_completion_command(sub, p)
     _add_exit_codes(p)
     return p
@@ -206,6 +208,8 @@ EXIT_CODES: dict[str, str] = {
               "2 unreadable manifest or policy, bad flags",
     "test": "0 every case passed; 1 a case failed; 2 a suite cannot run or none found",
     "completion": "0 printed; 2 unknown shell",
+    "admission-review": "0 printed (with --reply: allowed); 1 with --reply: denied; 2 "
+                        "unreadable manifest or reply, bad flags",
     "status": "0 printed; 2 the cluster or the policy cannot be read",
     "audit": "0 nothing would be refused; 1 something would be; 2 the cluster or the policy "
              "cannot be read",
@@ -241,6 +245,54 @@ def _add_completion_command(sub: Any, root: argparse.ArgumentParser) -> None:
     comp.add_argument("shell", choices=shells, metavar="SHELL",
                       help=f"one of {', '.join(shells)}")
     comp.set_defaults(func=lambda args: _completion(root, args.shell))
+
+
+def _add_admission_review_command(sub: Any) -> None:
+    ar = sub.add_parser(
+        "admission-review", help="the AdmissionReview the API server would send for a "
+                                 "manifest, or a reply decoded",
+        description="-f MANIFEST: print the AdmissionReview (admission.k8s.io/v1, JSON) "
+                    "the API server sends for the object's creation, to POST to the "
+                    "webhook's /mutate or /validate (curl -d @FILE). --reply FILE: read "
+                    "the webhook's answer and print it decoded: allowed or the denial's "
+                    "message, the warnings, and the JSONPatch one operation a line.")
+    what = ar.add_mutually_exclusive_group(required=True)
+    what.add_argument("-f", "--filename", help="one object (YAML or JSON; - for stdin)")
+    what.add_argument("--reply", metavar="FILE",
+                      help="an AdmissionReview reply (JSON; - for stdin)")
+    ar.add_argument("--namespace", help="namespace, when the manifest does not say "
+                                        "[default]")
+    ar.add_argument("--operation", choices=["CREATE", "UPDATE"], default="CREATE",
+                    help="[CREATE]")
+    ar.add_argument("--dry-run", action="store_true",
+                    help="a server-side dry run (kubectl --dry-run=server)")
+    ar.add_argument("--user", default="developer", help="requesting user [developer]")
+    ar.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
+    ar.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                    help="with --reply [text]")
+    ar.set_defaults(func=_admission_review)
+
+
+def _admission_review(args: argparse.Namespace) -> int:
+    from webhook.tools import wire
+
+    source = args.reply or args.filename
+    try:
+        raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+        if args.reply:
+            reply = wire.read_reply(raw)
+        else:
+            docs = [d for d in yaml.safe_load_all(raw) if d is not None]
+            body = wire.build(docs, namespace=args.namespace, operation=args.operation,
+                              dry_run=args.dry_run, user=args.user, groups=args.group)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, wire.WireError) as exc:
+        print(f"gpu-webhook admission-review: {source}: {exc}", file=sys.stderr)
+        return 2
+    if not args.reply:
+        sys.stdout.buffer.write(body + b"\n")
+        return 0
+    print(_dump(wire.as_data(reply), "json") if args.output == "json" else wire.text(reply))
+    return 0 if reply.allowed else 1
 
 
 def _completion(root: argparse.ArgumentParser, shell: str) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kit import helm
+from kit import helm, kube_version
 from test_deploy_kustomize import (
     DEPLOY,
     ROOT,
@@ -39,7 +39,8 @@ def helm_bin() -> str:
 
 def template(helm_bin: str, *values: str, namespace: str = "gpu-webhook",
              ok: bool = True) -> list[dict[str, Any]]:
-    args = [helm_bin, "template", "gpu-webhook", str(CHART), "-n", namespace]
+    args = [helm_bin, "template", "gpu-webhook", str(CHART), "-n", namespace,
+            "--kube-version", kube_version()]
     for v in values:
         args += ["--set", v]
     done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
@@ -71,14 +72,15 @@ def test_the_packaged_chart_renders_the_same(helm_bin: str, tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     (archive,) = tmp_path.glob("gpu-webhook-*.tgz")
     packaged = subprocess.run([helm_bin, "template", "gpu-webhook", str(archive), "-n",
-                               "gpu-webhook"], capture_output=True, text=True, timeout=120,
-                              check=False)
+                               "gpu-webhook", "--kube-version", kube_version()],
+                              capture_output=True, text=True, timeout=120, check=False)
     assert packaged.returncode == 0, packaged.stderr
     assert [d for d in yaml.safe_load_all(packaged.stdout) if d] == template(helm_bin)
 
 
 def test_helm_lint_is_clean(helm_bin: str) -> None:
-    done = subprocess.run([helm_bin, "lint", "--strict", str(CHART)], capture_output=True,
+    done = subprocess.run([helm_bin, "lint", "--strict", str(CHART),
+                           "--kube-version", kube_version()], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 chart(s) failed" in done.stdout
@@ -210,8 +212,8 @@ def test_an_inline_policy_is_the_configmap_and_names_its_ledgers(helm_bin: str,
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"policy": {"inline": policy}}))
     done = subprocess.run([helm_bin, "template", "gpu-webhook", str(CHART), "-n", "gpu-webhook",
-                           "-f", str(values)], capture_output=True, text=True, timeout=120,
-                          check=False)
+                           "-f", str(values), "--kube-version", kube_version()],
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     objects = [d for d in yaml.safe_load_all(done.stdout) if d]
     (cm,) = [c for c in by_kind(objects, "ConfigMap")

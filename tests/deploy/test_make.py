@@ -47,3 +47,13 @@ def test_make_test_builds_helm_before_the_suite(tmp_path: Path) -> None:
     lines = _planned("test", tmp_path / "venv")
     build = lines.index("bash tests/deploy/helm/build.sh")
     assert build < next(i for i, line in enumerate(lines) if line.endswith("/bin/pytest"))
+
+
+def test_make_test_and_e2e_install_the_image_tools_before_the_suite(tmp_path: Path) -> None:
+    # tests/e2e/test_e2e_image.py builds and runs the image with podman on an mmdebstrap
+    # base: CI starts cold, so both targets install (or find) them first.
+    for target, suite in (("test", "/bin/pytest"), ("e2e", "/bin/pytest -m e2e")):
+        lines = _planned(target, tmp_path / "venv")
+        tools = next(i for i, line in enumerate(lines) if "apt-get install" in line
+                     and "podman runc mmdebstrap" in line)
+        assert tools < next(i for i, line in enumerate(lines) if line.endswith(suite))

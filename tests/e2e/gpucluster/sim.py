@@ -24,8 +24,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 # Run as a script (the bench) or imported by tools/demo.py: the e2e helpers import their
 # siblings as top-level modules, as under pytest.
@@ -48,6 +51,11 @@ from gpucluster import nodes  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 POLICY = HERE / "policy.yaml"
+BASE = HERE.parents[2] / "deploy" / "base"
+# The cluster-wide objects of deploy/base (the webhook's own Deployment, Service and
+# configurations are played by e2ekit), and the PolicyReport CRD of Kyverno's project.
+CLUSTER_OBJECTS = ("crd-gpupolicy.yaml", "crd-gpuquota.yaml", "priority-borrowed.yaml")
+REPORT_CRD = _E2E / "crds" / "wgpolicyk8s.io_policyreports.yaml"
 TENANT_LABEL = "gpu.example.com/tenant"
 
 
@@ -57,8 +65,11 @@ class SimCluster:
     def __init__(self, work_dir: Path, *, policy: Path = POLICY,
                  description: Path = nodes.DESCRIPTION, gpu_nodes: int | None = None,
                  replicas: int = 1, component_args: dict[str, list[str]] | None = None,
-                 apiserver_args: list[str] | None = None, install: bool = True) -> None:
+                 apiserver_args: list[str] | None = None, install: bool = True,
+                 as_installed: bool = False, webhook_args: Sequence[str] = ()) -> None:
         self.work_dir = Path(work_dir)
+        self.as_installed = as_installed
+        self.webhook_args = list(webhook_args)
         self.policy = policy
         self.cluster = nodes.load(description, gpu_nodes=gpu_nodes)
         self.replicas = replicas
@@ -77,6 +88,8 @@ class SimCluster:
             self.cp.kubectl("create", "namespace", LEDGER_NAMESPACE)
             nodes.create(self.cp, self.cluster)
             self.timings["nodes"] = time.monotonic() - t0
+            if self.as_installed:
+                self._install_cluster_objects()
             self.webhook = self._deploy()
             if self.install_webhook:
                 self.webhook.install()
@@ -86,6 +99,26 @@ class SimCluster:
             self.stop()
             raise
         return self
+
+    def _install_cluster_objects(self) -> None:
+        """What an install puts in the cluster besides the webhook's own pods, before
+        they start (``as_installed``): the CRDs (GPUPolicy, GPUQuota, and Kyverno's
+        PolicyReport that the leader's audit writes), the borrowed pods' PriorityClass,
+        the ClusterRole that lets whoever may view a namespace read its GPUQuota, and the
+        policy ConfigMap ``gpu-webhook status`` and ``audit`` read (the served policy)."""
+        self.cp.kubectl("apply", *(f"-f={BASE / name}" for name in CLUSTER_OBJECTS),
+                        f"-f={REPORT_CRD}")
+        [view] = [d for d in yaml.safe_load_all((BASE / "rbac.yaml").read_text())
+                  if d and d["metadata"]["name"] == "gpu-webhook-quota-view"]
+        self.cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(view))
+        policy = yaml.safe_dump({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "gpu-webhook-policy", "namespace": LEDGER_NAMESPACE},
+            "data": {"policy.yaml": self.policy.read_text()}})
+        self.cp.kubectl("apply", "-f", "-", input=policy)
+        self.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        "crd/gpuquotas.gpu-webhook.dev", "crd/gpupolicies.gpu-webhook.dev",
+                        "crd/policyreports.wgpolicyk8s.io")
 
     def _deploy(self) -> Deployment:
         """The webhook as ``e2ekit.deployed`` runs it, kept running past this call (the
@@ -99,7 +132,7 @@ class SimCluster:
         self.webhook = d
         for i in range(self.replicas):
             d.replicas.append(start_replica(workdir, cert_dir, self.policy,
-                                            self.cp.kubeconfig, i))
+                                            self.cp.kubeconfig, i, self.webhook_args))
         for r in d.replicas:
             wait_ready(r, d.ca_file)
         if self.replicas > 1:
