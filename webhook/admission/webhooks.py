@@ -29,6 +29,7 @@ from webhook.admission.quota import with_quota
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.mutate import mutate
+from webhook.engine.routes import Sights, no_sights
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.engine.validate import validate
@@ -68,15 +69,16 @@ class Cluster:
     store: UsageStore | None = None  # None: quota is not checked
     read_workload: WorkloadReader | None = None  # None: scale-ups are not checked
     claims: ClaimLookup = no_claims  # DRA claims and templates seen (a watch cache)
+    sights: Sights = no_sights  # GPU nodes and PriorityClasses seen (watch caches)
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
              labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims,
-             store: UsageStore | None = None) -> Decision:
+             store: UsageStore | None = None, sights: Sights = no_sights) -> Decision:
     """The mutating webhook. The request's object is edited in place while the patch is
     recorded: pass a copy to keep the original. With a usage store, a cohort tenant's pod
     that fits only on GPUs its cohort leaves idle is marked as borrowed."""
-    d = mutate(req, policy, labels, claims)
+    d = mutate(req, policy, labels, claims, sights)
     if store is None or not policy.cohorts:
         return d
     return borrow_on_mutate(req, policy, d, store.view(), labels, claims)
@@ -115,7 +117,8 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
                 cluster: Cluster, budget: float = 1.0) -> Decision:
     """The decision of the webhook at ``phase`` for one parsed review."""
     if phase is Phase.MUTATE:
-        return mutating(req, policy, cluster.labels, cluster.claims, cluster.store)
+        return mutating(req, policy, cluster.labels, cluster.claims, cluster.store,
+                        cluster.sights)
     if req.sub_resource:
         return await scaling(req, policy, cluster, budget)
     if req.operation == "DELETE":
