@@ -381,8 +381,8 @@ def _manifests(args: argparse.Namespace) -> int:
     print(manifests.to_yaml(objects, header=(
         f"# Rendered by `gpu-webhook manifests` from {source} (policy "
         f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
-        "tolerations, nonGpuPodsToleratingGpuTaints, exemptions or workloadKinds "
-        "change.\n")), end="")
+        "tolerations, nonGpuPodsToleratingGpuTaints, exemptions, workloadKinds or "
+        "tenants' namespaces change.\n")), end="")
     return 0
 
 

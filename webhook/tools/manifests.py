@@ -63,6 +63,7 @@ keys, ``nonGpuPodsToleratingGpuTaints``, exemptions or ``workloadKinds`` change.
 from __future__ import annotations
 
 import base64
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -128,6 +129,56 @@ def release_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any
                 resources.append(w.resource)
     return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["DELETE"],
              "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
+
+
+# Every pod of a tenant's namespaces, for the routes to a GPU that skip the GPU request
+# (webhook.engine.routes): a pod's creation, and the ephemeral containers added to it
+# (``kubectl debug``), a subresource that a rule of ``pods`` alone does not match.
+ROUTE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["pods"], "scope": "Namespaced"},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"},
+]
+
+# Tenants chosen by label each get a routes webhook of their own selector; past this many
+# distinct selectors one webhook takes every namespace not excluded.
+MAX_ROUTE_SELECTORS = 8
+
+
+def route_scopes(policy: GPUPolicy, excluded: list[str]
+                 ) -> list[tuple[str, dict[str, Any], list[str] | None]]:
+    """(webhook name, namespaceSelector, namespaces by name or None) of the routes
+    webhooks: the tenants' namespaces by name in one (``request.namespace in [...]``), and
+    one per distinct namespaceSelector of the tenants chosen by label, leaving out the
+    namespaces named (so no pod is sent twice)."""
+    spec = policy.spec
+    named = sorted({ns for t in spec.tenants for ns in t.namespaces} - set(excluded))
+    selectors: list[dict[str, Any]] = []
+    for t in spec.tenants:
+        if t.namespace_selector is None:
+            continue
+        sel = t.namespace_selector.model_dump(by_alias=True, exclude_defaults=True)
+        if sel not in selectors:
+            selectors.append(sel)
+    out: list[tuple[str, dict[str, Any], list[str] | None]] = []
+    not_excluded = {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}
+    if named:
+        out.append(("routes", {"matchExpressions": [not_excluded]}, named))
+    if len(selectors) > MAX_ROUTE_SELECTORS:
+        out.append(("routes-selected", {"matchExpressions": [
+            {"key": NAMESPACE_LABEL, "operator": "NotIn",
+             "values": sorted({*excluded, *named})}]}, None))
+        return out
+    for i, sel in enumerate(selectors):
+        exprs = [*sel.get("matchExpressions", []),
+                 {"key": NAMESPACE_LABEL, "operator": "NotIn",
+                  "values": sorted({*excluded, *named})}]
+        selector: dict[str, Any] = {"matchExpressions": exprs}
+        if sel.get("matchLabels"):
+            selector = {"matchLabels": sel["matchLabels"], **selector}
+        out.append((f"routes-{i + 1}", selector, None))
+    return out
 
 
 # GPUPolicy objects (cluster-scoped): what the loader refuses is refused at apply.
@@ -287,6 +338,34 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
             "failurePolicy": failure,
         }
 
+    def route(name: str, selector: dict[str, Any], only: list[str] | None
+              ) -> dict[str, Any]:
+        # Pods the GPU webhook above is not sent (it runs the same rules on its own), and
+        # every ephemeral container added: its pod may be a GPU pod.
+        pod_spec = "object.spec"
+        sent = _or_terms(wanted["mutate"], pod_spec)
+        test = (f"(has(request.subResource) && request.subResource == 'ephemeralcontainers')"
+                f" || !(has(object.spec) && ({sent}))")
+        conditions = [{"name": "pods-not-sent-as-gpu-pods", "expression": test}]
+        if only is not None:
+            conditions.insert(0, {"name": "tenant-namespaces",
+                                  "expression": f"request.namespace in {_list(only)}"})
+        if exempt:
+            conditions.append({"name": "not-exempt", "expression": exempt})
+        return {
+            "name": f"{name}.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config("mutate", options),
+            "rules": copy.deepcopy(ROUTE_RULES),
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": copy.deepcopy(selector),
+            "matchConditions": conditions,
+            "sideEffects": "None",  # it only mutates
+            "timeoutSeconds": options.timeout_seconds,
+            "failurePolicy": options.mutating_failure_policy,
+            "reinvocationPolicy": "IfNeeded",
+        }
+
     labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
     return [
         {"apiVersion": "admissionregistration.k8s.io/v1",
@@ -294,7 +373,8 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
          "metadata": {"name": options.name, "labels": labels},
          "webhooks": [webhook("mutate", options.mutating_failure_policy),
                       *([claim("mutate", options.mutating_failure_policy)]
-                        if spec.device_classes else [])]},
+                        if spec.device_classes else []),
+                      *[route(*r) for r in route_scopes(policy, excluded)]]},
         {"apiVersion": "admissionregistration.k8s.io/v1",
          "kind": "ValidatingWebhookConfiguration",
          "metadata": {"name": options.name, "labels": labels},
