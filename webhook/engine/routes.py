@@ -10,7 +10,7 @@ tenant; the facts and their sources: docs/security.md):
   explicit ``env`` entry, which wins over ``envFrom`` in the kubelet and comes after the
   image's value, and the runtime reads the last); a container given GPUs by the device
   plugin loses its own entry, which would come after the device plugin's and replace it.
-  ``deny`` refuses a container that sets the variable; ``off`` leaves it alone.
+  ``deny`` refuses a container that sets the variable; ``allow`` leaves it alone.
 - privilege (``privileged``, or ``SYS_ADMIN``, which the runtime reads as privileged) and
   hostPath volumes of ``/dev``: refused in a pod that can reach GPU nodes.
 - ``spec.nodeName`` at creation: the scheduler is skipped and the kubelet checks only
@@ -101,7 +101,7 @@ def pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,
     assert target.tenant is not None
     spec, sptr = target.template.spec, target.template.spec_pointer
     charged = _charged(target)
-    if rules.visible_devices != "off":
+    if rules.visible_devices != "allow":
         n = len(patch.ops)
         for key in ("initContainers", "containers"):
             for i, c in enumerate(child_list(spec, key, sptr) or []):
@@ -325,9 +325,9 @@ def _ceiling(check: Checker, tenant: TenantRules, name: str | None, spec: dict[s
 def ephemeral(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels,
               sights: Sights) -> Decision:
     """``pods/ephemeralcontainers`` (``kubectl debug``): the containers added (the API
-    server accepts no change to those already there) get ``void`` unless the rule is
-    off, and are refused when privileged on a GPU node. An ephemeral container has no
-    resources, so it is never given a GPU."""
+    server accepts no change to those already there) get ``void`` unless the tenant
+    allows the variable, and are refused when privileged on a GPU node. An ephemeral
+    container has no resources, so it is never given a GPU."""
     obj = req.object
     if req.operation != "UPDATE" or obj is None:
         return Decision.skip("operation")
@@ -358,7 +358,7 @@ def ephemeral(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLa
                  if isinstance(c, dict) and c.get("name") not in old]
         for i, c in added:
             where = _describe("ephemeralContainers", c, i)
-            if rules.visible_devices != "off":
+            if rules.visible_devices != "allow":
                 visible_devices(check, rules, c, f"/spec/ephemeralContainers/{i}", where,
                                 False, patch)
         if reach is not None:

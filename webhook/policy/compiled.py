@@ -62,7 +62,7 @@ class RouteRules:
     """A tenant's choices for the routes to a GPU that skip the GPU request
     (``gpuRoutes``: the tenant's fields over the policy's, defaults filled in)."""
 
-    visible_devices: str = "neutralize"  # neutralize | deny | off
+    visible_devices: str = "neutralize"  # neutralize | deny | allow
     privileged: bool = True  # refused (deny)
     device_host_paths: bool = True
     node_name: bool = True

@@ -389,7 +389,7 @@ _SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$
 
 # --- routes to a GPU that skip the GPU request (docs/security.md) ----------------------
 
-VisibleDevicesChoice = Literal["neutralize", "deny", "off"]
+VisibleDevicesChoice = Literal["neutralize", "deny", "allow"]
 RouteChoice = Literal["deny", "allow"]
 
 
@@ -405,7 +405,7 @@ class GPURoutes(_Strict):
     ``envFrom``, and a container given GPUs loses its own value of the variable (which
     would replace the device plugin's); ``deny``: a container that sets the variable
     itself is refused (the others still get ``void``: an image's default cannot be
-    seen); ``off``: the variable is left alone (rule gpu-visible-devices)."""
+    seen); ``allow``: the variable is left alone (rule gpu-visible-devices)."""
     privileged: RouteChoice | None = None
     """A privileged container, or one that adds ``SYS_ADMIN`` (or ``ALL``), in a pod that
     can reach GPU nodes: it sees every device of the node. ``deny`` (default) or
@@ -417,6 +417,16 @@ class GPURoutes(_Strict):
     """A pod created with ``spec.nodeName`` skips the scheduler, so no NoSchedule taint
     keeps it off a GPU node: ``deny`` (default; a node the webhook's node watch knows to
     carry no GPU passes) or ``allow`` (rule node-name)."""
+    @field_validator("visible_devices", mode="before")
+    @classmethod
+    def _not_off(cls, value: object) -> object:
+        if value is False or value == "off":
+            # YAML 1.1 (PyYAML, kubectl) reads an unquoted off as false.
+            raise ValueError("to leave the variable alone write `allow` (an unquoted off "
+                             "is read by YAML as false); the choices are neutralize, deny, "
+                             "allow")
+        return value
+
     device_taint_tolerations: RouteChoice | None = None
     """A ResourceClaim (or template) of a GPU class whose requests tolerate device taints
     (the DRA driver taints GPUs it finds unhealthy): ``deny`` (default) or ``allow``

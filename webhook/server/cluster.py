@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
+from webhook.engine.routes import Sights, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
@@ -38,6 +39,65 @@ def ledger_namespace(explicit: str | None) -> str:
         return "gpu-webhook"
 
 
+class SightCache:
+    """The nodes (whether each carries GPUs) and PriorityClasses (value, preemption
+    policy) the watches have seen, for the GPU routes' checks (``webhook.engine.routes``).
+    A node carries GPUs when its capacity holds a GPU resource, or it has the policy's
+    product label or one of its GPU taints (a node whose device plugin has not yet
+    reported counts as one). Until the first list, nothing is known: a ``nodeName``
+    is refused, never let through."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy  # () -> CompiledPolicy
+        self.nodes: dict[str, bool] = {}
+        self.classes: dict[str, tuple[int, str]] = {}
+
+    def sights(self) -> Sights:
+        return Sights(self.nodes.get, self.classes.get)
+
+    def node_event(self, typ: str, node: dict[str, Any]) -> None:
+        if typ == "RESET":
+            self.nodes.clear()
+            return
+        meta = node.get("metadata") or {}
+        name = meta.get("name")
+        if not isinstance(name, str):
+            return
+        if typ == "DELETED":
+            self.nodes.pop(name, None)
+            return
+        self.nodes[name] = self.carries_gpus(node)
+
+    def carries_gpus(self, node: dict[str, Any]) -> bool:
+        policy: CompiledPolicy = self.policy()
+        status = node.get("status") or {}
+        for field in ("capacity", "allocatable"):
+            held = status.get(field) or {}
+            if isinstance(held, dict) and any(policy.is_gpu(str(r)) for r in held):
+                return True
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if isinstance(labels, dict) and policy.product_label in labels:
+            return True
+        keys = {t.get("key") for t in policy.tolerations}
+        taints = (node.get("spec") or {}).get("taints") or ()
+        return any(isinstance(t, dict) and t.get("key") in keys for t in taints)
+
+    def class_event(self, typ: str, pc: dict[str, Any]) -> None:
+        if typ == "RESET":
+            self.classes.clear()
+            return
+        name = (pc.get("metadata") or {}).get("name")
+        if not isinstance(name, str):
+            return
+        if typ == "DELETED":
+            self.classes.pop(name, None)
+            return
+        value = pc.get("value")
+        if isinstance(value, int) and not isinstance(value, bool):
+            self.classes[name] = (value, str(pc.get("preemptionPolicy")
+                                             or "PreemptLowerPriority"))
+
+
 @dataclass(frozen=True)
 class Cluster:
     """The cluster as the server uses it: the watch-fed state, the ledger store, the
@@ -48,6 +108,7 @@ class Cluster:
     read_workload: WorkloadReader
     watchers: list[kube.Watcher]
     api: Any = None  # the API client, for what the leader replica writes (server.upkeep)
+    sights: Sights = no_sights  # nodes and PriorityClasses (SightCache)
 
     def stop(self) -> None:
         for w in self.watchers:
@@ -77,18 +138,33 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
                           state.deliverer(loop, state.claim_event(CLAIM)))
     templates = kube.Watcher(api, "resourceclaimtemplates",
                              state.deliverer(loop, state.claim_event(TEMPLATE)))
+    seen = SightCache(policy)
+    nodes = kube.Watcher(api, "nodes", _on(loop, seen.node_event, state))
+    classes = kube.Watcher(api, "priorityclasses", _on(loop, seen.class_event, state))
     state.on_relabel = pods.resync
     # Pods listed before the templates they name were charged without them: once the
     # templates are in, count the pods again.
     state.on_templates_synced = pods.resync
     # A new policy may charge pods and claims differently.
     source.on_change.extend([pods.resync, claims.resync])
-    watchers = [namespaces, templates, claims, pods]
+    watchers = [namespaces, templates, claims, pods, nodes, classes]
     for w in watchers:
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
-    return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api)
+    return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
+                   seen.sights())
+
+
+def _on(loop: asyncio.AbstractEventLoop, handler: Any, state: ClusterState) -> Any:
+    """A watch callback applying ``handler`` on the loop, ignoring the watch's own
+    liveness events (SYNCED, PROGRESS, ABSENT), with the state's watch window."""
+
+    def apply(typ: str, obj: dict[str, Any]) -> None:
+        if typ in ("ADDED", "MODIFIED", "DELETED", "RESET"):
+            handler(typ, obj)
+
+    return state.deliverer(loop, apply)
 
 
 def workload_reader(workloads: kube.Workloads) -> WorkloadReader:

@@ -19,6 +19,7 @@ import uvicorn
 import uvloop
 
 from webhook.engine.devices import no_claims
+from webhook.engine.routes import no_sights
 from webhook.engine.target import no_labels
 from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable
@@ -159,6 +160,7 @@ def run(settings: Settings) -> int:
             store=cluster.store if cluster else MemoryStore(ttl=active.policy.reservation_ttl),
             read_workload=cluster.read_workload if cluster else None,
             claims=cluster.state.claim_lookup if cluster else no_claims,
+            sights=cluster.sights if cluster else no_sights,
             ready_checks=ready,
             max_inflight=settings.max_inflight,
             request_timeout=settings.request_timeout)

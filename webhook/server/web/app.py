@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from webhook.admission.webhooks import Cluster, Phase, WorkloadReader, admit, mutating, reply
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.routes import Sights, no_sights
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
@@ -68,6 +69,7 @@ class Runtime:
     store: UsageStore | None = None
     read_workload: WorkloadReader | None = None  # for scale requests; None: no cluster
     claims: ClaimLookup = no_claims  # DRA claims and templates the watches hold
+    sights: Sights = no_sights  # nodes and PriorityClasses the watches hold
     ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
@@ -85,7 +87,7 @@ class AdmissionApp:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload,
-                               runtime.claims)
+                               runtime.claims, runtime.sights)
         # This app's quota gauges and store counters, read when Prometheus scrapes (a
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(
@@ -203,7 +205,7 @@ class AdmissionApp:
                 # A cohort tenant's pod is marked as borrowed by what its tenant uses
                 # now (webhook.quota.borrow): decided afresh each time, never reused.
                 return mutating(req, policy, self.cluster.labels, self.cluster.claims,
-                                self.cluster.store)
+                                self.cluster.store, self.cluster.sights)
         key = self.reuse.key(req, labels, generation)
         if key is not None:
             reused = self.reuse.get(key)
@@ -211,7 +213,7 @@ class AdmissionApp:
                 metrics.REUSED.inc()
                 return reused
         decision = mutating(req, policy, self.cluster.labels, self.cluster.claims,
-                            self.cluster.store)
+                            self.cluster.store, self.cluster.sights)
         if key is not None:
             self.reuse.put(key, decision)
         return decision
