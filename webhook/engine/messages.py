@@ -599,3 +599,23 @@ def device_taint_tolerated(toleration: str) -> str:
         "platform marked broken. Remove the tolerations; a claim that must reach a tainted "
         "device belongs in a namespace the platform team exempts."
     )
+
+
+def holds_visible_devices(where: str, what: str, on: str, charged: bool) -> str:
+    if charged:
+        return (f"{where} sets NVIDIA_VISIBLE_DEVICES ({what}) itself {on}, over the "
+                "device plugin's value: it may see GPUs it did not ask for. Remove the "
+                "variable and create the pod again.")
+    return (f"{where} is given no GPU but may see GPUs {on} through NVIDIA_VISIBLE_DEVICES "
+            f"({what}), uncounted by quota. Create the pod again: the webhook now sets "
+            "the variable to void.")
+
+
+def holds_privileged(where: str, how: str, on: str) -> str:
+    return (f"{where} is privileged ({how}) {on}: it sees every GPU of the node, uncounted "
+            "by quota. Remove the privilege and ask for the GPUs it needs.")
+
+
+def holds_host_path(volume: str, path: str, on: str) -> str:
+    return (f'hostPath volume "{volume}" mounts the node\'s {path} {on}: its GPU devices '
+            "are there, uncounted by quota. Remove the volume and ask for the GPUs it needs.")

@@ -434,3 +434,84 @@ def _toleration(t: dict[str, Any]) -> str:
         return "operator Exists with no key: every taint"
     effect = t.get("effect") or "every effect"
     return f"key {key}, operator {op}, {effect}"
+
+
+def carries_gpus(policy: CompiledPolicy, node: dict[str, Any]) -> bool:
+    """Whether a node carries GPUs: a GPU resource in its capacity or allocatable, the
+    policy's product label, or one of its GPU taints (a node whose device plugin has not
+    reported yet counts as one)."""
+    status = node.get("status") or {}
+    for field in ("capacity", "allocatable"):
+        held_ = status.get(field) if isinstance(status, dict) else None
+        if isinstance(held_, dict) and any(policy.is_gpu(str(r)) for r in held_):
+            return True
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    if isinstance(labels, dict) and policy.product_label in labels:
+        return True
+    keys = {t.get("key") for t in policy.tolerations}
+    spec = node.get("spec") or {}
+    taints = spec.get("taints") if isinstance(spec, dict) else None
+    return any(isinstance(t, dict) and t.get("key") in keys for t in taints or ())
+
+
+def node_lookup(policy: CompiledPolicy, nodes: Iterable[dict[str, Any]]) -> NodeLookup:
+    """A NodeLookup of listed nodes (``audit``, read once)."""
+    known = {str((n.get("metadata") or {}).get("name")): carries_gpus(policy, n)
+             for n in nodes}
+    return known.get
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def held(policy: CompiledPolicy, pod_obj: dict[str, Any], labels: NamespaceLabels,
+         node_gpus: NodeLookup = no_nodes) -> list[tuple[Rule, str]]:
+    """The routes to a GPU a running pod of a tenant holds on its node (for ``audit``):
+    containers, ephemeral ones included, that may see GPUs they were not given
+    (the variable not ``void``, privilege) and ``/dev`` mounts. A pod on a node known to
+    carry no GPU holds none; a pod's ``nodeName`` itself is not one (the scheduler sets
+    it too). Raises MalformedObject."""
+    from webhook.engine.target import template_target
+    from webhook.k8s.workloads import pod_template
+
+    meta = pod_obj.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    if namespace in policy.exempt_namespaces:
+        return []
+    tenant = policy.tenant_for(namespace, labels(namespace))
+    template = pod_template("", "Pod", pod_obj)
+    if tenant is None or template is None:
+        return []
+    spec = template.spec
+    node = spec.get("nodeName")
+    if not isinstance(node, str) or not node or node_gpus(node) is False:
+        return []
+    rules = tenant.routes
+    target = template_target(template, "", tenant, policy, namespace)
+    charged = _charged(target)
+    on = f'on node "{node}"'
+    out: list[tuple[Rule, str]] = []
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        for i, c in enumerate(child_list(spec, key, "/spec") or []):
+            if not isinstance(c, dict):
+                continue
+            where = _describe(key, c, i)
+            entries = [e for e in child_list(c, "env", f"/spec/{key}/{i}") or []
+                       if isinstance(e, dict) and e.get("name") == VISIBLE_DEVICES]
+            if rules.visible_devices != "allow":
+                if f"{key}/{i}" in charged:
+                    if entries:
+                        out.append((Rule.VISIBLE_DEVICES, messages.holds_visible_devices(
+                            where, _what(entries[-1]), on, True)))
+                elif not entries or not _harmless(entries[-1]):
+                    what = _what(entries[-1]) if entries else "its image's value"
+                    out.append((Rule.VISIBLE_DEVICES, messages.holds_visible_devices(
+                        where, what, on, False)))
+            how = privileged(c)
+            if rules.privileged and how is not None:
+                out.append((Rule.PRIVILEGED, messages.holds_privileged(where, how, on)))
+    if rules.device_host_paths:
+        for name, path in device_host_paths(spec, "/spec"):
+            out.append((Rule.DEVICE_HOST_PATHS, messages.holds_host_path(name, path, on)))
+    return out

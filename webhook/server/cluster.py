@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
-from webhook.engine.routes import Sights, no_sights
+from webhook.engine.routes import Sights, carries_gpus, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
@@ -66,21 +66,7 @@ class SightCache:
         if typ == "DELETED":
             self.nodes.pop(name, None)
             return
-        self.nodes[name] = self.carries_gpus(node)
-
-    def carries_gpus(self, node: dict[str, Any]) -> bool:
-        policy: CompiledPolicy = self.policy()
-        status = node.get("status") or {}
-        for field in ("capacity", "allocatable"):
-            held = status.get(field) or {}
-            if isinstance(held, dict) and any(policy.is_gpu(str(r)) for r in held):
-                return True
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        if isinstance(labels, dict) and policy.product_label in labels:
-            return True
-        keys = {t.get("key") for t in policy.tolerations}
-        taints = (node.get("spec") or {}).get("taints") or ()
-        return any(isinstance(t, dict) and t.get("key") in keys for t in taints)
+        self.nodes[name] = carries_gpus(self.policy(), node)
 
     def class_event(self, typ: str, pc: dict[str, Any]) -> None:
         if typ == "RESET":
