@@ -261,18 +261,31 @@ def test_routes_webhooks_take_every_tenant_pod_the_gpu_webhook_is_not_sent():
     assert named["rules"][1]["resources"] == ["pods/ephemeralcontainers"]
     assert named["rules"][1]["operations"] == ["UPDATE"]
     # The tenant chosen by label: its selector, leaving out the excluded and named ones.
-    assert selected["namespaceSelector"]["matchLabels"] == {
-        "gpu.example.com/tenant": "inference"}
-    assert selected["namespaceSelector"]["matchExpressions"] == [{
-        "key": "kubernetes.io/metadata.name", "operator": "NotIn",
-        "values": ["gpu-operator", "gpu-webhook", "kube-system", "notebooks", "research",
-                   "research-dev"]}]
+    assert selected["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+         "values": ["gpu-operator", "gpu-webhook", "kube-system", "notebooks", "research",
+                    "research-dev"]},
+        {"key": "gpu.example.com/tenant", "operator": "In", "values": ["inference"]}]}
     assert sent(selected, plain, namespace="serving")
     assert not sent(selected, gpu)
     for hook in (named, selected):
         assert hook["clientConfig"]["service"]["path"] == "/mutate"
         assert hook["reinvocationPolicy"] == "IfNeeded"
         assert hook["sideEffects"] == "None"
+
+
+def test_tenants_chosen_by_one_label_share_a_routes_webhook_per_key():
+    p = policy("  tenants:\n" + "".join(
+        f"    - name: t{i}\n      namespaceSelector: {{matchLabels: {{team: t{i}}}}}\n"
+        for i in range(12)) + "    - name: other\n      namespaceSelector:\n"
+        "        matchExpressions: [{key: org, operator: In, values: [x]}]\n")
+    routes = [h for h in manifests.render(p)[0]["webhooks"] if "routes" in h["name"]]
+    assert [h["name"] for h in routes] == ["routes-1.gpu-webhook.dev",
+                                           "routes-2.gpu-webhook.dev"]
+    assert routes[0]["namespaceSelector"]["matchExpressions"][1] == {
+        "key": "team", "operator": "In", "values": sorted(f"t{i}" for i in range(12))}
+    assert routes[1]["namespaceSelector"]["matchExpressions"][1] == {
+        "key": "org", "operator": "In", "values": ["x"]}
 
 
 def test_no_routes_webhook_without_tenants():

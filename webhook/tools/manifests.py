@@ -149,34 +149,46 @@ MAX_ROUTE_SELECTORS = 8
 def route_scopes(policy: GPUPolicy, excluded: list[str]
                  ) -> list[tuple[str, dict[str, Any], list[str] | None]]:
     """(webhook name, namespaceSelector, namespaces by name or None) of the routes
-    webhooks: the tenants' namespaces by name in one (``request.namespace in [...]``), and
-    one per distinct namespaceSelector of the tenants chosen by label, leaving out the
-    namespaces named (so no pod is sent twice)."""
+    webhooks: the tenants' namespaces by name in one (``request.namespace in [...]``),
+    the tenants chosen by one label each in one per label key (``key In [values]``:
+    the usual ``gpu.example.com/tenant: <tenant>``), and one per other distinct
+    namespaceSelector; the selector ones leave out the namespaces named (so no pod is
+    sent twice). Past 8 selectors one webhook takes every namespace not excluded."""
     spec = policy.spec
     named = sorted({ns for t in spec.tenants for ns in t.namespaces} - set(excluded))
+    by_key: dict[str, list[str]] = {}
     selectors: list[dict[str, Any]] = []
     for t in spec.tenants:
-        if t.namespace_selector is None:
+        sel = t.namespace_selector
+        if sel is None:
             continue
-        sel = t.namespace_selector.model_dump(by_alias=True, exclude_defaults=True)
-        if sel not in selectors:
-            selectors.append(sel)
+        if len(sel.match_labels) == 1 and not sel.match_expressions:
+            ((key, value),) = sel.match_labels.items()
+            values = by_key.setdefault(key, [])
+            if value not in values:
+                values.append(value)
+            continue
+        dumped = sel.model_dump(by_alias=True, exclude_defaults=True)
+        if dumped not in selectors:
+            selectors.append(dumped)
+    selectors = [{"matchExpressions": [{"key": key, "operator": "In",
+                                        "values": sorted(values)}]}
+                 for key, values in by_key.items()] + selectors
     out: list[tuple[str, dict[str, Any], list[str] | None]] = []
-    not_excluded = {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}
     if named:
-        out.append(("routes", {"matchExpressions": [not_excluded]}, named))
+        out.append(("routes", {"matchExpressions": [
+            {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(excluded)}]}, named))
+    others = {"key": NAMESPACE_LABEL, "operator": "NotIn",
+              "values": sorted({*excluded, *named})}
     if len(selectors) > MAX_ROUTE_SELECTORS:
-        out.append(("routes-selected", {"matchExpressions": [
-            {"key": NAMESPACE_LABEL, "operator": "NotIn",
-             "values": sorted({*excluded, *named})}]}, None))
+        out.append(("routes-selected", {"matchExpressions": [others]}, None))
         return out
-    for i, sel in enumerate(selectors):
-        exprs = [*sel.get("matchExpressions", []),
-                 {"key": NAMESPACE_LABEL, "operator": "NotIn",
-                  "values": sorted({*excluded, *named})}]
-        selector: dict[str, Any] = {"matchExpressions": exprs}
-        if sel.get("matchLabels"):
-            selector = {"matchLabels": sel["matchLabels"], **selector}
+    for i, chosen in enumerate(selectors):
+        # The exclusion first, as in every other webhook of the configuration.
+        selector: dict[str, Any] = {"matchExpressions": [
+            others, *chosen.get("matchExpressions", [])]}
+        if chosen.get("matchLabels"):
+            selector = {"matchLabels": chosen["matchLabels"], **selector}
         out.append((f"routes-{i + 1}", selector, None))
     return out
 
