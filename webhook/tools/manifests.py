@@ -12,6 +12,14 @@ the policy so that the API server sends only what the webhook acts on:
 - ``namespaceSelector`` leaves out kube-system, the webhook's own namespace and the
   policy's exempt namespaces, so a webhook that is down can never block the pods that
   would bring it back.
+- The *routes* webhooks (``routes.gpu-webhook.dev``, ``routes-N.gpu-webhook.dev``, in the
+  MutatingWebhookConfiguration) get every other pod of the tenants' namespaces at CREATE,
+  and the ephemeral containers added to any pod there (``pods/ephemeralcontainers``):
+  ``webhook.engine.routes`` gives a container given no GPU ``NVIDIA_VISIBLE_DEVICES=void``
+  and refuses the other routes to a GPU that skip the GPU request (docs/security.md). The
+  namespaces a tenant names are matched by ``request.namespace`` in a matchCondition;
+  tenants chosen by one label share one webhook per label key (``key In [values]``),
+  other selectors one each.
 
 Training workloads (Volcano Jobs, JobSets, Kubeflow jobs, TrainJobs, LeaderWorkerSets,
 Ray clusters and jobs, Argo workflows) and the kinds the policy's ``workloadKinds`` adds
@@ -51,13 +59,15 @@ follows the validating failurePolicy. Without the CRD installed its rule matches
 failurePolicy, per webhook (both default to Fail):
 
 - ``Fail``: while no replica answers, every GPU pod or GPU workload create/update that
-  matches is rejected ("failed calling webhook"). Nothing escapes quota or pinning; pods
-  without GPUs are unaffected because they are never sent.
+  matches is rejected ("failed calling webhook"), and so is every pod of a tenant's
+  namespace (the routes webhooks). Nothing escapes quota, pinning or the routes; pods
+  without GPUs of other namespaces are unaffected because they are never sent.
 - ``Ignore``: while no replica answers, matching requests are admitted as they are: no
   GPU requests completed, no tolerations or node affinity injected, no quota charged.
 
 The configurations must be rendered again when the policy's GPU resources, toleration
-keys, ``nonGpuPodsToleratingGpuTaints``, exemptions or ``workloadKinds`` change.
+keys, ``nonGpuPodsToleratingGpuTaints``, exemptions, ``workloadKinds`` or the tenants'
+namespaces (names and selectors) change.
 """
 
 from __future__ import annotations
