@@ -416,3 +416,38 @@ def test_an_unquoted_off_is_refused_with_the_word_to_write() -> None:
     from webhook.policy.load import PolicyError
     with pytest.raises(PolicyError, match="write `allow`"):
         research("      gpuRoutes: {visibleDevices: off}\n")
+
+
+# --- the validating webhook's re-check -----------------------------------------------------
+
+
+def test_the_validating_webhook_refuses_what_the_mutating_one_would_have() -> None:
+    # As if the mutating webhook were bypassed (failurePolicy Ignore, a replica down):
+    # the final GPU pod is refused before any quota is reserved for it.
+    from enginekit import validated
+    root = validated(pod(container(limits=gpus(1), requests=gpus(1),
+                                   securityContext={"privileged": True})))
+    # (Unpinned too: the product and topology rules say so beside it.)
+    assert not root.allowed and Rule.PRIVILEGED in rules(root)
+    widened = validated(pod(container(limits=gpus(1), requests=gpus(1),
+                                      env=[{"name": VAR, "value": "all"}])))
+    assert Rule.VISIBLE_DEVICES in rules(widened)
+    sidecar = validated(pod(container(limits=gpus(1), requests=gpus(1)),
+                            container("side", env=[{"name": VAR, "value": "0,1"}])))
+    assert Rule.VISIBLE_DEVICES in rules(sidecar)
+    plain = validated(pod(container(limits=gpus(1), requests=gpus(1))))
+    assert Rule.VISIBLE_DEVICES not in rules(plain) and Rule.PRIVILEGED not in rules(plain)
+    # What the mutating webhook leaves is admitted.
+    m = mutate_checked(pod(container(limits=gpus(1)), container("side", env=[
+        {"name": VAR, "value": "0,1"}])))
+    assert validated(m.patched).allowed
+
+
+def test_the_validating_webhook_re_checks_to_enforce_only() -> None:
+    # A warn-mode tenant (notebooks) is told once, by the mutating webhook.
+    from enginekit import validated
+    p = pod(container(limits=gpus(1, "nvidia.com/mig-1g.10gb"),
+                      securityContext={"privileged": True}), namespace="notebooks")
+    assert mutate_checked(p).decision.warnings
+    v = validated(p)
+    assert v.allowed and not [f for f in v.findings if f.rule is Rule.PRIVILEGED]

@@ -26,10 +26,11 @@ from enum import StrEnum
 from typing import Any
 
 from webhook.admission.quota import with_quota
+from webhook.engine.claims import CLAIM_CONTROLLER_USERS
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.mutate import mutate
-from webhook.engine.routes import Sights, no_sights
+from webhook.engine.routes import Sights, no_sights, recheck
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.engine.validate import validate
@@ -86,9 +87,15 @@ def mutating(req: AdmissionRequest, policy: CompiledPolicy,
 
 async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
                      budget: float = 1.0) -> Decision:
-    """The validating webhook, quota included."""
-    return await with_quota(validate(req, policy, cluster.labels, cluster.claims), policy,
-                             cluster.store, budget)
+    """The validating webhook, quota included. The routes to a GPU that skip the GPU
+    request are looked at again on the final object, to enforce only: what they refuse
+    is refused before any quota is reserved for it."""
+    v = validate(req, policy, cluster.labels, cluster.claims)
+    again = recheck(req, policy, cluster.labels, cluster.claims, cluster.sights,
+                    CLAIM_CONTROLLER_USERS)
+    if again:
+        return v.decision.adding(again)
+    return await with_quota(v, policy, cluster.store, budget)
 
 
 async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,

@@ -32,15 +32,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine import messages
-from webhook.engine.decision import Checker, Decision, malformed, subject_of
-from webhook.engine.target import NamespaceLabels, Target
+from webhook.engine.claims import is_claim
+from webhook.engine.decision import Checker, Decision, Finding, malformed, subject_of
+from webhook.engine.devices import ClaimLookup
+from webhook.engine.target import NamespaceLabels, Target, prepare
 from webhook.engine.tolerations import covers
 from webhook.k8s import claims
 from webhook.k8s.objects import MalformedObject, child_list, child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy, RouteRules, TenantRules
-from webhook.policy.model import Rule
+from webhook.policy.model import Mode, Rule
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOID = "void"  # no devices and no driver libraries: as runc (NVIDIA container toolkit)
@@ -91,17 +93,18 @@ def applies(target: Target) -> RouteRules | None:
 # --------------------------------------------------------------------------- pods
 
 
-def pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,
+def pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch | None,
         changes: list[str], sights: Sights, username: str) -> None:
     """A tenant's Pod at CREATE: every route checked, the variable neutralized, the
-    default PriorityClass given. Raises MalformedObject."""
+    default PriorityClass given (``patch`` None: checked only, nothing changed). Raises
+    MalformedObject."""
     rules = applies(target)
     if rules is None:
         return
     assert target.tenant is not None
     spec, sptr = target.template.spec, target.template.spec_pointer
     charged = _charged(target)
-    if rules.visible_devices != "allow":
+    if rules.visible_devices != "allow" and patch is not None:
         n = len(patch.ops)
         for key in ("initContainers", "containers"):
             for i, c in enumerate(child_list(spec, key, sptr) or []):
@@ -277,7 +280,7 @@ def device_host_paths(spec: dict[str, Any], sptr: str) -> list[tuple[str, str]]:
 
 
 def priority(check: Checker, tenant: TenantRules, spec: dict[str, Any], sptr: str,
-             patch: Patch, sights: Sights) -> bool:
+             patch: Patch | None, sights: Sights) -> bool:
     """The pod's PriorityClass: one the tenant may name, at most its ceiling; a pod that
     names none gets the tenant's default. Whether the default was given.
 
@@ -288,7 +291,7 @@ def priority(check: Checker, tenant: TenantRules, spec: dict[str, Any], sptr: st
     rules = tenant.priority
     name = spec.get("priorityClassName")
     if not isinstance(name, str) or not name:
-        if rules.default is None:
+        if rules.default is None or patch is None:
             _ceiling(check, tenant, None, spec, sights)
             return False
         patch.set(spec, "priorityClassName", sptr, rules.default)
@@ -317,6 +320,58 @@ def _ceiling(check: Checker, tenant: TenantRules, name: str | None, spec: dict[s
         allowed = sorted(tenant.priority.allowed) if tenant.priority.allowed else None
         check.report(Rule.PRIORITY_CLASS, messages.priority_above_ceiling(
             name, value, tenant.priority.ceiling, tenant.name, allowed))
+
+
+def recheck(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels,
+            claims: ClaimLookup, sights: Sights, controller_users: frozenset[str]
+            ) -> list[Finding]:
+    """The validating webhook's look at the final object, to enforce only (as it does
+    for every rule of the mutating phase): what would be refused, or should have been
+    changed, had the mutating webhook run. A container given no GPU that sets the
+    variable, one given GPUs that sets it at all, and the refusals. Nothing is changed
+    and no warning is repeated."""
+    if is_claim(req):
+        return [f for f in claim_tolerations(req, policy, labels, controller_users).findings
+                if f.mode is Mode.ENFORCE]
+    if not (req.kind == "Pod" and req.group == "" and req.operation == "CREATE"):
+        return []
+    targets = prepare(req, policy, labels, claims)
+    if isinstance(targets, Decision):
+        return []
+    out: list[Finding] = []
+    for rt in targets.roles:
+        target = rt.target
+        rules = applies(target)
+        if rules is None or target.tenant is None:
+            continue
+        check = Checker(policy, target.tenant, target.subject, frozenset())
+        spec, sptr = target.template.spec, target.template.spec_pointer
+        try:
+            charged = _charged(target)
+            if rules.visible_devices != "allow":
+                for key in ("initContainers", "containers"):
+                    for i, c in enumerate(child_list(spec, key, sptr) or []):
+                        if isinstance(c, dict):
+                            _visible_devices_set(check, c, f"{sptr}/{key}/{i}",
+                                                 _describe(key, c, i),
+                                                 f"{key}/{i}" in charged)
+            pod(check, policy, target, None, [], sights, req.username)
+        except MalformedObject:
+            continue  # the validating webhook's own rules say so
+        out.extend(check.findings)
+    return out
+
+
+def _visible_devices_set(check: Checker, c: dict[str, Any], cptr: str, where: str,
+                         charged: bool) -> None:
+    env = child_list(c, "env", cptr) or []
+    hits = [e for e in env if isinstance(e, dict) and e.get("name") == VISIBLE_DEVICES]
+    if charged and hits:
+        check.report(Rule.VISIBLE_DEVICES, messages.visible_devices_charged(
+            _what(hits[-1])), where)
+    elif not charged and hits and not _harmless(hits[-1]):
+        check.report(Rule.VISIBLE_DEVICES, messages.visible_devices_uncharged(
+            _what(hits[-1])), where)
 
 
 # --------------------------------------------------------------------------- ephemeral
