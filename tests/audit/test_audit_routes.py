@@ -85,3 +85,10 @@ def test_no_route_on_a_cpu_node_nor_once_neutralized() -> None:
 def test_where_the_scheduler_bound_a_pod_is_not_a_node_name_route() -> None:
     out = found(running("bound", "gpu-1", c("train", resources=GPU)))
     assert all(r.rule != "node-name" for f in out.values() for r in f.rules)
+
+
+def test_a_dra_container_is_taken_to_be_given_its_devices() -> None:
+    p = running("dra", "gpu-1", c("train", resources={"claims": [{"name": "gpu"}]}),
+                resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one"}])
+    out = found(p)
+    assert all(r.rule != "gpu-visible-devices" for f in out.values() for r in f.rules)

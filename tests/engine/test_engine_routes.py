@@ -451,3 +451,12 @@ def test_the_validating_webhook_re_checks_to_enforce_only() -> None:
     assert mutate_checked(p).decision.warnings
     v = validated(p)
     assert v.allowed and not [f for f in v.findings if f.rule is Rule.PRIVILEGED]
+
+
+def test_deny_and_the_validating_re_check_agree_on_a_gpu_containers_void() -> None:
+    from enginekit import validated
+    policy = research("      gpuRoutes: {visibleDevices: deny}\n")
+    p = pod(container(limits=gpus(1), env=[VOID_ENTRY]))
+    m = mutate_checked(p, policy)
+    assert m.decision.allowed
+    assert Rule.VISIBLE_DEVICES not in rules(validated(m.patched, policy))

@@ -366,9 +366,10 @@ def _visible_devices_set(check: Checker, c: dict[str, Any], cptr: str, where: st
                          charged: bool) -> None:
     env = child_list(c, "env", cptr) or []
     hits = [e for e in env if isinstance(e, dict) and e.get("name") == VISIBLE_DEVICES]
-    if charged and hits:
+    own = [e for e in hits if e != NEUTRAL_ENTRY]  # as the mutating webhook's deny reads it
+    if charged and own:
         check.report(Rule.VISIBLE_DEVICES, messages.visible_devices_charged(
-            _what(hits[-1])), where)
+            _what(own[-1])), where)
     elif not charged and hits and not _harmless(hits[-1]):
         check.report(Rule.VISIBLE_DEVICES, messages.visible_devices_uncharged(
             _what(hits[-1])), where)
@@ -554,8 +555,10 @@ def held(policy: CompiledPolicy, pod_obj: dict[str, Any], labels: NamespaceLabel
             where = _describe(key, c, i)
             entries = [e for e in child_list(c, "env", f"/spec/{key}/{i}") or []
                        if isinstance(e, dict) and e.get("name") == VISIBLE_DEVICES]
+            # The claims a running pod names are not looked up here: a container naming
+            # one is taken to be given its devices (their CDI spec sets the variable).
             if rules.visible_devices != "allow":
-                if f"{key}/{i}" in charged:
+                if f"{key}/{i}" in charged or _claim_names(c):
                     if entries:
                         out.append((Rule.VISIBLE_DEVICES, messages.holds_visible_devices(
                             where, _what(entries[-1]), on, True)))
