@@ -460,3 +460,10 @@ def test_deny_and_the_validating_re_check_agree_on_a_gpu_containers_void() -> No
     m = mutate_checked(p, policy)
     assert m.decision.allowed
     assert Rule.VISIBLE_DEVICES not in rules(validated(m.patched, policy))
+
+
+def test_admin_claims_in_exempt_namespaces_keep_working() -> None:
+    admin = claim(device_request(adminAccess=True, tolerations=[{"operator": "Exists"}]),
+                  namespace="gpu-operator")
+    d = mutating(review(admin), example_policy())
+    assert d.allowed and d.findings == []
