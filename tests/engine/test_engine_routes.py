@@ -251,14 +251,18 @@ def test_privileged_and_host_paths_allowed_by_the_tenant() -> None:
     assert m.decision.allowed
 
 
-def test_a_workload_template_is_left_to_its_pods() -> None:
-    # Route checks run on pods (the routes webhook sees every pod of a tenant); a
-    # Deployment's template is completed and pinned as before.
+def test_a_workload_template_is_checked_at_apply_and_changed_in_its_pods() -> None:
+    # The refusals answer at kubectl apply; the variable is set in each pod when it is
+    # created (the routes webhooks see every pod of a tenant).
     from enginekit import deployment
-    m = mutate_checked(deployment(pod(container("x", limits=gpus(1),
-                                                securityContext={"privileged": True}))))
-    assert m.decision.allowed
-    assert "gpu-visible-devices" not in m.decision.mutations
+    root = mutate_checked(deployment(pod(container("x", limits=gpus(1),
+                                                   securityContext={"privileged": True}))))
+    assert not root.decision.allowed and rules(root.decision) == [Rule.PRIVILEGED]
+    assert "deployment research/trainer, pod template" in root.decision.message
+    bound = mutate_checked(deployment(pod(container("x", limits=gpus(1)), nodeName="n1")))
+    assert rules(bound.decision) == [Rule.NODE_NAME]
+    plain = mutate_checked(deployment(pod(container("x", limits=gpus(1)), container("y"))))
+    assert plain.decision.allowed and "gpu-visible-devices" not in plain.decision.mutations
 
 
 # --- ephemeral containers (kubectl debug) --------------------------------------------------

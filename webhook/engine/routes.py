@@ -84,8 +84,9 @@ no_sights = Sights()
 
 
 def applies(target: Target) -> RouteRules | None:
-    """The route rules of a pod's tenant; None outside tenants' namespaces."""
-    if target.tenant is None or not target.template.is_pod:
+    """The route rules of a pod's (or pod template's) tenant; None outside tenants'
+    namespaces."""
+    if target.tenant is None:
         return None
     return target.tenant.routes
 
@@ -96,12 +97,15 @@ def applies(target: Target) -> RouteRules | None:
 def pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch | None,
         changes: list[str], sights: Sights, username: str) -> None:
     """A tenant's Pod at CREATE: every route checked, the variable neutralized, the
-    default PriorityClass given (``patch`` None: checked only, nothing changed). Raises
-    MalformedObject."""
+    default PriorityClass given (``patch`` None: checked only, nothing changed). A
+    workload's pod template is checked only, for an answer at ``kubectl apply``: its pods
+    are changed when they are created. Raises MalformedObject."""
     rules = applies(target)
     if rules is None:
         return
     assert target.tenant is not None
+    if not target.template.is_pod:
+        patch = None
     spec, sptr = target.template.spec, target.template.spec_pointer
     charged = _charged(target)
     if rules.visible_devices != "allow" and patch is not None:
