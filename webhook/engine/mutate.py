@@ -1,6 +1,9 @@
 """The mutating webhook's decision: complete GPU requests, add tolerations and node
-affinity, strip GPU tolerations from non-GPU pods, and deny what core validation would
-otherwise reject with a terse message.
+affinity, strip GPU tolerations from non-GPU pods, close the routes to a GPU that skip
+the GPU request in tenants' pods (``webhook.engine.routes``: the NVIDIA runtime's
+variable, privilege, ``/dev``, ``nodeName``, PriorityClasses, ephemeral containers, DRA
+device-taint tolerations), and deny what core validation would otherwise reject with a
+terse message.
 
 The object in the request is edited in place while the patch is recorded (see
 ``webhook.k8s.patch``); callers that still need the original must pass a copy.
