@@ -35,12 +35,13 @@ from webhook.engine import messages
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import Checker, Decision, Finding, malformed, subject_of
 from webhook.engine.devices import ClaimLookup
-from webhook.engine.target import NamespaceLabels, Target, prepare
+from webhook.engine.target import NamespaceLabels, Target, prepare, template_target
 from webhook.engine.tolerations import covers
 from webhook.k8s import claims
 from webhook.k8s.objects import MalformedObject, child_list, child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
+from webhook.k8s.workloads import pod_template
 from webhook.policy.compiled import CompiledPolicy, RouteRules, TenantRules
 from webhook.policy.model import Mode, Rule
 
@@ -532,9 +533,6 @@ def held(policy: CompiledPolicy, pod_obj: dict[str, Any], labels: NamespaceLabel
     (the variable not ``void``, privilege) and ``/dev`` mounts. A pod on a node known to
     carry no GPU holds none; a pod's ``nodeName`` itself is not one (the scheduler sets
     it too). Raises MalformedObject."""
-    from webhook.engine.target import template_target
-    from webhook.k8s.workloads import pod_template
-
     meta = pod_obj.get("metadata") or {}
     namespace = str(meta.get("namespace") or "")
     if namespace in policy.exempt_namespaces:
