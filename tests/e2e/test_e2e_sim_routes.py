@@ -6,7 +6,7 @@ Each route is shown twice where it can be: in ``sim-exempt`` (a namespace the po
 exempts: what a tenant could do without the webhook) and in a tenant's namespace (what it
 can do now). Every GPU node of the cluster is tainted; a pod that tolerates every taint
 lands on one whatever it asks for. The session's cluster (``gpucluster.fixtures.sim``):
-no cluster of its own.
+no cluster of its own (one test adds a CPU node for itself and removes it).
 """
 
 from __future__ import annotations
@@ -218,3 +218,35 @@ def test_dra_pods_keep_working_and_claims_tolerating_device_taints_are_refused(
     assert "tolerates device taints (operator Exists with no key: every taint)" in \
         refused.stderr
     assert "[rule device-taint-tolerations, tenant dra]" in refused.stderr
+
+
+def test_node_name_of_a_node_known_to_be_without_gpus_passes(
+        sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory) -> None:
+    # A CPU node of its own (kwok plays its kubelet), tainted so that no other test's
+    # pod lands there; a pod bound by nodeName skips the taint anyway.
+    name = f"cpu-{short_id()}"
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+                         "annotations": {"kwok.x-k8s.io/node": "fake",
+                                         "node.alpha.kubernetes.io/ttl": "0"}},
+            "spec": {"taints": [{"key": "sim.gpu-webhook.dev/cpu-only",
+                                 "effect": "NoSchedule"}]},
+            "status": {"capacity": {"cpu": "32", "memory": "128Gi", "pods": "110"},
+                       "allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110"}}}
+    sim.cp.kubectl("create", "-f", "-", input=to_yaml(node))
+    ns = sim_namespace("research")
+    try:
+        bound = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "on-cpu"},
+                 "spec": {"nodeName": name, "containers": [{"name": "app", "image": CUDA}]}}
+        def admitted() -> bool:  # the node watch is a moment behind the node's creation
+            return apply(sim, ns, bound).returncode == 0
+
+        wait_until("the webhook to know the CPU node", admitted, timeout=30, every=0.5)
+        wait_until("the bound pod to run",
+                   lambda: core.read_namespaced_pod("on-cpu", ns).status.phase == "Running",
+                   timeout=SCHEDULE_TIMEOUT, every=0.3)
+        assert env_of(core.read_namespaced_pod("on-cpu", ns)) == [VOID]
+    finally:
+        sim.cp.kubectl("delete", "pod", "on-cpu", "-n", ns, "--ignore-not-found",
+                       "--timeout=60s", check=False)
+        sim.cp.kubectl("delete", "node", name, "--ignore-not-found")
