@@ -211,7 +211,8 @@ EXIT_CODES: dict[str, str] = {
     "admission-review": "0 printed (with --reply: allowed); 1 with --reply: denied; 2 "
                         "unreadable manifest or reply, bad flags",
     "status": "0 printed; 2 the cluster or the policy cannot be read",
-    "audit": "0 nothing would be refused; 1 something would be; 2 the cluster or the policy "
+    "audit": "0 nothing would be refused and no pod holds a route to a GPU; 1 something "
+             "would be, or does; 2 the cluster or the policy "
              "cannot be read",
 }
 
@@ -332,18 +333,22 @@ def _audit(args: argparse.Namespace) -> int:
 
     try:
         api, model = _cluster_policy(args)
-        pods, workloads, labels = audit.read(api, args.namespace)
+        pods, workloads, labels, nodes = audit.read_all(api, args.namespace)
     except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
         print(f"gpu-webhook audit: {exc}", file=sys.stderr)
         return 2
-    found = audit.audit(compile_policy(model), pods, workloads, labels.get)
+    compiled = compile_policy(model)
+    found = audit.audit(compiled, pods, workloads, labels.get,
+                        audit.node_lookup(compiled, nodes))
     for f in found:
         print(f"{f.verdict.upper()} {f.subject}: {f.detail}")
     refused = sum(f.verdict == "refused" for f in found)
+    holds = sum(f.verdict == "holds" for f in found)
     print(f"{len(pods)} pods, {len(workloads)} workloads: {refused} would be refused, "
-          f"{len(found) - refused} admitted with changes or warnings "
+          f"{holds} hold a route to a GPU that skips the GPU request, "
+          f"{len(found) - refused - holds} admitted with changes or warnings "
           f"(policy {model.metadata.name})", file=sys.stderr)
-    return 1 if refused else 0
+    return 1 if refused or holds else 0
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -433,8 +438,8 @@ def _manifests(args: argparse.Namespace) -> int:
     print(manifests.to_yaml(objects, header=(
         f"# Rendered by `gpu-webhook manifests` from {source} (policy "
         f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
-        "tolerations, nonGpuPodsToleratingGpuTaints, exemptions or workloadKinds "
-        "change.\n")), end="")
+        "tolerations, nonGpuPodsToleratingGpuTaints, exemptions, workloadKinds or "
+        "tenants' namespaces change.\n")), end="")
     return 0
 
 

@@ -114,10 +114,12 @@ def test_scale_subresources_go_to_a_validating_webhook_of_their_own(failure):
                 "admissionReviewVersions"):
         assert scale[key] == main[key], key
     # Nothing to mutate in a Scale: the mutating webhook never sees one.
-    assert [h["name"] for h in mutating["webhooks"]] == ["mutate.gpu-webhook.dev",
-                                                         "claims.mutate.gpu-webhook.dev"]
+    assert [h["name"] for h in mutating["webhooks"] if "routes" not in h["name"]] == [
+        "mutate.gpu-webhook.dev", "claims.mutate.gpu-webhook.dev"]
     for hook in (*mutating["webhooks"], main):
-        assert not any("/" in r for rule in hook["rules"] for r in rule["resources"])
+        # (The routes webhooks' one subresource is pods/ephemeralcontainers.)
+        assert not any("/" in r and r != "pods/ephemeralcontainers"
+                       for rule in hook["rules"] for r in rule["resources"])
 
 
 def test_deletes_of_gang_kinds_go_to_a_release_webhook_that_never_blocks():
@@ -185,7 +187,8 @@ def wrap(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def sent(hook: dict[str, Any], obj: dict[str, Any], *, user: str = "dev",
-         groups: list[str] | None = None, old: dict[str, Any] | None = None) -> bool:
+         groups: list[str] | None = None, old: dict[str, Any] | None = None,
+         namespace: str = "research", sub_resource: str | None = None) -> bool:
     """Whether the API server would call this webhook: every matchCondition is true."""
     # Imported here, not at module level: a missing CEL library (a dev dependency) fails
     # the tests that evaluate conditions, and only those; it never skips the rest.
@@ -194,8 +197,11 @@ def sent(hook: dict[str, Any], obj: dict[str, Any], *, user: str = "dev",
     user_info: dict[str, Any] = {"username": user}
     if groups:
         user_info["groups"] = groups
-    context = {"object": obj, "oldObject": old, "request": {
-        "kind": {"group": "", "version": "v1", "kind": obj["kind"]}, "userInfo": user_info}}
+    request: dict[str, Any] = {"kind": {"group": "", "version": "v1", "kind": obj["kind"]},
+                               "userInfo": user_info, "namespace": namespace}
+    if sub_resource:
+        request["subResource"] = sub_resource
+    context = {"object": obj, "oldObject": old, "request": request}
     results = [cel.evaluate(mc["expression"], context) for mc in hook["matchConditions"]]
     assert all(isinstance(r, bool) for r in results), results
     return all(results)
@@ -233,6 +239,58 @@ def test_non_gpu_pods_tolerating_gpu_taints_go_where_the_policy_acts_on_them():
         assert (sent(mutating, obj), sent(validating, obj)) == (to_mutating, to_validating)
         # A key-less toleration tolerates every taint; the engine leaves it alone.
         assert not sent(mutating, everything) and not sent(validating, everything)
+
+
+def test_routes_webhooks_take_every_tenant_pod_the_gpu_webhook_is_not_sent():
+    # Pods without GPUs of tenants' namespaces get NVIDIA_VISIBLE_DEVICES=void and the
+    # other route checks (engine.routes): one webhook for the namespaces named, one per
+    # tenant selector; GPU pods (and pods tolerating the GPU taint, under strip) are the
+    # GPU webhook's, which runs the same checks.
+    hooks = {h["name"]: h for h in render()[0]["webhooks"]}
+    named, selected = hooks["routes.gpu-webhook.dev"], hooks["routes-1.gpu-webhook.dev"]
+    plain = wrap("Pod", pod_spec())
+    gpu = wrap("Pod", pod_spec(container(limits={"nvidia.com/gpu": "1"})))
+    tolerating = wrap("Pod", pod_spec(tolerations=GPU_TOLERATION))
+    assert sent(named, plain, namespace="research")
+    assert sent(named, plain, namespace="research-dev")
+    assert not sent(named, plain, namespace="default")  # no tenant's
+    assert not sent(named, gpu) and sent(hooks["mutate.gpu-webhook.dev"], gpu)
+    assert not sent(named, tolerating) and sent(hooks["mutate.gpu-webhook.dev"], tolerating)
+    # kubectl debug adds an ephemeral container to a running GPU pod: sent.
+    assert sent(named, gpu, sub_resource="ephemeralcontainers", old=gpu)
+    assert named["rules"][1]["resources"] == ["pods/ephemeralcontainers"]
+    assert named["rules"][1]["operations"] == ["UPDATE"]
+    # The tenant chosen by label: its selector, leaving out the excluded and named ones.
+    assert selected["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+         "values": ["gpu-operator", "gpu-webhook", "kube-system", "notebooks", "research",
+                    "research-dev"]},
+        {"key": "gpu.example.com/tenant", "operator": "In", "values": ["inference"]}]}
+    assert sent(selected, plain, namespace="serving")
+    assert not sent(selected, gpu)
+    for hook in (named, selected):
+        assert hook["clientConfig"]["service"]["path"] == "/mutate"
+        assert hook["reinvocationPolicy"] == "IfNeeded"
+        assert hook["sideEffects"] == "None"
+
+
+def test_tenants_chosen_by_one_label_share_a_routes_webhook_per_key():
+    p = policy("  tenants:\n" + "".join(
+        f"    - name: t{i}\n      namespaceSelector: {{matchLabels: {{team: t{i}}}}}\n"
+        for i in range(12)) + "    - name: other\n      namespaceSelector:\n"
+        "        matchExpressions: [{key: org, operator: In, values: [x]}]\n")
+    routes = [h for h in manifests.render(p)[0]["webhooks"] if "routes" in h["name"]]
+    assert [h["name"] for h in routes] == ["routes-1.gpu-webhook.dev",
+                                           "routes-2.gpu-webhook.dev"]
+    assert routes[0]["namespaceSelector"]["matchExpressions"][1] == {
+        "key": "team", "operator": "In", "values": sorted(f"t{i}" for i in range(12))}
+    assert routes[1]["namespaceSelector"]["matchExpressions"][1] == {
+        "key": "org", "operator": "In", "values": ["x"]}
+
+
+def test_no_routes_webhook_without_tenants():
+    names = [h["name"] for h in manifests.render(policy("  mode: enforce\n"))[0]["webhooks"]]
+    assert not [n for n in names if "routes" in n]
 
 
 def test_exempt_users_groups_and_service_accounts_are_not_sent():

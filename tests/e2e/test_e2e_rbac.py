@@ -72,6 +72,10 @@ LEDGERS = ["gpu-webhook-ledger-research", "gpu-webhook-ledger-inference",
     # the watch caches
     ("list", "pods", None), ("watch", "pods", None),
     ("list", "namespaces", None), ("watch", "namespaces", None),
+    # which nodes carry GPUs, and the PriorityClasses' values (the GPU routes)
+    ("list", "nodes", None), ("watch", "nodes", None),
+    ("list", "priorityclasses.scheduling.k8s.io", None),
+    ("watch", "priorityclasses.scheduling.k8s.io", None),
     # a scale-up's workload
     ("get", "deployments.apps", "team-a"), ("get", "statefulsets.apps", "team-a"),
     ("get", "replicasets.apps", "team-a"),
@@ -121,6 +125,7 @@ def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resourc
     ("get", "secrets/gpu-webhook-tls", NS), ("create", "secrets", NS),
     ("patch", "mutatingwebhookconfigurations.admissionregistration.k8s.io/gpu-webhook", None),
     ("update", "pods", None), ("delete", "pods", None), ("get", "pods", None),
+    ("update", "nodes", None), ("create", "priorityclasses.scheduling.k8s.io", None),
     ("watch", "deployments.apps", "team-a"), ("update", "deployments.apps", "team-a"),
     ("get", "daemonsets.apps", "team-a"),
 ])

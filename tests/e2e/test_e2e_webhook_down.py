@@ -1,8 +1,10 @@
 """The webhook down, with the configurations `gpu-webhook manifests` renders
-(failurePolicy Fail): GPU pods are refused by the API server, and everything the
-configuration keeps away from the webhook still goes through: pods without GPUs
-(matchConditions), and the exempt namespaces (namespaceSelector), so that kube-system
-and the webhook's own namespace can recover the cluster.
+(failurePolicy Fail): GPU pods are refused by the API server, and so are a tenant's
+pods without GPUs (the routes webhooks neutralize NVIDIA_VISIBLE_DEVICES in them:
+docs/security.md); everything the configuration keeps away from the webhook still goes
+through: pods without GPUs of namespaces of no tenant (matchConditions and
+namespaceSelector), and the exempt namespaces, so that kube-system and the webhook's own
+namespace can recover the cluster.
 """
 
 from __future__ import annotations
@@ -49,13 +51,24 @@ def test_gpu_pods_are_refused_while_the_webhook_is_down(
     assert control_plane.kubectl("get", "pod", "train", "-n", ns, check=False).returncode != 0
 
 
-def test_pods_without_gpus_are_not_sent_to_the_webhook(
+def test_pods_without_gpus_outside_tenants_are_not_sent_to_the_webhook(
     control_plane: ControlPlane, down: Deployment, namespace: NamespaceFactory,
 ) -> None:
-    ns = namespace("ops")
+    ns = namespace("no-such-tenant")
     out = apply(control_plane, ns, plain_pod("web"))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "pod/web created"
+
+
+def test_a_tenants_pods_without_gpus_wait_for_the_webhook(
+    control_plane: ControlPlane, down: Deployment, namespace: NamespaceFactory,
+) -> None:
+    # Admitted unchanged, a CUDA image's NVIDIA_VISIBLE_DEVICES=all would reach the
+    # runtime: with failurePolicy Fail they are refused until a replica answers.
+    ns = namespace("ops")
+    out = apply(control_plane, ns, plain_pod("web"))
+    assert out.returncode != 0
+    assert 'failed calling webhook "routes-1.gpu-webhook.dev"' in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("exempt", ["kube-system", "e2e-exempt"],

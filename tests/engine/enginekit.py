@@ -26,6 +26,7 @@ from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.routes import Sights, no_sights
 from webhook.engine.target import NamespaceLabels
 from webhook.k8s.review import AdmissionRequest, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
@@ -255,15 +256,38 @@ class Mutation:
 
 def mutate_checked(manifest: Mapping[str, Any], policy: CompiledPolicy | None = None,
                    labels: NamespaceLabels = namespace_labels,
-                   claims: ClaimLookup = no_claims, **kw: Any) -> Mutation:
+                   claims: ClaimLookup = no_claims, sights: Sights = no_sights,
+                   **kw: Any) -> Mutation:
     """Run the mutating webhook on ``manifest`` (see :func:`check_mutation`)."""
     return check_mutation(request_review(copy.deepcopy(dict(manifest)), **kw), policy, labels,
-                          claims)
+                          claims, sights)
+
+
+VOID_ENTRY = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
+def neutralized_only(patch: list[dict[str, Any]]) -> bool:
+    """Whether a patch does nothing but give containers ``NVIDIA_VISIBLE_DEVICES=void``
+    (and record it in the provenance annotation): what a tenant's pod without GPUs gets."""
+    for op in patch:
+        value = op.get("value")
+        if op["path"].endswith("/env") and value == [VOID_ENTRY]:
+            continue
+        if op["path"].endswith("/env/-") and value == VOID_ENTRY:
+            continue
+        if op["path"] == "/metadata/annotations" and value == {
+                "gpu-webhook.dev/mutated": "gpu-visible-devices"}:
+            continue
+        if op["path"] == "/metadata/annotations/gpu-webhook.dev~1mutated" and \
+                value == "gpu-visible-devices":
+            continue
+        return False
+    return bool(patch)
 
 
 def check_mutation(payload: Mapping[str, Any], policy: CompiledPolicy | None = None,
                    labels: NamespaceLabels = namespace_labels,
-                   claims: ClaimLookup = no_claims) -> Mutation:
+                   claims: ClaimLookup = no_claims, sights: Sights = no_sights) -> Mutation:
     """Run the mutating webhook on an AdmissionReview and check what every mutation
     must satisfy:
 
@@ -277,7 +301,7 @@ def check_mutation(payload: Mapping[str, Any], policy: CompiledPolicy | None = N
     policy = policy or example_policy()
     original = copy.deepcopy(payload["request"]["object"])
     req = parse_review(orjson.dumps(payload))
-    decision = mutate(req, policy, labels, claims)
+    decision = mutate(req, policy, labels, claims, sights=sights)
     patched = jsonpatch.apply_patch(original, decision.patch, in_place=False)
     if decision.allowed:
         assert patched == req.object, "the patch and the mutated object disagree"
@@ -286,7 +310,8 @@ def check_mutation(payload: Mapping[str, Any], policy: CompiledPolicy | None = N
     kubernetes_validate.validate(patched, K8S_VERSION, strict=True)
     again_payload = copy.deepcopy(dict(payload))
     again_payload["request"] = dict(again_payload["request"], object=copy.deepcopy(patched))
-    again = mutate(parse_review(orjson.dumps(again_payload)), policy, labels, claims)
+    again = mutate(parse_review(orjson.dumps(again_payload)), policy, labels, claims,
+                   sights=sights)
     assert again.patch == [], f"mutate is not idempotent: second run patched {again.patch}"
     assert again.allowed == decision.allowed
     return Mutation(decision, original, patched)

@@ -46,6 +46,10 @@ from webhook.policy.model import Rule
 
 DENY_TOLERATIONS = example_variant(("nonGpuPodsToleratingGpuTaints: strip",
                                     "nonGpuPodsToleratingGpuTaints: deny"))
+DENY_VISIBLE_DEVICES = example_variant((
+    "nonGpuPodsToleratingGpuTaints: strip",
+    "nonGpuPodsToleratingGpuTaints: strip\n  gpuRoutes: {visibleDevices: deny}"))
+ALL_GPUS = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
 ON_RACK_A = {PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB", RACK_LABEL: "rack-a"}
 SPOT_LABEL = "karpenter.sh/capacity-type"
 SPOT_TOLERATION = {"key": SPOT_LABEL, "operator": "Exists"}
@@ -123,6 +127,27 @@ MESSAGE_CASES: dict[str, tuple[Callable[[], Decision], list[Rule]]] = {
         [Rule.SPOT_PLACEMENT]),
     "spot-unpinned": (validating(pod(namespace="sweeps"), spot_policy()),
                       [Rule.SPOT_PLACEMENT]),
+    # Routes to a GPU that skip the GPU request (engine.routes)
+    "gpu-visible-devices": (
+        mutating(pod(container(env=[ALL_GPUS])), DENY_VISIBLE_DEVICES),
+        [Rule.VISIBLE_DEVICES]),
+    "gpu-visible-devices-charged": (
+        mutating(pod(container(limits=gpus(1), env=[ALL_GPUS])), DENY_VISIBLE_DEVICES),
+        [Rule.VISIBLE_DEVICES]),
+    "privileged-on-gpu-nodes": (
+        mutating(pod(container(limits=gpus(1), securityContext={"privileged": True}))),
+        [Rule.PRIVILEGED]),
+    "device-host-paths": (
+        mutating(pod(container(), tolerations=[{"operator": "Exists"}],
+                     volumes=[{"name": "dev", "hostPath": {"path": "/dev/nvidia0"}}])),
+        [Rule.DEVICE_HOST_PATHS]),
+    "node-name": (mutating(pod(container(), nodeName="a100-node-3")), [Rule.NODE_NAME]),
+    "priority-class": (
+        mutating(pod(container(limits=gpus(1)), priorityClassName="urgent",
+                     priority=100000)), [Rule.PRIORITY_CLASS]),
+    "device-taint-tolerations": (
+        mutating(claim(device_request(tolerations=[{"operator": "Exists"}]))),
+        [Rule.DEVICE_TAINT_TOLERATIONS]),
 }
 
 # A sentence that tells the developer what to do starts with one of these verbs.
@@ -196,6 +221,12 @@ PATCH_CASES: dict[str, tuple[dict[str, Any], Any]] = {
     "strip-gpu-toleration": (
         pod(container(), tolerations=[{"key": "dedicated", "operator": "Exists"},
                                       GPU_TOLERATION]), None),
+    "neutralize-visible-devices": (
+        pod(container("cuda"), container("app", envFrom=[{"configMapRef": {"name": "app"}}],
+                                         env=[{"name": "NVIDIA_VISIBLE_DEVICES",
+                                               "valueFrom": {"configMapKeyRef": {
+                                                   "name": "app", "key": "gpus"}}}]),
+            container("train", limits=gpus(1), env=[ALL_GPUS])), None),
     "spot-fault-tolerant-deployment": (
         deployment(pod(labels={"gpu-webhook.dev/fault-tolerant": "true"}, name="sweep")),
         spot_policy()),

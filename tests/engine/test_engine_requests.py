@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 from enginekit import (
     GPU,
+    VOID_ENTRY,
     container,
     example_policy,
     gpus,
     gpus_charged,
     mutate_checked,
+    neutralized_only,
     pod,
     review,
     validated,
@@ -76,17 +78,19 @@ def test_missing_half_of_the_pair_is_completed(given: dict[str, Any],
 
 
 def test_container_without_resources_is_left_alone_next_to_a_gpu_container() -> None:
+    # Its resources are: it only gets NVIDIA_VISIBLE_DEVICES=void, being given no GPU.
     sidecar = container("log-shipper")
     m = mutate_checked(pod(container(limits=gpus(1)), sidecar))
     assert m.decision.allowed
-    assert m.patched["spec"]["containers"][1] == sidecar
-    assert not [p for p in m.paths if p.startswith("/spec/containers/1")]
+    assert m.patched["spec"]["containers"][1] == {**sidecar, "env": [VOID_ENTRY]}
+    assert [p for p in m.paths if p.startswith("/spec/containers/1")] == [
+        "/spec/containers/1/env"]
 
 
 def test_pod_whose_containers_have_no_resources_is_not_a_gpu_pod() -> None:
     m = mutate_checked(pod(container()))
     assert m.decision.allowed
-    assert m.decision.patch == []
+    assert neutralized_only(m.decision.patch)
     assert m.decision.findings == []
 
 
@@ -96,8 +100,8 @@ def test_a_null_gpu_value_asks_for_no_gpu() -> None:
     # validation answers it; the webhook must just not treat it as a GPU pod.)
     d = mutate(review(pod(container(limits={GPU: None, "cpu": "1"}))), example_policy())
     assert d.allowed
-    assert d.patch == []
-    assert d.mutations == []
+    assert neutralized_only(d.patch)
+    assert d.mutations == ["gpu-visible-devices"]
 
 
 @pytest.mark.parametrize(
@@ -167,7 +171,7 @@ def test_a_zero_count_asks_for_no_gpu(zero: Any) -> None:
     # toleration or product pinning, no quota charge.
     m = mutate_checked(pod(container(limits=gpus(zero))))
     assert m.decision.allowed, m.decision.message
-    assert m.decision.patch == [] and m.decision.skipped is None
+    assert neutralized_only(m.decision.patch) and m.decision.skipped is None
     assert m.decision.findings == []
     v = validated(m.patched)
     assert v.allowed and v.findings == [] and gpus_charged(m.patched) == 0

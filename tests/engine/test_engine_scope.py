@@ -23,6 +23,7 @@ from enginekit import (
     L4,
     PRODUCT_LABEL,
     RACK_LABEL,
+    VOID_ENTRY,
     check_mutation,
     container,
     cronjob,
@@ -35,6 +36,7 @@ from enginekit import (
     job,
     mutate_checked,
     namespace_labels,
+    neutralized_only,
     node_terms,
     pod,
     pod_spec,
@@ -207,8 +209,10 @@ def test_tenant_chosen_by_namespace_labels(labels: Any, tenant: str | None,
 def test_pod_without_gpus_passes_untouched() -> None:
     plain = pod(container(requests={"cpu": "1"}, limits={"memory": "1Gi"}),
                 tolerations=[{"key": "dedicated", "operator": "Exists"}])
+    # Untouched but for NVIDIA_VISIBLE_DEVICES=void: it is given no GPU (engine.routes).
     m = mutate_checked(plain)
-    assert m.decision.allowed and m.decision.patch == [] and m.decision.findings == []
+    assert m.decision.allowed and neutralized_only(m.decision.patch)
+    assert m.decision.findings == []
     assert validated(plain).allowed
 
 
@@ -232,7 +236,7 @@ def test_pod_without_gpus_tolerating_the_gpu_taint(choice: str, allowed: bool,
     assert m.decision.allowed is allowed
     assert m.patched["spec"]["tolerations"] == tolerations_after
     if choice == "strip":
-        assert m.decision.mutations == ["strip-gpu-tolerations"]
+        assert m.decision.mutations == ["strip-gpu-tolerations", "gpu-visible-devices"]
     if choice == "deny":
         assert [f.rule for f in m.decision.findings] == [Rule.NON_GPU_TOLERATIONS]
         assert "requests no GPU but tolerates the GPU nodes' taint (nvidia.com/gpu)" in \
@@ -244,7 +248,8 @@ def test_pod_without_gpus_tolerating_the_gpu_taint(choice: str, allowed: bool,
 def test_tolerate_everything_is_not_stripped_from_non_gpu_pods() -> None:
     p = pod(container(), tolerations=[{"operator": "Exists"}])
     m = mutate_checked(p)
-    assert m.decision.patch == []
+    assert m.patched["spec"]["tolerations"] == [{"operator": "Exists"}]
+    assert neutralized_only(m.decision.patch)
 
 
 # --- modes ----------------------------------------------------------------------------
@@ -343,8 +348,13 @@ def test_realistic_review_from_a_replicaset(admission_review: dict[str, Any]) ->
     spec = m.patched["spec"]
     trainer, metrics = spec["containers"]
     assert trainer["resources"]["requests"] == {"cpu": "16", "memory": "128Gi", GPU: "4"}
-    assert metrics == m.original["spec"]["containers"][1]
-    assert spec["initContainers"] == m.original["spec"]["initContainers"]
+    # The containers given no GPU only get NVIDIA_VISIBLE_DEVICES=void.
+    assert metrics == {**m.original["spec"]["containers"][1],
+                       "env": [*m.original["spec"]["containers"][1].get("env", []),
+                               VOID_ENTRY]}
+    assert spec["initContainers"] == [
+        {**c, "env": [*c.get("env", []), VOID_ENTRY]}
+        for c in m.original["spec"]["initContainers"]]
     # The API server's default tolerations stay; the GPU one joins them.
     assert spec["tolerations"] == [*m.original["spec"]["tolerations"], GPU_TOLERATION]
     # Both zone terms keep their zone and gain the asked product and the tenant's racks.
@@ -355,7 +365,8 @@ def test_realistic_review_from_a_replicaset(admission_review: dict[str, Any]) ->
     ]
     assert m.patched["metadata"]["annotations"] == {
         "kubectl.kubernetes.io/default-container": "trainer",
-        "gpu-webhook.dev/mutated": "gpu-requests,gpu-tolerations,gpu-node-affinity",
+        "gpu-webhook.dev/mutated":
+            "gpu-requests,gpu-tolerations,gpu-node-affinity,gpu-visible-devices",
     }
     # Then the validating webhook sees the final object and admits it.
     final = copy.deepcopy(admission_review)

@@ -81,8 +81,14 @@ def test_gpu_pod_needing_mutation_gets_a_base64_json_patch(client: httpx.Client)
             "values": ["NVIDIA-A100-SXM4-80GB"]} in terms[0]["matchExpressions"]
 
 
+def _neutralized_cpu_pod() -> dict[str, Any]:
+    p = pod(gpus=None)
+    p["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    return p
+
+
 @pytest.mark.parametrize("obj", [
-    pod(gpus=None),
+    _neutralized_cpu_pod(),  # a tenant's pod without GPUs that already shows none
     pod(gpus=None, namespace="no-tenant-here"),
     pod(namespace="kube-system"),  # exempt namespace
 ], ids=["cpu-pod", "cpu-pod-outside-tenants", "exempt-namespace"])

@@ -29,8 +29,10 @@ from typing import Any
 import orjson
 
 from webhook.admission.offline import Outcome, through_both
+from webhook.engine import routes
 from webhook.engine.charge import TERMINAL_PHASES
 from webhook.engine.target import NamespaceLabels
+from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import MemoryStore
@@ -53,35 +55,46 @@ class RuleFinding:
 @dataclass(frozen=True, slots=True)
 class Finding:
     subject: str  # "pod team-a/trainer-0", "deployment team-a/web"
-    verdict: str  # "refused" or "changed" (admitted, with a patch, warnings or audit notes)
+    # "refused", "holds" (a route to a GPU that skips the GPU request, held on its node:
+    # engine.routes.held) or "changed" (admitted, with a patch, warnings or audit notes)
+    verdict: str
     detail: str  # the denial, or the changes and warnings
     ref: dict[str, str]  # apiVersion, kind, namespace, name, uid of the object
     rules: tuple[RuleFinding, ...] = ()  # each rule's finding, in its mode
 
 
 def audit(policy: CompiledPolicy, pods: Iterable[dict[str, Any]],
-          workloads: Iterable[dict[str, Any]], labels: NamespaceLabels) -> list[Finding]:
-    """Every object the policy would refuse (or admit changed), in the order decided."""
+          workloads: Iterable[dict[str, Any]], labels: NamespaceLabels,
+          node_gpus: routes.NodeLookup = routes.no_nodes) -> list[Finding]:
+    """Every object the policy would refuse (or admit changed), in the order decided,
+    and the pods that hold a route to a GPU on their node (``node_gpus``: which nodes
+    carry GPUs; unknown nodes are taken to)."""
     out: list[Finding] = []
     store = MemoryStore(ttl=1e9)  # reservations stand for the pods: they never expire here
     live = [p for p in pods if (p.get("status") or {}).get("phase") not in TERMINAL_PHASES]
     live.sort(key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""),
                              str(p["metadata"].get("namespace")), str(p["metadata"]["name"])))
     for pod in live:
-        out += _decided(pod, policy, labels, store)
+        out += _decided(pod, policy, labels, store, node_gpus)
     for obj in workloads:
         out += _decided(obj, policy, labels, MemoryStore())
     return out
 
 
 def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabels,
-             store: MemoryStore) -> list[Finding]:
+             store: MemoryStore, node_gpus: routes.NodeLookup = routes.no_nodes
+             ) -> list[Finding]:
     meta = obj["metadata"]
     subject = f"{str(obj['kind']).lower()} {meta.get('namespace')}/{meta['name']}"
     ref = {"apiVersion": str(obj["apiVersion"]), "kind": str(obj["kind"]),
            "namespace": str(meta.get("namespace") or ""), "name": str(meta["name"]),
            "uid": str(meta.get("uid") or "")}
-    stripped = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "spec": obj.get("spec"),
+    spec = obj.get("spec")
+    if obj["kind"] == "Pod" and isinstance(spec, dict):
+        # Where the scheduler bound it, and the containers kubectl debug added: not part
+        # of the pod's creation (its routes are what held() reads).
+        spec = {k: v for k, v in spec.items() if k not in ("nodeName", "ephemeralContainers")}
+    stripped = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "spec": spec,
                 "metadata": {k: meta[k] for k in ("name", "namespace", "labels",
                                                    "annotations", "ownerReferences")
                              if k in meta}}
@@ -89,6 +102,14 @@ def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabel
     o: Outcome = through_both(req, policy, labels, store)
     rules = tuple(RuleFinding(f.rule.value, f.mode.value, f.message)
                   for d in o.decisions for f in d.findings)
+    holds = _held(obj, policy, labels, node_gpus, subject)
+    if holds:
+        rules += holds
+        detail = "; ".join(r.message for r in holds)
+        verdict = "holds"
+        if not o.allowed:
+            detail, verdict = f"{o.message}; {detail}", "refused"
+        return [Finding(subject, verdict, detail, ref, rules)]
     if not o.allowed:
         return [Finding(subject, "refused", o.message, ref, rules)]
     changes = o.mutating.mutations
@@ -98,6 +119,22 @@ def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabel
                            + o.warnings + audited)
         return [Finding(subject, "changed", detail, ref, rules)]
     return []
+
+
+def _held(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabels,
+          node_gpus: routes.NodeLookup, subject: str) -> tuple[RuleFinding, ...]:
+    if obj["kind"] != "Pod":
+        return ()
+    try:
+        found = routes.held(policy, obj, labels, node_gpus)
+    except MalformedObject:
+        return ()  # the pipeline has said so
+    ns = str(obj["metadata"].get("namespace") or "")
+    tenant = policy.tenant_for(ns, labels(ns))
+    return tuple(RuleFinding(rule.value, policy.mode_for(rule, tenant).value,
+                             f"{subject}: {text} [rule {rule.value}, tenant "
+                             f"{tenant.name if tenant else '-'}]")
+                 for rule, text in found)
 
 
 # --- PolicyReports ----------------------------------------------------------------------

@@ -31,9 +31,11 @@ from typing import Any
 
 from webhook.admission.claimreads import ClaimReader, seeing
 from webhook.admission.quota import with_quota
+from webhook.engine.claims import CLAIM_CONTROLLER_USERS
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.mutate import mutate
+from webhook.engine.routes import Sights, no_sights, recheck
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.engine.validate import validate
@@ -74,15 +76,16 @@ class Cluster:
     read_workload: WorkloadReader | None = None  # None: scale-ups are not checked
     claims: ClaimLookup = no_claims  # DRA claims and templates seen (a watch cache)
     read_claim: ClaimReader | None = None  # None: an unseen claim is not read
+    sights: Sights = no_sights  # GPU nodes and PriorityClasses seen (watch caches)
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
              labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims,
-             store: UsageStore | None = None) -> Decision:
+             store: UsageStore | None = None, sights: Sights = no_sights) -> Decision:
     """The mutating webhook. The request's object is edited in place while the patch is
     recorded: pass a copy to keep the original. With a usage store, a cohort tenant's pod
     that fits only on GPUs its cohort leaves idle is marked as borrowed."""
-    d = mutate(req, policy, labels, claims)
+    d = mutate(req, policy, labels, claims, sights)
     if store is None or not policy.cohorts:
         return d
     return borrow_on_mutate(req, policy, d, store.view(), labels, claims)
@@ -102,9 +105,15 @@ def reusable(req: AdmissionRequest, policy: CompiledPolicy,
 
 async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
                      budget: float = 1.0) -> Decision:
-    """The validating webhook, quota included."""
-    return await with_quota(validate(req, policy, cluster.labels, cluster.claims), policy,
-                             cluster.store, budget)
+    """The validating webhook, quota included. The routes to a GPU that skip the GPU
+    request are looked at again on the final object, to enforce only: what they refuse
+    is refused before any quota is reserved for it."""
+    v = validate(req, policy, cluster.labels, cluster.claims)
+    again = recheck(req, policy, cluster.labels, cluster.claims, cluster.sights,
+                    CLAIM_CONTROLLER_USERS)
+    if again:
+        return v.decision.adding(again)
+    return await with_quota(v, policy, cluster.store, budget)
 
 
 async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
@@ -139,7 +148,8 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
             cluster = replace(cluster, claims=claims)
             budget = max(budget - (time.monotonic() - started), 0.0)
     if phase is Phase.MUTATE:
-        return mutating(req, policy, cluster.labels, cluster.claims, cluster.store)
+        return mutating(req, policy, cluster.labels, cluster.claims, cluster.store,
+                        cluster.sights)
     if req.sub_resource:
         return await scaling(req, policy, cluster, budget)
     if req.operation == "DELETE":

@@ -1,6 +1,9 @@
 """The mutating webhook's decision: complete GPU requests, add tolerations and node
-affinity, strip GPU tolerations from non-GPU pods, and deny what core validation would
-otherwise reject with a terse message.
+affinity, strip GPU tolerations from non-GPU pods, close the routes to a GPU that skip
+the GPU request in tenants' pods (``webhook.engine.routes``: the NVIDIA runtime's
+variable, privilege, ``/dev``, ``nodeName``, PriorityClasses, ephemeral containers, DRA
+device-taint tolerations), and deny what core validation would otherwise reject with a
+terse message.
 
 The object in the request is edited in place while the patch is recorded (see
 ``webhook.k8s.patch``); callers that still need the original must pass a copy.
@@ -15,7 +18,7 @@ completed and pinned when they are created.
 from __future__ import annotations
 
 from webhook.engine import claims as claims_engine
-from webhook.engine import messages, spot
+from webhook.engine import messages, routes, spot
 from webhook.engine.charge import unknown_templates
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import (
@@ -42,13 +45,18 @@ OWNED = frozenset({
     Rule.TENANT_REQUIRED, Rule.GPU_QUANTITY, Rule.REQUESTS_MATCH_LIMITS,
     Rule.ALLOWED_RESOURCES, Rule.ALLOWED_PRODUCTS, Rule.TOPOLOGY, Rule.NON_GPU_TOLERATIONS,
     Rule.SPOT_PLACEMENT,
-})
+}) | routes.RULES
 
 
 def mutate(req: AdmissionRequest, policy: CompiledPolicy,
-           labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims) -> Decision:
+           labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims,
+           sights: routes.Sights = routes.no_sights) -> Decision:
     if is_claim(req):
-        return claims_engine.mutate(req, policy, labels)
+        d = claims_engine.mutate(req, policy, labels)
+        return d.adding(routes.claim_tolerations(
+            req, policy, labels, claims_engine.CLAIM_CONTROLLER_USERS).findings)
+    if routes.is_ephemeral(req):
+        return routes.ephemeral(req, policy, labels, sights)
     targets = prepare(req, policy, labels, claims)
     if isinstance(targets, Decision):
         return targets
@@ -74,6 +82,10 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
                     check_requests(check, target.containers, None)
             elif rt.role.patchable:
                 _non_gpu_pod(check, policy, target, patch, changes)
+            if rt.role.patchable:
+                # After the tolerations are stripped: whether the pod can reach a GPU node
+                # is read from the tolerations it keeps.
+                routes.pod(check, policy, target, patch, changes, sights, req.username)
             if changes:
                 # Inside the try: a metadata that is not a mapping is only found here
                 # when no rule before needed the pod's labels (a non-GPU pod stripped).

@@ -17,8 +17,10 @@ from webhook.policy.model import (
     BorrowedPriority,
     DeviceClass,
     GPUPolicy,
+    GPURoutes,
     LabelSelector,
     Mode,
+    PriorityLimits,
     QuotaLimits,
     Rule,
     TolerationPolicy,
@@ -57,6 +59,49 @@ class CohortRules:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteRules:
+    """A tenant's choices for the routes to a GPU that skip the GPU request
+    (``gpuRoutes``: the tenant's fields over the policy's, defaults filled in)."""
+
+    visible_devices: str = "neutralize"  # neutralize | deny | allow
+    privileged: bool = True  # refused (deny)
+    device_host_paths: bool = True
+    node_name: bool = True
+    device_taint_tolerations: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityRules:
+    """The PriorityClasses a tenant's pods may run at."""
+
+    ceiling: int = 0
+    allowed: frozenset[str] | None = None  # None: any class within the ceiling
+    default: str | None = None
+
+
+def compile_routes(spec: GPURoutes, mine: GPURoutes | None) -> RouteRules:
+    def pick(name: str, default: str) -> str:
+        own = getattr(mine, name) if mine is not None else None
+        return str(own or getattr(spec, name) or default)
+
+    return RouteRules(pick("visible_devices", "neutralize"),
+                      pick("privileged", "deny") == "deny",
+                      pick("device_host_paths", "deny") == "deny",
+                      pick("node_name", "deny") == "deny",
+                      pick("device_taint_tolerations", "deny") == "deny")
+
+
+def compile_priority(spec: PriorityLimits, mine: PriorityLimits | None,
+                     borrowed: str | None) -> PriorityRules:
+    ceiling = (mine.ceiling if mine is not None and mine.ceiling is not None
+               else spec.ceiling if spec.ceiling is not None else 0)
+    allowed = None
+    if mine is not None and mine.allowed_classes is not None:
+        allowed = frozenset(mine.allowed_classes) | ({borrowed} if borrowed else set())
+    return PriorityRules(ceiling, allowed, mine.default_class if mine is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
 class TenantRules:
     """One tenant's rules, ready for the engine."""
 
@@ -78,6 +123,8 @@ class TenantRules:
     capped_products: tuple[str, ...] = ()
     spot: TenantSpotRules | None = None  # None: the policy has no spot capacity
     cohort: CohortRules | None = None
+    routes: RouteRules = field(default_factory=RouteRules)
+    priority: PriorityRules = field(default_factory=PriorityRules)
 
     @property
     def has_quota(self) -> bool:
@@ -268,6 +315,10 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             cohort=CohortRules(t.cohort.name, t.cohort.borrowing_limit,
                                t.cohort.lending_limit, t.cohort.borrowed_priority_class)
             if t.cohort else None,
+            routes=compile_routes(spec.gpu_routes, t.gpu_routes),
+            priority=compile_priority(spec.priority, t.priority,
+                                      t.cohort.borrowed_priority_class.name
+                                      if t.cohort else None),
         )
         tenants.append(rules)
         for ns in t.namespaces:

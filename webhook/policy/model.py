@@ -68,6 +68,13 @@ class Rule(StrEnum):
     EXTENDED_RESOURCE_CLAIM = "extended-resource-claim"
     UNKNOWN_CLAIM = "unknown-claim"
     SPOT_PLACEMENT = "spot-placement"
+    # Routes to a GPU that skip the GPU request (docs/security.md).
+    VISIBLE_DEVICES = "gpu-visible-devices"
+    PRIVILEGED = "privileged-on-gpu-nodes"
+    DEVICE_HOST_PATHS = "device-host-paths"
+    NODE_NAME = "node-name"
+    PRIORITY_CLASS = "priority-class"
+    DEVICE_TAINT_TOLERATIONS = "device-taint-tolerations"
 
 
 class FieldProblem(ValueError):
@@ -381,6 +388,69 @@ class TenantSpot(_Strict):
 _SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
+# --- routes to a GPU that skip the GPU request (docs/security.md) ----------------------
+
+VisibleDevicesChoice = Literal["neutralize", "deny", "allow"]
+RouteChoice = Literal["deny", "allow"]
+
+
+class GPURoutes(_Strict):
+    """How a tenant's pods are kept from GPUs they do not ask for (and so are not charged
+    for). In ``spec.gpuRoutes`` the defaults; in ``tenants[].gpuRoutes`` a tenant's own
+    choices, each field unset there taking the policy's."""
+
+    visible_devices: VisibleDevicesChoice | None = None
+    """``NVIDIA_VISIBLE_DEVICES``, the variable NVIDIA's container runtime hands GPUs by.
+    ``neutralize`` (default): a container given no GPU (by the device plugin or a DRA claim
+    it names) gets ``NVIDIA_VISIBLE_DEVICES=void``, over its image's default and any
+    ``envFrom``, and a container given GPUs loses its own value of the variable (which
+    would replace the device plugin's); ``deny``: a container that sets the variable
+    itself is refused (the others still get ``void``: an image's default cannot be
+    seen); ``allow``: the variable is left alone (rule gpu-visible-devices)."""
+    privileged: RouteChoice | None = None
+    """A privileged container, or one that adds ``SYS_ADMIN`` (or ``ALL``), in a pod that
+    can reach GPU nodes: it sees every device of the node. ``deny`` (default) or
+    ``allow`` (rule privileged-on-gpu-nodes)."""
+    device_host_paths: RouteChoice | None = None
+    """A hostPath volume of ``/``, ``/dev`` or a path under it, in a pod that can reach
+    GPU nodes: ``deny`` (default) or ``allow`` (rule device-host-paths)."""
+    node_name: RouteChoice | None = None
+    """A pod created with ``spec.nodeName`` skips the scheduler, so no NoSchedule taint
+    keeps it off a GPU node: ``deny`` (default; a node the webhook's node watch knows to
+    carry no GPU passes) or ``allow`` (rule node-name)."""
+    @field_validator("visible_devices", mode="before")
+    @classmethod
+    def _not_off(cls, value: object) -> object:
+        if value is False or value == "off":
+            # YAML 1.1 (PyYAML, kubectl) reads an unquoted off as false.
+            raise ValueError("to leave the variable alone write `allow` (an unquoted off "
+                             "is read by YAML as false); the choices are neutralize, deny, "
+                             "allow")
+        return value
+
+    device_taint_tolerations: RouteChoice | None = None
+    """A ResourceClaim (or template) of a GPU class whose requests tolerate device taints
+    (the DRA driver taints GPUs it finds unhealthy): ``deny`` (default) or ``allow``
+    (rule device-taint-tolerations)."""
+
+
+class PriorityLimits(_Strict):
+    """Which PriorityClasses pods may run at (rule priority-class). The scheduler
+    preempts any pod of lower priority, whatever its namespace: a tenant's pod above
+    another tenant's in-quota pod could take its GPUs."""
+
+    ceiling: Annotated[int, Field(ge=-2_147_483_648, le=1_000_000_000)] | None = None
+    """The highest PriorityClass value a pod may run at (``spec.priority``: default 0,
+    the value of a pod that names no class on a cluster without a global default).
+    A tenant's ``priority.ceiling`` overrides it."""
+    allowed_classes: list[Annotated[str, Field(pattern=_SUBDOMAIN, max_length=253)]] | None = (
+        Field(default=None, max_length=256))
+    """The PriorityClasses a tenant's pods may name (tenants only; default: any within
+    the ceiling). The tenant's borrowed class is always allowed."""
+    default_class: Annotated[str, Field(pattern=_SUBDOMAIN, max_length=253)] | None = None
+    """The class a tenant's pod that names none is given (tenants only)."""
+
+
 class BorrowedPriority(_Strict):
     """The PriorityClass a pod admitted on borrowed GPUs is given, as the cluster defines
     it. The API server's Priority admission plugin checks, after the mutating webhooks,
@@ -451,6 +521,12 @@ class Tenant(_Strict):
     spot: TenantSpot | None = None
     """Whether the tenant's GPU pods may (or must) run on spot capacity, and how spot
     GPUs count against its quota (needs ``spec.spot``)."""
+    gpu_routes: GPURoutes | None = None
+    """The tenant's own choices of ``spec.gpuRoutes`` (fields unset here take the
+    policy's)."""
+    priority: PriorityLimits | None = None
+    """The PriorityClasses the tenant's pods may name, their default, and the tenant's
+    ceiling (over ``spec.priority.ceiling``)."""
 
     @model_validator(mode="after")
     def _selects_something(self) -> Tenant:
@@ -461,6 +537,12 @@ class Tenant(_Strict):
             raise FieldProblem(("cohort",),
                 f"tenant {self.name!r}: a cohort shares quota.gpus, and this tenant has "
                 "none: set quota.gpus (0 to only borrow)")
+        p = self.priority
+        if (p is not None and p.default_class is not None and p.allowed_classes is not None
+                and p.default_class not in p.allowed_classes):
+            raise FieldProblem(("priority", "defaultClass"),
+                f"tenant {self.name!r}: priority.defaultClass {p.default_class!r} is not in "
+                f"priority.allowedClasses {p.allowed_classes}: add it there")
         if (
             self.default_product is not None
             and self.allowed_products is not None
@@ -600,6 +682,23 @@ class Spec(_Strict):
     """The teams, their namespaces and limits."""
     spot: SpotCapacity | None = None
     """Spot (preemptible) GPU nodes: which they are, and which pods may land there."""
+    gpu_routes: GPURoutes = Field(default_factory=GPURoutes)
+    """Routes to a GPU that skip the GPU request (the NVIDIA runtime's variable,
+    privilege, device mounts, ``nodeName``, device-taint tolerations): closed by default
+    in tenants' namespaces; each tenant may choose otherwise (``tenants[].gpuRoutes``)."""
+    priority: PriorityLimits = Field(default_factory=PriorityLimits)
+    """The PriorityClass ceiling of tenants' pods (``ceiling`` only; classes and defaults
+    are per tenant)."""
+
+    @model_validator(mode="after")
+    def _priority_is_a_ceiling(self) -> Spec:
+        if self.priority.allowed_classes is not None or self.priority.default_class:
+            field_name = ("allowedClasses" if self.priority.allowed_classes is not None
+                          else "defaultClass")
+            raise FieldProblem(("priority", field_name),
+                f"spec.priority.{field_name} is a tenant's: move it to "
+                f"tenants[].priority.{field_name}")
+        return self
 
     @model_validator(mode="after")
     def _spot_declared(self) -> Spec:

@@ -14,6 +14,7 @@ from typing import Any
 
 from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
+from webhook.engine.routes import Sights, carries_gpus, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
@@ -39,6 +40,51 @@ def ledger_namespace(explicit: str | None) -> str:
         return "gpu-webhook"
 
 
+class SightCache:
+    """The nodes (whether each carries GPUs) and PriorityClasses (value, preemption
+    policy) the watches have seen, for the GPU routes' checks (``webhook.engine.routes``).
+    A node carries GPUs when its capacity holds a GPU resource, or it has the policy's
+    product label or one of its GPU taints (a node whose device plugin has not yet
+    reported counts as one). Until the first list, nothing is known: a ``nodeName``
+    is refused, never let through."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy  # () -> CompiledPolicy
+        self.nodes: dict[str, bool] = {}
+        self.classes: dict[str, tuple[int, str]] = {}
+
+    def sights(self) -> Sights:
+        return Sights(self.nodes.get, self.classes.get)
+
+    def node_event(self, typ: str, node: dict[str, Any]) -> None:
+        if typ == "RESET":
+            self.nodes.clear()
+            return
+        meta = node.get("metadata") or {}
+        name = meta.get("name")
+        if not isinstance(name, str):
+            return
+        if typ == "DELETED":
+            self.nodes.pop(name, None)
+            return
+        self.nodes[name] = carries_gpus(self.policy(), node)
+
+    def class_event(self, typ: str, pc: dict[str, Any]) -> None:
+        if typ == "RESET":
+            self.classes.clear()
+            return
+        name = (pc.get("metadata") or {}).get("name")
+        if not isinstance(name, str):
+            return
+        if typ == "DELETED":
+            self.classes.pop(name, None)
+            return
+        value = pc.get("value")
+        if isinstance(value, int) and not isinstance(value, bool):
+            self.classes[name] = (value, str(pc.get("preemptionPolicy")
+                                             or "PreemptLowerPriority"))
+
+
 @dataclass(frozen=True)
 class Cluster:
     """The cluster as the server uses it: the watch-fed state, the ledger store, the
@@ -50,6 +96,7 @@ class Cluster:
     watchers: list[kube.Watcher]
     api: Any = None  # the API client, for what the leader replica writes (server.upkeep)
     read_claim: ClaimReader | None = None  # a claim or template the watches lack yet
+    sights: Sights = no_sights  # nodes and PriorityClasses (SightCache)
 
     def stop(self) -> None:
         for w in self.watchers:
@@ -79,19 +126,33 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
                           state.deliverer(loop, state.claim_event(CLAIM)))
     templates = kube.Watcher(api, "resourceclaimtemplates",
                              state.deliverer(loop, state.claim_event(TEMPLATE)))
+    seen = SightCache(policy)
+    nodes = kube.Watcher(api, "nodes", _on(loop, seen.node_event, state))
+    classes = kube.Watcher(api, "priorityclasses", _on(loop, seen.class_event, state))
     state.on_relabel = pods.resync
     # Pods listed before the templates they name were charged without them: once the
     # templates are in, count the pods again.
     state.on_templates_synced = pods.resync
     # A new policy may charge pods and claims differently.
     source.on_change.extend([pods.resync, claims.resync])
-    watchers = [namespaces, templates, claims, pods]
+    watchers = [namespaces, templates, claims, pods, nodes, classes]
     for w in watchers:
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
     return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
-                   claim_reader(kube.ResourceClaims(api)))
+                   claim_reader(kube.ResourceClaims(api)), seen.sights())
+
+
+def _on(loop: asyncio.AbstractEventLoop, handler: Any, state: ClusterState) -> Any:
+    """A watch callback applying ``handler`` on the loop, ignoring the watch's own
+    liveness events (SYNCED, PROGRESS, ABSENT), with the state's watch window."""
+
+    def apply(typ: str, obj: dict[str, Any]) -> None:
+        if typ in ("ADDED", "MODIFIED", "DELETED", "RESET"):
+            handler(typ, obj)
+
+    return state.deliverer(loop, apply)
 
 
 def workload_reader(workloads: kube.Workloads) -> WorkloadReader:

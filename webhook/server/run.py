@@ -19,6 +19,7 @@ import uvicorn
 import uvloop
 
 from webhook.engine.devices import no_claims
+from webhook.engine.routes import no_sights
 from webhook.engine.target import no_labels
 from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable
@@ -195,6 +196,7 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         read_workload=cluster.read_workload if cluster else None,
         claims=cluster.state.claim_lookup if cluster else no_claims,
         read_claim=cluster.read_claim if cluster else None,
+        sights=cluster.sights if cluster else no_sights,
         ready_checks=ready,
         max_inflight=settings.max_inflight,
         request_timeout=settings.request_timeout)

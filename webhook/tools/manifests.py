@@ -12,6 +12,14 @@ the policy so that the API server sends only what the webhook acts on:
 - ``namespaceSelector`` leaves out kube-system, the webhook's own namespace and the
   policy's exempt namespaces, so a webhook that is down can never block the pods that
   would bring it back.
+- The *routes* webhooks (``routes.gpu-webhook.dev``, ``routes-N.gpu-webhook.dev``, in the
+  MutatingWebhookConfiguration) get every other pod of the tenants' namespaces at CREATE,
+  and the ephemeral containers added to any pod there (``pods/ephemeralcontainers``):
+  ``webhook.engine.routes`` gives a container given no GPU ``NVIDIA_VISIBLE_DEVICES=void``
+  and refuses the other routes to a GPU that skip the GPU request (docs/security.md). The
+  namespaces a tenant names are matched by ``request.namespace`` in a matchCondition;
+  tenants chosen by one label share one webhook per label key (``key In [values]``),
+  other selectors one each.
 
 Training workloads (Volcano Jobs, JobSets, Kubeflow jobs, TrainJobs, LeaderWorkerSets,
 Ray clusters and jobs, Argo workflows) and the kinds the policy's ``workloadKinds`` adds
@@ -51,18 +59,21 @@ follows the validating failurePolicy. Without the CRD installed its rule matches
 failurePolicy, per webhook (both default to Fail):
 
 - ``Fail``: while no replica answers, every GPU pod or GPU workload create/update that
-  matches is rejected ("failed calling webhook"). Nothing escapes quota or pinning; pods
-  without GPUs are unaffected because they are never sent.
+  matches is rejected ("failed calling webhook"), and so is every pod of a tenant's
+  namespace (the routes webhooks). Nothing escapes quota, pinning or the routes; pods
+  without GPUs of other namespaces are unaffected because they are never sent.
 - ``Ignore``: while no replica answers, matching requests are admitted as they are: no
   GPU requests completed, no tolerations or node affinity injected, no quota charged.
 
 The configurations must be rendered again when the policy's GPU resources, toleration
-keys, ``nonGpuPodsToleratingGpuTaints``, exemptions or ``workloadKinds`` change.
+keys, ``nonGpuPodsToleratingGpuTaints``, exemptions, ``workloadKinds`` or the tenants'
+namespaces (names and selectors) change.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -129,6 +140,68 @@ def release_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any
                 resources.append(w.resource)
     return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["DELETE"],
              "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
+
+
+# Every pod of a tenant's namespaces, for the routes to a GPU that skip the GPU request
+# (webhook.engine.routes): a pod's creation, and the ephemeral containers added to it
+# (``kubectl debug``), a subresource that a rule of ``pods`` alone does not match.
+ROUTE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["pods"], "scope": "Namespaced"},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"},
+]
+
+# Tenants chosen by label each get a routes webhook of their own selector; past this many
+# distinct selectors one webhook takes every namespace not excluded.
+MAX_ROUTE_SELECTORS = 8
+
+
+def route_scopes(policy: GPUPolicy, excluded: list[str]
+                 ) -> list[tuple[str, dict[str, Any], list[str] | None]]:
+    """(webhook name, namespaceSelector, namespaces by name or None) of the routes
+    webhooks: the tenants' namespaces by name in one (``request.namespace in [...]``),
+    the tenants chosen by one label each in one per label key (``key In [values]``:
+    the usual ``gpu.example.com/tenant: <tenant>``), and one per other distinct
+    namespaceSelector; the selector ones leave out the namespaces named (so no pod is
+    sent twice). Past 8 selectors one webhook takes every namespace not excluded."""
+    spec = policy.spec
+    named = sorted({ns for t in spec.tenants for ns in t.namespaces} - set(excluded))
+    by_key: dict[str, list[str]] = {}
+    selectors: list[dict[str, Any]] = []
+    for t in spec.tenants:
+        sel = t.namespace_selector
+        if sel is None:
+            continue
+        if len(sel.match_labels) == 1 and not sel.match_expressions:
+            ((key, value),) = sel.match_labels.items()
+            values = by_key.setdefault(key, [])
+            if value not in values:
+                values.append(value)
+            continue
+        dumped = sel.model_dump(by_alias=True, exclude_defaults=True)
+        if dumped not in selectors:
+            selectors.append(dumped)
+    selectors = [{"matchExpressions": [{"key": key, "operator": "In",
+                                        "values": sorted(values)}]}
+                 for key, values in by_key.items()] + selectors
+    out: list[tuple[str, dict[str, Any], list[str] | None]] = []
+    if named:
+        out.append(("routes", {"matchExpressions": [
+            {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(excluded)}]}, named))
+    others = {"key": NAMESPACE_LABEL, "operator": "NotIn",
+              "values": sorted({*excluded, *named})}
+    if len(selectors) > MAX_ROUTE_SELECTORS:
+        out.append(("routes-selected", {"matchExpressions": [others]}, None))
+        return out
+    for i, chosen in enumerate(selectors):
+        # The exclusion first, as in every other webhook of the configuration.
+        selector: dict[str, Any] = {"matchExpressions": [
+            others, *chosen.get("matchExpressions", [])]}
+        if chosen.get("matchLabels"):
+            selector = {"matchLabels": chosen["matchLabels"], **selector}
+        out.append((f"routes-{i + 1}", selector, None))
+    return out
 
 
 # GPUPolicy objects (cluster-scoped): what the loader refuses is refused at apply.
@@ -288,6 +361,34 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
             "failurePolicy": failure,
         }
 
+    def route(name: str, selector: dict[str, Any], only: list[str] | None
+              ) -> dict[str, Any]:
+        # Pods the GPU webhook above is not sent (it runs the same rules on its own), and
+        # every ephemeral container added: its pod may be a GPU pod.
+        pod_spec = "object.spec"
+        sent = _or_terms(wanted["mutate"], pod_spec)
+        test = (f"(has(request.subResource) && request.subResource == 'ephemeralcontainers')"
+                f" || !(has(object.spec) && ({sent}))")
+        conditions = [{"name": "pods-not-sent-as-gpu-pods", "expression": test}]
+        if only is not None:
+            conditions.insert(0, {"name": "tenant-namespaces",
+                                  "expression": f"request.namespace in {_list(only)}"})
+        if exempt:
+            conditions.append({"name": "not-exempt", "expression": exempt})
+        return {
+            "name": f"{name}.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config("mutate", options),
+            "rules": copy.deepcopy(ROUTE_RULES),
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": copy.deepcopy(selector),
+            "matchConditions": conditions,
+            "sideEffects": "None",  # it only mutates
+            "timeoutSeconds": options.timeout_seconds,
+            "failurePolicy": options.mutating_failure_policy,
+            "reinvocationPolicy": "IfNeeded",
+        }
+
     labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
     return [
         {"apiVersion": "admissionregistration.k8s.io/v1",
@@ -295,7 +396,8 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
          "metadata": {"name": options.name, "labels": labels},
          "webhooks": [webhook("mutate", options.mutating_failure_policy),
                       *([claim("mutate", options.mutating_failure_policy)]
-                        if spec.device_classes else [])]},
+                        if spec.device_classes else []),
+                      *[route(*r) for r in route_scopes(policy, excluded)]]},
         {"apiVersion": "admissionregistration.k8s.io/v1",
          "kind": "ValidatingWebhookConfiguration",
          "metadata": {"name": options.name, "labels": labels},

@@ -49,6 +49,10 @@ class Watcher:
             fn = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces
         elif kind == "resourceclaimtemplates":
             fn = client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces
+        elif kind == "nodes":
+            fn = core.list_node
+        elif kind == "priorityclasses":
+            fn = client.SchedulingV1Api(api).list_priority_class
         else:
             fn = core.list_namespace
 

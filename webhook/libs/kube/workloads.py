@@ -36,7 +36,7 @@ class Workloads:
 
 def list_objects(api: client.ApiClient, kind: str, namespace: str | None = None,
                  label_selector: str = "", timeout: float = 15.0) -> list[dict[str, Any]]:
-    """One list of pods, namespaces, configmaps, deployments, statefulsets or jobs (in
+    """One list of pods, namespaces, nodes, configmaps, deployments, statefulsets or jobs (in
     ``namespace``, or every namespace), as plain dicts: for the one-shot tools
     (``gpu-webhook status``, ``audit``), not the watches."""
     core, apps, batch = client.CoreV1Api(api), client.AppsV1Api(api), client.BatchV1Api(api)
@@ -49,6 +49,7 @@ def list_objects(api: client.ApiClient, kind: str, namespace: str | None = None,
         "configmaps": (core.list_config_map_for_all_namespaces,
                        core.list_namespaced_config_map),
         "namespaces": (core.list_namespace, None),
+        "nodes": (core.list_node, None),
     }
     every, one = calls[kind]
     where = f"{kind} in {namespace}" if namespace else f"{kind} in all namespaces"

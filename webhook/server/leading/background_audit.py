@@ -29,6 +29,7 @@ from webhook.admission.audit import (
     policy_reports,
     same_results,
 )
+from webhook.engine.routes import NodeLookup, no_nodes
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
@@ -50,8 +51,10 @@ def reports(api: Any) -> kube.CustomObjects:
 class BackgroundAudit:
     def __init__(self, api: Any, policy: Callable[[], CompiledPolicy], state: ClusterState,
                  objects: kube.CustomObjects, leading: Callable[[], bool], interval: float,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 node_gpus: NodeLookup = no_nodes) -> None:
         self.api, self.policy, self.state = api, policy, state
+        self.node_gpus = node_gpus  # the node watch's (routes pods hold on GPU nodes)
         self.objects, self.leading = objects, leading
         self.interval, self.wall = interval, wall
         self.rounds = 0
@@ -60,7 +63,7 @@ class BackgroundAudit:
                 ) -> dict[str, dict[str, Any]]:
         pods = kube.list_typed(self.api, "pods")
         workloads = [w for r in kube.AUDITED_WORKLOADS for w in kube.list_typed(self.api, r)]
-        found = audit(policy, pods, workloads, labels.get)
+        found = audit(policy, pods, workloads, labels.get, self.node_gpus)
         return policy_reports(found, policy.name, self.wall())
 
     def round(self, labels: dict[str, dict[str, str]]) -> None:

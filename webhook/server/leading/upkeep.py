@@ -55,7 +55,8 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
         up.tasks.append(asyncio.ensure_future(writer.run()))
     if audit_seconds > 0:
         auditor = BackgroundAudit(cluster.api, policy, cluster.state, reports(cluster.api),
-                                  leadership.leading, audit_seconds)
+                                  leadership.leading, audit_seconds,
+                                  node_gpus=cluster.sights.node_gpus)
         up.tasks.append(asyncio.ensure_future(auditor.run()))
     logs.event("contending for the leader lease", identity=leadership.me,
                lease=f"{namespace}/{leadership.name}", quota_status_seconds=status_seconds,

@@ -45,6 +45,7 @@ from webhook.admission.webhooks import (
 )
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.routes import Sights, no_sights
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
@@ -78,6 +79,7 @@ class Runtime:
     read_workload: WorkloadReader | None = None  # for scale requests; None: no cluster
     claims: ClaimLookup = no_claims  # DRA claims and templates the watches hold
     read_claim: ClaimReader | None = None  # one the watches have not delivered; None: no cluster
+    sights: Sights = no_sights  # nodes and PriorityClasses the watches hold
     ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
@@ -95,7 +97,7 @@ class AdmissionApp:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload,
-                               runtime.claims, runtime.read_claim)
+                               runtime.claims, runtime.read_claim, runtime.sights)
         # This app's quota gauges and store counters, read when Prometheus scrapes (a
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(
@@ -211,7 +213,7 @@ class AdmissionApp:
         labels = self.cluster.labels(req.namespace)
         if not reusable(req, policy, labels):
             return mutating(req, policy, self.cluster.labels, self.cluster.claims,
-                            self.cluster.store)
+                            self.cluster.store, self.cluster.sights)
         key = self.reuse.key(req, labels, generation)
         if key is not None:
             reused = self.reuse.get(key)
@@ -219,7 +221,7 @@ class AdmissionApp:
                 metrics.REUSED.inc()
                 return reused
         decision = mutating(req, policy, self.cluster.labels, self.cluster.claims,
-                            self.cluster.store)
+                            self.cluster.store, self.cluster.sights)
         if key is not None:
             self.reuse.put(key, decision)
         return decision

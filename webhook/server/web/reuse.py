@@ -66,6 +66,8 @@ class DecisionCache:
         spec = obj.get("spec")
         if isinstance(spec, dict) and spec.get("resourceClaims"):
             return None  # decided with the claims watch's contents, which change
+        if isinstance(spec, dict) and spec.get("nodeName"):
+            return None  # decided with the node watch's contents, which change
         meta = obj.get("metadata")
         if isinstance(meta, dict) and ("uid" in meta or "creationTimestamp" in meta
                                        or "managedFields" in meta):
