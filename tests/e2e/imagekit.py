@@ -25,8 +25,10 @@ import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from e2ekit import Replica
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpu-webhook"
@@ -136,32 +138,15 @@ def size_mb(env: dict[str, str], image: str) -> float:
 
 
 @dataclass
-class Container:
-    """One ``podman run`` of the image, in the foreground (its logs to ``log_path``)."""
+class Container(Replica):
+    """One ``podman run`` of the image, in the foreground (its logs to ``log_path``):
+    stopped as a replica is (podman passes SIGTERM on to the webhook), then removed."""
 
-    process: subprocess.Popen[bytes]
-    name: str
-    port: int
-    log_path: Path
-    env: dict[str, str]
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def terminate(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # podman passes SIGTERM on to the webhook
+    name: str = ""
+    env: dict[str, str] = field(default_factory=dict)
 
     def stop(self) -> None:
-        self.terminate()
-        try:
-            self.process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        super().stop()
         podman(self.env, "rm", "-f", "--ignore", self.name, check=False)
 
 
@@ -191,7 +176,7 @@ def running(env: dict[str, str], image: str, work: Path, port: int,
              image, "--port", str(port), *args],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
             start_new_session=True)
-    container = Container(process, name, port, log_path, env)
+    container = Container(process, port, log_path, name=name, env=env)
     try:
         yield container
     finally:
