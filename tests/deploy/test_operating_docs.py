@@ -23,7 +23,7 @@ from kit import console_script, helm, kube_version
 from test_deploy_kustomize import find_kubectl, kustomize
 
 from webhook.admission.offline import through_both
-from webhook.k8s.review import request_review
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import default_policy_text, load_text
 
@@ -211,7 +211,7 @@ def test_argo_cd_ignore_rules_cover_every_field_the_webhook_sets() -> None:
     for rule in rules:
         obj = _workload(rule["kind"])
         assert obj["apiVersion"].split("/")[0] == rule["group"]
-        out = through_both(orjson.dumps(request_review(obj)), policy)
+        out = through_both(parse_review(orjson.dumps(request_review(obj))), policy)
         assert out.allowed and out.patched is not None, out.message
         changed = _changed(obj, out.patched)
         assert changed, f"the webhook changed nothing in a {rule['kind']}"

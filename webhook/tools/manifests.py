@@ -248,168 +248,146 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
         raise ValueError("timeoutSeconds must be between 1 and 30 (the API server's limit)")
     if options.url is not None and not options.url.startswith("https://"):
         raise ValueError(f"--url must start with https:// (got {options.url!r})")
-    spec = policy.spec
-    # A pod asking through DRA claims is sent too: whether a claim is a GPU's is known
-    # only to the webhook (its watch of claims and templates).
-    gpu = (gpu_pod_expression(spec.gpu_resources.names, [
-        *spec.gpu_resources.patterns,
-        *(f"deviceclass.resource.kubernetes.io/{c}" for c in sorted(spec.device_classes))])
-        + f" || {claims_expression()}")
-    keys = sorted({t.key for t in spec.tolerations if t.key})
-    tolerating = tolerates_expression(keys) if keys else None
-    choice = spec.non_gpu_pods_tolerating_gpu_taints
-    wanted = {
-        "mutate": gpu if choice is not TolerationPolicy.STRIP or not tolerating
-        else f"{gpu} || {tolerating}",
-        "validate": gpu if choice is not TolerationPolicy.DENY or not tolerating
-        else f"{gpu} || {tolerating}",
-    }
-    exempt = exemption_expression(spec.exemptions.users, spec.exemptions.groups,
-                                  [f"system:serviceaccount:{sa.replace('/', ':')}"
-                                   for sa in spec.exemptions.service_accounts])
-    excluded = sorted({"kube-system", options.namespace, *spec.exemptions.namespaces})
-    rules = [*RULES, *workload_rules(spec.workload_kinds)]
+    r = _Rendering(policy, options)
+    mutating, validating = options.mutating_failure_policy, options.validating_failure_policy
+    claims = bool(policy.spec.device_classes)
+    labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": options.name, "labels": labels},
+         "webhooks": [r.pods("mutate", mutating),
+                      *([r.claims("mutate", mutating)] if claims else []),
+                      *[r.route(*scope) for scope in route_scopes(policy, r.excluded)]]},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingWebhookConfiguration",
+         "metadata": {"name": options.name, "labels": labels},
+         "webhooks": [r.pods("validate", validating), r.scale(),
+                      *([r.claims("validate", validating)] if claims else []),
+                      r.release(), r.policies(validating)]},
+    ]
 
-    def webhook(kind: str, failure: FailurePolicy) -> dict[str, Any]:
-        conditions = [{"name": "gpu-pods" if wanted[kind] == gpu
-                       else "gpu-pods-or-gpu-tolerations",
-                       "expression": for_pod_spec(lambda s: _or_terms(wanted[kind], s),
-                                                  spec.workload_kinds)}]
-        if exempt:
-            conditions.append({"name": "not-exempt", "expression": exempt})
-        hook: dict[str, Any] = {
-            "name": f"{kind}.{GROUP}",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": _client_config(kind, options),
-            "rules": rules,
-            "matchPolicy": "Equivalent",
-            "namespaceSelector": {"matchExpressions": [
-                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}]},
-            "matchConditions": conditions,
-            "sideEffects": "NoneOnDryRun",  # quota reservations are skipped for dry runs
-            "timeoutSeconds": options.timeout_seconds,
-            "failurePolicy": failure,
+
+class _Rendering:
+    """The webhooks of one policy's configurations, each from what they share: the CEL
+    that tells a GPU pod, the exempt users, the namespaces left out, the options."""
+
+    def __init__(self, policy: GPUPolicy, options: Options) -> None:
+        spec = self.spec = policy.spec
+        self.options = options
+        # A pod asking through DRA claims is sent too: whether a claim is a GPU's is known
+        # only to the webhook (its watch of claims and templates).
+        self.gpu = (gpu_pod_expression(spec.gpu_resources.names, [
+            *spec.gpu_resources.patterns,
+            *(f"deviceclass.resource.kubernetes.io/{c}" for c in sorted(spec.device_classes))])
+            + f" || {claims_expression()}")
+        keys = sorted({t.key for t in spec.tolerations if t.key})
+        tolerating = tolerates_expression(keys) if keys else None
+        choice = spec.non_gpu_pods_tolerating_gpu_taints
+        self.wanted = {
+            "mutate": self.gpu if choice is not TolerationPolicy.STRIP or not tolerating
+            else f"{self.gpu} || {tolerating}",
+            "validate": self.gpu if choice is not TolerationPolicy.DENY or not tolerating
+            else f"{self.gpu} || {tolerating}",
         }
-        if kind == "mutate":
-            # Another mutating webhook may add a GPU container after ours ran.
+        self.exempt = exemption_expression(
+            spec.exemptions.users, spec.exemptions.groups,
+            [f"system:serviceaccount:{sa.replace('/', ':')}"
+             for sa in spec.exemptions.service_accounts])
+        self.excluded = sorted({"kube-system", options.namespace, *spec.exemptions.namespaces})
+
+    def _hook(self, name: str, path: str, rules: Any, side_effects: str, failure: str, *,
+              selector: dict[str, Any] | None = None,
+              conditions: list[dict[str, str]] | None = None,
+              reinvoke: bool = False) -> dict[str, Any]:
+        hook: dict[str, Any] = {
+            "name": f"{name}.{GROUP}",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": _client_config(path, self.options),
+            "rules": copy.deepcopy(rules),
+            "matchPolicy": "Equivalent",
+        }
+        if selector is not None:
+            hook["namespaceSelector"] = selector
+        if conditions is not None:
+            if self.exempt:
+                conditions.append({"name": "not-exempt", "expression": self.exempt})
+            hook["matchConditions"] = conditions
+        hook.update(sideEffects=side_effects, timeoutSeconds=self.options.timeout_seconds,
+                    failurePolicy=failure)
+        if reinvoke:
             hook["reinvocationPolicy"] = "IfNeeded"
         return hook
 
-    def claim(kind: str, failure: FailurePolicy) -> dict[str, Any]:
+    def _not_excluded(self) -> dict[str, Any]:
+        return {"matchExpressions": [
+            {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(self.excluded)}]}
+
+    def pods(self, kind: str, failure: FailurePolicy) -> dict[str, Any]:
+        """GPU pods and pod-template workloads (and pods tolerating the GPU taint, where
+        the policy strips or refuses that)."""
+        wanted = self.wanted[kind]
+        conditions = [{"name": "gpu-pods" if wanted == self.gpu
+                       else "gpu-pods-or-gpu-tolerations",
+                       "expression": for_pod_spec(lambda s: _or_terms(wanted, s),
+                                                  self.spec.workload_kinds)}]
+        # Another mutating webhook may add a GPU container after ours ran.
+        return self._hook(kind, kind, [*RULES, *workload_rules(self.spec.workload_kinds)],
+                          # quota reservations are skipped for dry runs
+                          "NoneOnDryRun", failure, selector=self._not_excluded(),
+                          conditions=conditions, reinvoke=kind == "mutate")
+
+    def claims(self, kind: str, failure: FailurePolicy) -> dict[str, Any]:
         conditions = [{"name": "gpu-device-classes",
-                       "expression": claim_expression(sorted(spec.device_classes))}]
-        if exempt:
-            conditions.append({"name": "not-exempt", "expression": exempt})
-        return {
-            "name": f"claims.{kind}.{GROUP}",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": _client_config(kind, options),
-            "rules": CLAIM_RULES,
-            "matchPolicy": "Equivalent",
-            "namespaceSelector": {"matchExpressions": [
-                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": excluded}]},
-            "matchConditions": conditions,
-            "sideEffects": "NoneOnDryRun",  # a claim's quota is reserved, except dry runs
-            "timeoutSeconds": options.timeout_seconds,
-            "failurePolicy": failure,
-        }
+                       "expression": claim_expression(sorted(self.spec.device_classes))}]
+        # A claim's quota is reserved, except for dry runs.
+        return self._hook(f"claims.{kind}", kind, CLAIM_RULES, "NoneOnDryRun", failure,
+                          selector=self._not_excluded(), conditions=conditions)
 
-    def scale() -> dict[str, Any]:
-        conditions = [{"name": "scale-up", "expression": SCALE_UP}]
-        if exempt:
-            conditions.append({"name": "not-exempt", "expression": exempt})
-        return {
-            "name": f"scale.{GROUP}",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": _client_config("validate", options),
-            "rules": SCALE_RULES,
-            "matchPolicy": "Equivalent",
-            "namespaceSelector": {"matchExpressions": [
-                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(excluded)}]},
-            "matchConditions": conditions,
-            "sideEffects": "None",  # it only reads the workload
-            "timeoutSeconds": options.timeout_seconds,
-            # Never Fail: see the module's docstring.
-            "failurePolicy": "Ignore",
-        }
+    def scale(self) -> dict[str, Any]:
+        # It only reads the workload; never Fail: see the module's docstring.
+        return self._hook("scale", "validate", SCALE_RULES, "None", "Ignore",
+                          selector=self._not_excluded(),
+                          conditions=[{"name": "scale-up", "expression": SCALE_UP}])
 
-    def release() -> dict[str, Any]:
-        return {
-            "name": f"release.{GROUP}",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": _client_config("validate", options),
-            "rules": release_rules(spec.workload_kinds),
-            "matchPolicy": "Equivalent",
-            "namespaceSelector": {"matchExpressions": [
-                {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(excluded)}]},
-            # Its quota reservation is freed, except for a dry run.
-            "sideEffects": "NoneOnDryRun",
-            "timeoutSeconds": options.timeout_seconds,
-            # Never Fail: a delete is never the webhook's to block (see the docstring).
-            "failurePolicy": "Ignore",
-        }
+    def release(self) -> dict[str, Any]:
+        # Its quota reservation is freed, except for a dry run. Never Fail: a delete is
+        # never the webhook's to block (see the docstring).
+        return self._hook("release", "validate", release_rules(self.spec.workload_kinds),
+                          "NoneOnDryRun", "Ignore", selector=self._not_excluded())
 
-    def policies(failure: FailurePolicy) -> dict[str, Any]:
-        return {
-            "name": f"policies.{GROUP}",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": _client_config("validate-policy", options),
-            "rules": POLICY_RULES,
-            "matchPolicy": "Equivalent",
-            "sideEffects": "None",  # it only runs the loader
-            "timeoutSeconds": options.timeout_seconds,
-            "failurePolicy": failure,
-        }
+    def policies(self, failure: FailurePolicy) -> dict[str, Any]:
+        # It only runs the loader.
+        return self._hook("policies", "validate-policy", POLICY_RULES, "None", failure)
 
-    def route(name: str, selector: dict[str, Any], only: list[str] | None
+    def route(self, name: str, selector: dict[str, Any], only: list[str] | None
               ) -> dict[str, Any]:
-        # Pods the GPU webhook above is not sent (it runs the same rules on its own), and
-        # every ephemeral container added: its pod may be a GPU pod.
-        pod_spec = "object.spec"
-        sent = _or_terms(wanted["mutate"], pod_spec)
+        """Pods of tenants' namespaces the GPU webhook is not sent (it runs the same rules
+        on its own), and every ephemeral container added there: its pod may be a GPU
+        pod. It only mutates."""
+        sent = _or_terms(self.wanted["mutate"], "object.spec")
         test = (f"(has(request.subResource) && request.subResource == 'ephemeralcontainers')"
                 f" || !(has(object.spec) && ({sent}))")
         conditions = [{"name": "pods-not-sent-as-gpu-pods", "expression": test}]
         if only is not None:
             conditions.insert(0, {"name": "tenant-namespaces",
                                   "expression": f"request.namespace in {_list(only)}"})
-        if exempt:
-            conditions.append({"name": "not-exempt", "expression": exempt})
-        return {
-            "name": f"{name}.{GROUP}",
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": _client_config("mutate", options),
-            "rules": copy.deepcopy(ROUTE_RULES),
-            "matchPolicy": "Equivalent",
-            "namespaceSelector": copy.deepcopy(selector),
-            "matchConditions": conditions,
-            "sideEffects": "None",  # it only mutates
-            "timeoutSeconds": options.timeout_seconds,
-            "failurePolicy": options.mutating_failure_policy,
-            "reinvocationPolicy": "IfNeeded",
-        }
+        return self._hook(name, "mutate", ROUTE_RULES, "None",
+                          self.options.mutating_failure_policy,
+                          selector=copy.deepcopy(selector), conditions=conditions,
+                          reinvoke=True)
 
-    labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
-    return [
-        {"apiVersion": "admissionregistration.k8s.io/v1",
-         "kind": "MutatingWebhookConfiguration",
-         "metadata": {"name": options.name, "labels": labels},
-         "webhooks": [webhook("mutate", options.mutating_failure_policy),
-                      *([claim("mutate", options.mutating_failure_policy)]
-                        if spec.device_classes else []),
-                      *[route(*r) for r in route_scopes(policy, excluded)]]},
-        {"apiVersion": "admissionregistration.k8s.io/v1",
-         "kind": "ValidatingWebhookConfiguration",
-         "metadata": {"name": options.name, "labels": labels},
-         "webhooks": [webhook("validate", options.validating_failure_policy), scale(),
-                      *([claim("validate", options.validating_failure_policy)]
-                        if spec.device_classes else []),
-                      release(), policies(options.validating_failure_policy)]},
-    ]
+
+class _Plain(yaml.SafeDumper):
+    """YAML as people read and edit it: a value used twice is written twice, never as an
+    anchor and an alias (``&id001`` / ``*id001``)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def to_yaml(objects: Iterable[dict[str, Any]], header: str = "") -> str:
-    docs = [yaml.safe_dump(o, sort_keys=False, width=100) for o in objects]
+    docs = [yaml.dump(o, Dumper=_Plain, sort_keys=False, width=100) for o in objects]
     return header + "---\n".join(docs)
 
 
