@@ -26,7 +26,7 @@ from gpucluster.fixtures import (
 )
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
-from test_e2e_sim_dra import apply_when_known, dra_pod, template
+from test_e2e_sim_dra import apply_now, dra_pod, template
 
 pytestmark = pytest.mark.e2e
 
@@ -201,7 +201,7 @@ def test_dra_pods_keep_working_and_claims_tolerating_device_taints_are_refused(
     assert apply(sim, ns, template(name, 1)).returncode == 0
     trainer = dra_pod("trainer", name)
     trainer["spec"]["containers"].append({"name": "sidecar", "image": CUDA})
-    assert "created" in apply_when_known(sim, ns, trainer)
+    assert "created" in apply_now(sim, ns, trainer)
     wait_until("the DRA pod to run",
                lambda: core.read_namespaced_pod("trainer", ns).status.phase == "Running",
                timeout=SCHEDULE_TIMEOUT, every=0.3)
