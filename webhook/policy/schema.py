@@ -121,46 +121,52 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...]
     return out
 
 
+# A condition of the status (Accepted, Active), as Kubernetes' metav1.Condition.
+_CONDITION: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+    "properties": {
+        "type": {"type": "string", "description": "Accepted or Active."},
+        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+        "observedGeneration": {
+            "type": "integer", "format": "int64", "minimum": 0,
+            "description": "The metadata.generation the condition was set for."},
+        "lastTransitionTime": {"type": "string", "format": "date-time"},
+        "reason": {"type": "string", "maxLength": 1024},
+        "message": {"type": "string", "maxLength": 32768,
+                    "description": "Why; when refused, the loader's located errors."},
+    },
+}
+
+# The replicas watching the policy, each with the generation it serves.
+_REPLICAS: dict[str, Any] = {
+    "type": "array", "maxItems": 1024,
+    "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+    "description": "Each webhook replica watching this policy, and the "
+                   "metadata.generation it serves.",
+    "items": {
+        "type": "object", "required": ["name", "servedGeneration"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 253,
+                     "description": "The replica's pod name."},
+            "servedGeneration": {
+                "type": "integer", "format": "int64", "minimum": 0,
+                "description": "The metadata.generation it serves."},
+            "lastReportTime": {"type": "string", "format": "date-time"},
+        },
+    },
+}
+
+
 def _status_schema(spec: dict[str, Any]) -> dict[str, Any]:
     """``spec``: the schema of the spec, for the copy of the last accepted one."""
-    condition = {
-        "type": "object",
-        "required": ["type", "status", "lastTransitionTime", "reason", "message"],
-        "properties": {
-            "type": {"type": "string", "description": "Accepted or Active."},
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "observedGeneration": {
-                "type": "integer", "format": "int64", "minimum": 0,
-                "description": "The metadata.generation the condition was set for."},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-            "reason": {"type": "string", "maxLength": 1024},
-            "message": {"type": "string", "maxLength": 32768,
-                        "description": "Why; when refused, the loader's located errors."},
-        },
-    }
     return {
         "type": "object",
         "description": "What the webhook made of this policy.",
         "properties": {
             "tenants": {"type": "integer", "minimum": 0,
                         "description": "Tenants of the policy the replicas serve."},
-            "replicas": {
-                "type": "array", "maxItems": 1024,
-                "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
-                "description": "Each webhook replica watching this policy, and the "
-                               "metadata.generation it serves.",
-                "items": {
-                    "type": "object", "required": ["name", "servedGeneration"],
-                    "properties": {
-                        "name": {"type": "string", "maxLength": 253,
-                                 "description": "The replica's pod name."},
-                        "servedGeneration": {
-                            "type": "integer", "format": "int64", "minimum": 0,
-                            "description": "The metadata.generation it serves."},
-                        "lastReportTime": {"type": "string", "format": "date-time"},
-                    },
-                },
-            },
+            "replicas": copy.deepcopy(_REPLICAS),
             "lastAccepted": {
                 "type": "object",
                 "description": "The last spec a replica accepted: what a replica that starts "
@@ -171,7 +177,7 @@ def _status_schema(spec: dict[str, Any]) -> dict[str, Any]:
                 },
             },
             "conditions": {
-                "type": "array", "items": condition,
+                "type": "array", "items": copy.deepcopy(_CONDITION),
                 "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
                 "description": "Accepted: the policy loads. Active: the webhook replicas "
                                "serve it."},
