@@ -747,7 +747,6 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _cross_references(self) -> Spec:
-        aliases = self.products.aliases
         names: set[str] = set()
         owner: dict[str, str] = {}
         for i, t in enumerate(self.tenants):
@@ -762,46 +761,56 @@ class Spec(_Strict):
                         f"namespace {ns!r} already belongs to tenant {owner[ns]!r}; "
                         "a namespace has one tenant")
                 owner[ns] = t.name
-            # Every place a tenant names a product, with the field that names it.
-            products: list[tuple[tuple[str | int, ...], str]] = [
-                (("allowedProducts", k), p) for k, p in enumerate(t.allowed_products or [])]
-            if t.default_product:
-                products.append((("defaultProduct",), t.default_product))
-            if t.quota:
-                products.extend((("quota", "products", p), p) for p in t.quota.products)
-                for ns, limits in t.quota.namespaces.items():
-                    products.extend((("quota", "namespaces", ns, "products", p), p)
-                                    for p in limits.products)
-            for k, cls in enumerate(t.allowed_device_classes or []):
-                if cls not in self.device_classes:
-                    raise FieldProblem(
-                        (*here, "allowedDeviceClasses", k),
-                        f"tenant {t.name}: device class {cls!r} is not a GPU class; add it "
-                        f"under spec.deviceClasses (defined: "
-                        f"{', '.join(sorted(self.device_classes)) or 'none'})")
-            for loc, p in products:
-                if p not in aliases:
-                    raise FieldProblem(
-                        (*here, *loc),
-                        f"tenant {t.name}: product {p!r} is not defined; add it under "
-                        f"spec.products.aliases (defined: {', '.join(sorted(aliases)) or 'none'})")
-            for ns in t.quota.namespaces if t.quota else {}:
-                if t.namespace_selector is None and ns not in t.namespaces:
-                    raise FieldProblem(
-                        (*here, "quota", "namespaces", ns),
-                        f"tenant {t.name}: quota for namespace {ns!r}, which is not one of "
-                        "the tenant's namespaces")
-            if (
-                t.quota
-                and t.quota.products
-                and t.default_product is None
-                and len(t.allowed_products or aliases) > 1
-            ):
-                raise FieldProblem(
-                    (*here, "quota", "products"),
-                    f"tenant {t.name}: per-product quota needs every GPU pod pinned to one "
-                    "product: set defaultProduct for pods that do not ask for one")
+            self._tenant_references(here, t)
         return self
+
+    def _tenant_references(self, here: tuple[str | int, ...], t: Tenant) -> None:
+        """What one tenant names exists: its device classes, its products, the namespaces
+        of its per-namespace quota; and a per-product quota has a product for every pod."""
+        aliases = self.products.aliases
+        for k, cls in enumerate(t.allowed_device_classes or []):
+            if cls not in self.device_classes:
+                raise FieldProblem(
+                    (*here, "allowedDeviceClasses", k),
+                    f"tenant {t.name}: device class {cls!r} is not a GPU class; add it "
+                    f"under spec.deviceClasses (defined: "
+                    f"{', '.join(sorted(self.device_classes)) or 'none'})")
+        for loc, p in _named_products(t):
+            if p not in aliases:
+                raise FieldProblem(
+                    (*here, *loc),
+                    f"tenant {t.name}: product {p!r} is not defined; add it under "
+                    f"spec.products.aliases (defined: {', '.join(sorted(aliases)) or 'none'})")
+        for ns in t.quota.namespaces if t.quota else {}:
+            if t.namespace_selector is None and ns not in t.namespaces:
+                raise FieldProblem(
+                    (*here, "quota", "namespaces", ns),
+                    f"tenant {t.name}: quota for namespace {ns!r}, which is not one of "
+                    "the tenant's namespaces")
+        if (
+            t.quota
+            and t.quota.products
+            and t.default_product is None
+            and len(t.allowed_products or aliases) > 1
+        ):
+            raise FieldProblem(
+                (*here, "quota", "products"),
+                f"tenant {t.name}: per-product quota needs every GPU pod pinned to one "
+                "product: set defaultProduct for pods that do not ask for one")
+
+
+def _named_products(t: Tenant) -> list[tuple[tuple[str | int, ...], str]]:
+    """Every place a tenant names a product, with the field that names it."""
+    products: list[tuple[tuple[str | int, ...], str]] = [
+        (("allowedProducts", k), p) for k, p in enumerate(t.allowed_products or [])]
+    if t.default_product:
+        products.append((("defaultProduct",), t.default_product))
+    if t.quota:
+        products.extend((("quota", "products", p), p) for p in t.quota.products)
+        for ns, limits in t.quota.namespaces.items():
+            products.extend((("quota", "namespaces", ns, "products", p), p)
+                            for p in limits.products)
+    return products
 
 
 class GPUPolicy(_Strict):
