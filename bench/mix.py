@@ -144,7 +144,7 @@ def items() -> dict[str, Item]:
     out = [
         _item("gpu-needs-mutation", "/mutate", gpu, "patch"),
         _item("gpu-already-correct", "/mutate", mutated(gpu), "allow"),
-        _item("non-gpu", "/mutate", cpu, "allow"),
+        _item("non-gpu", "/mutate", cpu, "patch"),  # a tenant's pod: NVIDIA_VISIBLE_DEVICES=void
         _item("deployment", "/mutate", deploy, "patch"),
         _item("denied", "/mutate", denied, "deny"),
         _item("gpu-quota-dryrun", "/validate", mutated(gpu), "allow", dry_run=True),

@@ -53,7 +53,6 @@ CONFIGURATION = "gpu-webhook-selfcerts-e2e"
 KINDS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
 # mutate, claims.mutate; validate, scale, claims.validate, release (a gang workload's
 # DELETE), policies (GPUPolicy objects)
-WEBHOOKS = 7
 VALIDITY_HOURS = "0.02"  # 72 seconds
 CREATED = "certificate Secret created"
 
@@ -63,6 +62,7 @@ class SelfManaged:
     cp: ControlPlane
     replicas: list[Replica]
     proxy: RoundRobinProxy
+    webhooks: int  # in the configurations applied, each to get the caBundle
 
     def logs(self) -> str:
         return "\n".join(f"--- replica {i} ---\n{r.log()[-4000:]}"
@@ -132,8 +132,9 @@ def selfmanaged(control_plane: ControlPlane,
     assert "caBundle" not in text
     cp.kubectl("apply", "-f", "-", input=text)
     # Both at once: they race to create the Secret.
+    webhooks = sum(len(doc["webhooks"]) for doc in yaml.safe_load_all(text))
     d = SelfManaged(cp, [start(workdir, cp.kubeconfig, p, i) for i, p in enumerate(ports)],
-                    proxy)
+                    proxy, webhooks)
     try:
         def serving() -> bool:
             for r in d.replicas:
@@ -205,10 +206,11 @@ def test_one_replica_creates_the_secret_and_both_serve_its_certificate(selfmanag
 def test_the_ca_bundle_is_patched_and_the_api_server_trusts_it(selfmanaged, namespace):
     d = selfmanaged
     ca = d.secret()["ca.crt"]
-    # Five webhooks: mutate and validate, the scale subresource's, and the two for DRA
-    # claims.
+    # Every webhook of both configurations as rendered: mutate and validate, the scale
+    # subresource's, the two for DRA claims, a gang's release, GPUPolicy objects', and
+    # the routes webhooks of tenants' pods without GPUs.
     wait_until("the caBundle patched into every webhook",
-               lambda: d.ca_bundles() == [ca] * WEBHOOKS, timeout=30)
+               lambda: d.ca_bundles() == [ca] * d.webhooks, timeout=30)
     ns: str = namespace("research")
     wait_trusted(d.cp, ns)
     admitted(d.cp, ns)
@@ -236,7 +238,7 @@ def test_renewal_is_picked_up_without_restart_and_pods_keep_being_admitted(
         raise AssertionError(f"{exc}\n{d.logs()}") from None
     after = d.secret()
     assert after["ca.crt"] == first["ca.crt"]  # the CA is kept: the caBundle stays valid
-    assert d.ca_bundles() == [first["ca.crt"]] * WEBHOOKS
+    assert d.ca_bundles() == [first["ca.crt"]] * d.webhooks
     assert [r.process.pid for r in d.replicas] == pids
     assert all(r.process.poll() is None for r in d.replicas)
     assert all("TLS certificate reloaded" in r.log() for r in d.replicas), d.logs()
