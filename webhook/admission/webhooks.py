@@ -31,13 +31,13 @@ from typing import Any
 
 from webhook.admission.claimreads import ClaimReader, seeing
 from webhook.admission.quota import with_quota
-from webhook.engine.claims import CLAIM_CONTROLLER_USERS
+from webhook.engine.claims import CLAIM_CONTROLLER_USERS, is_claim
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.mutate import mutate
 from webhook.engine.routes import Sights, no_sights, recheck
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
-from webhook.engine.target import NamespaceLabels, no_labels
+from webhook.engine.target import NamespaceLabels, no_labels, prepare
 from webhook.engine.validate import validate
 from webhook.k8s.reply import response
 from webhook.k8s.review import API_VERSION, AdmissionRequest
@@ -108,9 +108,11 @@ async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Clu
     """The validating webhook, quota included. The routes to a GPU that skip the GPU
     request are looked at again on the final object, to enforce only: what they refuse
     is refused before any quota is reserved for it."""
-    v = validate(req, policy, cluster.labels, cluster.claims)
+    # The pod templates are read once, for the rules and the routes' recheck alike.
+    prepared = None if is_claim(req) else prepare(req, policy, cluster.labels, cluster.claims)
+    v = validate(req, policy, cluster.labels, cluster.claims, prepared)
     again = recheck(req, policy, cluster.labels, cluster.claims, cluster.sights,
-                    CLAIM_CONTROLLER_USERS)
+                    CLAIM_CONTROLLER_USERS, prepared)
     if again:
         return v.decision.adding(again)
     return await with_quota(v, policy, cluster.store, budget)

@@ -35,7 +35,7 @@ from webhook.engine import messages
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import Checker, Decision, Finding, malformed, subject_of
 from webhook.engine.devices import ClaimLookup
-from webhook.engine.target import NamespaceLabels, Target, prepare, template_target
+from webhook.engine.target import NamespaceLabels, Target, Targets, prepare, template_target
 from webhook.engine.tolerations import covers
 from webhook.k8s import claims
 from webhook.k8s.objects import MalformedObject, child_list, child_map
@@ -328,19 +328,20 @@ def _ceiling(check: Checker, tenant: TenantRules, name: str | None, spec: dict[s
 
 
 def recheck(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels,
-            claims: ClaimLookup, sights: Sights, controller_users: frozenset[str]
-            ) -> list[Finding]:
+            claims: ClaimLookup, sights: Sights, controller_users: frozenset[str],
+            prepared: Targets | Decision | None = None) -> list[Finding]:
     """The validating webhook's look at the final object, to enforce only (as it does
     for every rule of the mutating phase): what would be refused, or should have been
     changed, had the mutating webhook run. A container given no GPU that sets the
     variable, one given GPUs that sets it at all, and the refusals. Nothing is changed
-    and no warning is repeated."""
+    and no warning is repeated. ``prepared``: the request's targets, when the caller
+    has read them already (:func:`~webhook.engine.target.prepare`)."""
     if is_claim(req):
         return [f for f in claim_tolerations(req, policy, labels, controller_users).findings
                 if f.mode is Mode.ENFORCE]
     if not (req.kind == "Pod" and req.group == "" and req.operation == "CREATE"):
         return []
-    targets = prepare(req, policy, labels, claims)
+    targets = prepared if prepared is not None else prepare(req, policy, labels, claims)
     if isinstance(targets, Decision):
         return []
     out: list[Finding] = []

@@ -59,11 +59,14 @@ OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA, Rule.UN
 
 
 def validate(req: AdmissionRequest, policy: CompiledPolicy,
-             labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims
-             ) -> Validation:
+             labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims,
+             prepared: Targets | Decision | None = None) -> Validation:
+    """Every rule but quota on the final object, and the quota step it leaves.
+    ``prepared``: what :func:`~webhook.engine.target.prepare` made of this request, when
+    the caller has it already (the pipeline shares it with the routes' recheck)."""
     if is_claim(req):
         return claims_engine.validate(req, policy, labels)
-    targets = prepare(req, policy, labels, claims)
+    targets = prepared if prepared is not None else prepare(req, policy, labels, claims)
     if isinstance(targets, Decision):
         return Validation(targets)
     if len(targets.roles) == 1 and targets.roles[0].role.name is None:
