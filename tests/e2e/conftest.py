@@ -29,7 +29,7 @@ from e2ekit import (
 
 # The simulated GPU cluster (scheduler, controllers, kwok nodes): started only by the
 # tests that ask for it (tests/e2e/test_e2e_sim_*.py).
-from gpucluster.fixtures import core, sim, sim_namespace  # noqa: F401
+from gpucluster.fixtures import core, exempt, sim, sim_namespace  # noqa: F401
 
 _VERSIONS: dict[str, str] = {}
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from e2ekit import apply, short_id, to_yaml, wait_until
 from gpucluster.fixtures import (
+    EXEMPT,
     GPU_TOLERATION,
     SimNamespaceFactory,
     node_labels,
@@ -33,7 +34,6 @@ PRODUCT = "nvidia.com/gpu.product"
 RACK = "topology.example.com/gpu-rack"
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"
-EXEMPT = "sim-exempt"  # exempt from the webhook in policy.yaml
 
 
 def placed(core: k8s.CoreV1Api, found: list[Any]) -> dict[str, tuple[str, str | None]]:
@@ -108,18 +108,6 @@ def test_time_sliced_and_mig_pods_land_on_the_nodes_that_have_them(
     assert {p.spec.node_name for p in mig} == sim.cluster.names(
         resource="nvidia.com/mig-1g.10gb")
     assert {product for product, _ in placed(core, mig).values()} == {A100}
-
-
-@pytest.fixture
-def exempt(sim: SimCluster) -> Any:
-    """The namespace the webhook never sees (policy exemption); pods made in it by a
-    test are deleted after it."""
-    sim.namespace(EXEMPT, None)
-    made: list[str] = []
-    yield made
-    for name in made:
-        sim.cp.kubectl("delete", "pod", name, "-n", EXEMPT, "--wait=false",
-                       "--ignore-not-found")
 
 
 def test_a_gpu_pod_without_the_injected_toleration_is_never_scheduled_on_gpu_nodes(

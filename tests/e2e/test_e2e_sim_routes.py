@@ -11,12 +11,12 @@ no cluster of its own (one test adds a CPU node for itself and removes it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from e2ekit import short_id, to_yaml, wait_until
 from gpucluster.fixtures import (
+    EXEMPT,
     GPU_TOLERATION,
     SCHEDULE_TIMEOUT,
     SimNamespaceFactory,
@@ -30,7 +30,6 @@ from test_e2e_sim_dra import apply_now, dra_pod, template
 
 pytestmark = pytest.mark.e2e
 
-EXEMPT = "sim-exempt"  # policy.yaml: exemptions.namespaces
 CUDA = "nvidia/cuda:12.4.1-base-ubuntu22.04"  # ENV NVIDIA_VISIBLE_DEVICES=all
 VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 EVERYTHING = {"operator": "Exists"}
@@ -50,17 +49,6 @@ def apply(sim: SimCluster, ns: str, *objects: dict[str, Any]) -> Any:
 def env_of(p: Any, ephemeral: bool = False) -> list[dict[str, str]]:
     containers = p.spec.ephemeral_containers if ephemeral else p.spec.containers
     return [{"name": e.name, "value": e.value} for e in containers[0].env or []]
-
-
-@pytest.fixture
-def exempt(sim: SimCluster) -> Iterator[list[str]]:
-    """The exempt namespace; the pods a test names in the list are deleted after it."""
-    sim.cp.kubectl("create", "namespace", EXEMPT, check=False)
-    made: list[str] = []
-    yield made
-    for name in made:
-        sim.cp.kubectl("delete", "pod", name, "-n", EXEMPT, "--wait=false",
-                       "--ignore-not-found")
 
 
 def test_a_cuda_pod_asking_no_gpu_lands_on_a_gpu_node_with_the_variable_void(

@@ -38,7 +38,7 @@ from webhook.engine.devices import ClaimLookup
 from webhook.engine.target import NamespaceLabels, Target, Targets, prepare, template_target
 from webhook.engine.tolerations import covers
 from webhook.k8s import claims
-from webhook.k8s.objects import MalformedObject, child_list, child_map
+from webhook.k8s.objects import MalformedObject, child_list, child_map, shown_name
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import pod_template
@@ -451,7 +451,7 @@ def claim_tolerations(req: AdmissionRequest, policy: CompiledPolicy,
     tenant = policy.tenant_for(req.namespace, labels(req.namespace))
     if tenant is None or not tenant.routes.device_taint_tolerations:
         return Decision.skip("no-tenant")
-    subject = f"{req.kind.lower()} {req.namespace}/{req.name or _name(obj)}"
+    subject = f"{req.kind.lower()} {req.namespace}/{shown_name(obj, req.name) or '(unnamed)'}"
     check = Checker(policy, tenant, subject, RULES)
     try:
         found = claims.claim_spec(req.kind, obj)
@@ -481,12 +481,6 @@ def claim_tolerations(req: AdmissionRequest, policy: CompiledPolicy,
     except MalformedObject as exc:
         return malformed(subject, exc)
     return check.decide()
-
-
-def _name(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata")
-    name = meta.get("name") or meta.get("generateName") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) else "(unnamed)"
 
 
 def _toleration(t: dict[str, Any]) -> str:

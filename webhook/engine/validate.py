@@ -21,7 +21,6 @@ it is charged to the tenant's default product, and its pods are pinned when crea
 from __future__ import annotations
 
 from contextlib import suppress
-from typing import Any
 
 from webhook.engine import claims as claims_engine
 from webhook.engine import messages
@@ -49,7 +48,7 @@ from webhook.engine.target import (
     prepare,
 )
 from webhook.engine.tolerations import tolerated_gpu_taints
-from webhook.k8s.objects import MalformedObject
+from webhook.k8s.objects import MalformedObject, shown_name
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, replicas
 from webhook.policy.compiled import CompiledPolicy
@@ -199,14 +198,9 @@ def _gang_reservation(req: AdmissionRequest, w: Workload) -> GangReservation | N
     uid = meta.get("uid") if isinstance(meta, dict) else None
     if not uid:
         return None
-    name = req.name or _name(req.object)
+    name = shown_name(req.object, req.name)
     return GangReservation(key=str(uid), owner=f"{w.kind.lower()}/{name}",
                            ids=workload_ids(req.group, req.kind, req.namespace, name, str(uid)))
-
-
-def _name(obj: dict[str, Any] | None) -> str:
-    meta = (obj or {}).get("metadata") or {}
-    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
 
 
 def _old_pods(req: AdmissionRequest, policy: CompiledPolicy) -> dict[str, int] | None:

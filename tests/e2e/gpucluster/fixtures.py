@@ -28,6 +28,8 @@ from kubernetes import config as k8s_config
 # failure.
 SCHEDULE_TIMEOUT = 90.0
 
+EXEMPT = "sim-exempt"  # policy.yaml: exemptions.namespaces (the webhook never sees it)
+
 
 @contextmanager
 def started(cluster: SimCluster) -> Iterator[SimCluster]:
@@ -87,6 +89,17 @@ SimNamespaceFactory = Callable[[str | None], str]
 def sim_namespace(sim: SimCluster, core: k8s.CoreV1Api) -> Iterator[SimNamespaceFactory]:
     with namespaces(sim, core, lambda t: f"sim-{t or 'none'}-{short_id()}") as make:
         yield make
+
+
+@pytest.fixture
+def exempt(sim: SimCluster) -> Iterator[list[str]]:
+    """The exempt namespace; the pods a test names in the list are deleted after it."""
+    sim.namespace(EXEMPT, None)
+    made: list[str] = []
+    yield made
+    for name in made:
+        sim.cp.kubectl("delete", "pod", name, "-n", EXEMPT, "--wait=false",
+                       "--ignore-not-found")
 
 
 # --------------------------------------------------------------------------- reading
