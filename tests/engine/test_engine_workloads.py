@@ -26,7 +26,7 @@ from enginekit import (
 from webhook.admission.webhooks import mutating
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import parse_review, request_review
-from webhook.k8s.workloads import read_workload
+from webhook.k8s.workloads import CRD_KINDS, read_workload
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "workloads"
 
@@ -238,3 +238,32 @@ def test_trainjob_and_argo_are_checked_not_patched() -> None:
     assert not decision.allowed
     assert decision.message.startswith("trainjob research/volcano-example, trainer, "
                                        'container "trainer": nvidia.com/gpu limit')
+
+
+def _matches(pointer: str, path: tuple[str, ...]) -> bool:
+    tokens = pointer.split("/")[1:]
+    return len(tokens) == len(path) and all(
+        p in ("*", t) for p, t in zip(path, tokens, strict=True))
+
+
+@pytest.mark.parametrize(("name", "kind", "roles", "gang"), CASES,
+                         ids=[c[0].removesuffix(".yaml") for c in CASES])
+def test_each_kind_says_where_its_templates_are_where_its_reader_finds_them(
+        name: str, kind: str, roles: list[tuple[str | None, int, str]],
+        gang: int | None) -> None:
+    # The API server's match conditions are written from BuiltIn.templates
+    # (webhook.tools.manifests): a reader that found a template elsewhere would let the
+    # webhook check pods the API server never sends it.
+    obj = fixture(name, kind)
+    built_in = next(b for b in CRD_KINDS if (b.group, b.kind) == (group_of(obj), kind))
+    w = read_workload(group_of(obj), kind, obj)
+    assert w is not None
+    for role in w.roles:
+        pointer = role.template.pointer
+        paths = built_in.templates.paths
+        if built_in.templates.made_of == "steps":  # an Argo step: an item of the list
+            pointer = pointer.rsplit("/", 1)[0]
+        elif built_in.templates.made_of == "resources":  # a TrainJob's, in its trainer
+            paths = tuple(p[:-1] for p in paths)
+        assert any(_matches(pointer, p) for p in paths), (
+            f"{kind}: {role.template.pointer} is not among {built_in.templates.paths}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine.cost import Cost
+from webhook.k8s.workloads import POD_LABELS
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,17 +70,6 @@ class GangAsk:
         return f"{self.role_word} {r.name}" if self.role_word else r.name
 
 
-# Labels the controllers put on their pods, naming the workload: (group, kind) -> key.
-POD_LABELS: dict[tuple[str, str], str] = {
-    ("batch.volcano.sh", "Job"): "volcano.sh/job-name",
-    # A TrainJob's pods: TrainJob -> JobSet of the TrainJob's name (kubeflow/trainer
-    # pkg/runtime/framework/plugins/jobset) -> Job -> Pod, labelled with the JobSet's name.
-    ("trainer.kubeflow.org", "TrainJob"): "jobset.sigs.k8s.io/jobset-name",
-    ("jobset.x-k8s.io", "JobSet"): "jobset.sigs.k8s.io/jobset-name",
-    ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): "leaderworkerset.sigs.k8s.io/name",
-    **{("kubeflow.org", k): "training.kubeflow.org/job-name"
-       for k in ("PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob")},
-}
 _LABEL_KEYS = frozenset(POD_LABELS.values())
 
 

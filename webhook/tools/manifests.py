@@ -81,7 +81,7 @@ from typing import Any, Literal
 import yaml
 
 from webhook.k8s.objects import parse_pointer
-from webhook.k8s.workloads import CRD_KINDS
+from webhook.k8s.workloads import CRD_KINDS, BuiltIn
 from webhook.policy.model import GPUPolicy, TolerationPolicy, WorkloadKind
 
 FailurePolicy = Literal["Fail", "Ignore"]
@@ -488,7 +488,7 @@ def for_pod_spec(test: Callable[[str], str], configured: Iterable[WorkloadKind] 
             "[object.spec.jobTemplate.spec.template.spec] : []")
     specs = (f"(request.kind.kind == 'Pod' ? [object.spec] : "
              f"request.kind.kind == 'CronJob' ? ({cron}) : ({template}))")
-    for group, kind, listed in reversed([*((b.group, b.kind, _crd_specs(b.group, b.kind))
+    for group, kind, listed in reversed([*((b.group, b.kind, _crd_specs(b))
                                             for b in CRD_KINDS),
                                           *((w.group, w.kind, _configured_specs(w))
                                             for w in configured)]):
@@ -529,43 +529,22 @@ def _configured_specs(w: WorkloadKind) -> str:
     return " + ".join(_specs(*parse_pointer(r.template), shape="any") for r in w.roles)
 
 
-def _crd_specs(group: str, kind: str) -> str:
-    """CEL for the pod specs of a built-in training kind (as ``webhook.k8s.workloads``
-    reads it); a TrainJob's and an Argo step's are made up of their containers."""
-    if group == "batch.volcano.sh":
-        job: tuple[str, ...] = (("spec", "jobTemplate", "spec") if kind == "CronJob"
-                                else ("spec",))
-        return _specs(*job, "tasks", "*", "template")
-    if group == "jobset.x-k8s.io":
-        return _specs("spec", "replicatedJobs", "*", "template", "spec", "template")
-    if group == "kubeflow.org":
-        key = {"PyTorchJob": "pytorchReplicaSpecs", "TFJob": "tfReplicaSpecs",
-               "MPIJob": "mpiReplicaSpecs", "XGBoostJob": "xgbReplicaSpecs",
-               "PaddleJob": "paddleReplicaSpecs", "JAXJob": "jaxReplicaSpecs"}[kind]
-        return _specs("spec", key, "*", "template", shape="map")
-    if group == "leaderworkerset.x-k8s.io":
-        return " + ".join(_specs("spec", "leaderWorkerTemplate", t)
-                          for t in ("leaderTemplate", "workerTemplate"))
-    if group == "ray.io":
-        at = {"RayCluster": ("spec",), "RayJob": ("spec", "rayClusterSpec"),
-              "RayService": ("spec", "rayClusterConfig")}[kind]
-        parts = [_specs(*at, "headGroupSpec", "template"),
-                 _specs(*at, "workerGroupSpecs", "*", "template")]
-        if kind == "RayJob":
-            parts.append(_specs("spec", "submitterPodTemplate"))
-        return " + ".join(parts)
-    if group == "trainer.kubeflow.org":
-        res = "object.spec.trainer.resourcesPerNode"
+def _crd_specs(b: BuiltIn) -> str:
+    """CEL for the pod specs of a built-in training kind, from the places its reader finds
+    them (``BuiltIn.templates``); a TrainJob's and an Argo step's are made up of their
+    containers."""
+    t = b.templates
+    if t.made_of == "resources":
+        res = ".".join(("object", *t.paths[0]))
         return f"({_has(res)} ? [{{'containers': [{{'resources': {res}}}]}}] : [])"
-    if group == "argoproj.io":
-        spec = "object.spec.workflowSpec" if kind == "CronWorkflow" else "object.spec"
+    if t.made_of == "steps":
+        at = ".".join(("object", *t.paths[0]))
         containers = ("(has(t.container) ? [t.container] : []) + "
                       "(has(t.script) ? [t.script] : []) + "
                       "(has(t.containerSet) && has(t.containerSet.containers) ? "
                       "t.containerSet.containers : [])")
-        return (f"({_has(spec + '.templates')} ? {spec}.templates.map(t, "
-                f"{{'containers': {containers}}}) : [])")
-    raise ValueError(f"no match condition for {kind}.{group}")
+        return f"({_has(at)} ? {at}.map(t, {{'containers': {containers}}}) : [])"
+    return " + ".join(_specs(*path, shape=t.shape) for path in t.paths)
 
 
 def exemption_expression(users: list[str], groups: list[str], accounts: list[str]) -> str:
