@@ -109,7 +109,7 @@ def test_a_relist_replaces_the_pods_in_one_step() -> None:
 def test_liveness_follows_the_last_sign_of_each_watch() -> None:
     state, clock = synced_state()
     window = state.watch_window()
-    assert window == 15.0  # a quarter of the 60 s TTL, capped
+    assert window == 5.0  # a quarter of the 60 s TTL, capped at 5 s
     clock.now += 2 * window
     assert state.live() and state.synced()
     clock.now += 0.5

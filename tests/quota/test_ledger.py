@@ -53,7 +53,7 @@ def make_store(api: FakeAPI, p: CompiledPolicy | None = None, *, wall: float = N
     state.pod_event("SYNCED", {})
     state.namespace_event("SYNCED", {})
     store = LedgerStore(state, ConfigMaps(api.api_client(), NS, timeout=timeout), ttl=60,
-                        wall=lambda: wall)
+                        wall=lambda: wall, clock=clock)
     return store, state, clock
 
 
@@ -304,3 +304,68 @@ def _refusing_client() -> Any:
 
 def test_ledger_module_has_no_unused_limit() -> None:
     assert MAX_TTL >= 3600  # the schema's largest reservationTTLSeconds
+
+
+# -- a ledger that holds what some replica may not have seen -------------------------------
+
+
+def test_a_seen_pods_entry_leaves_the_ledger_once_every_live_replica_has_seen_it(
+        api: FakeAPI) -> None:
+    # The ledger is written whole on every commit: an entry kept for the whole TTL
+    # makes every write as big as a minute of admissions. Once this replica has seen
+    # the pod for the settle time, any replica that may commit has seen it too.
+    store, state, clock = make_store(api)
+    assert admit(store, policy(), pod("first", gpus=2)).allowed
+    state.pod_event("ADDED", pod("first", gpus=2))
+    assert admit(store, policy(), pod("second", gpus=1)).allowed  # notices "first" seen
+    assert sorted(entries(api)) == ["uid-first", "uid-second"]  # kept: not settled yet
+
+    clock.now += state.settle_time()
+    state.pod_event("PROGRESS", {})
+    state.namespace_event("PROGRESS", {})
+    d = admit(store, policy(), pod("third", gpus=4))
+    assert not d.allowed  # 2 (seen) + 1 (reserved) + 4 > 6: the pod still counts
+    assert admit(store, policy(), pod("third", gpus=3)).allowed
+    assert sorted(entries(api)) == ["uid-second", "uid-third"]
+    assert (store.settled, store.expired) == (1, 0)
+
+
+def test_an_entry_whose_pod_was_never_seen_stays_until_its_ttl(api: FakeAPI) -> None:
+    # A create that failed after admission (or a pod not seen yet): only the TTL ends it.
+    store, state, clock = make_store(api)
+    assert admit(store, policy(), pod("unseen", gpus=2)).allowed
+    clock.now += 10 * state.settle_time()
+    state.pod_event("PROGRESS", {})
+    state.namespace_event("PROGRESS", {})
+    assert admit(store, policy(), pod("other", gpus=1)).allowed
+    assert sorted(entries(api)) == ["uid-other", "uid-unseen"]
+    assert store.settled == 0
+
+
+def test_a_replica_whose_watch_lags_cannot_commit_on_a_ledger_without_the_entry(
+        api: FakeAPI) -> None:
+    # Replica B's pod watch stalled before the pod was created. A drops the entry a
+    # settle time after seeing the pod, which is more than B's liveness bound: by then
+    # B is not live and refuses to decide, until its watch shows progress again, and a
+    # watch that resumes delivers the pod first. No moment counts the pod nowhere.
+    a, state_a, clock = make_store(api)
+    b, state_b, _ = make_store(api)
+    state_b._clock = clock  # one time for both replicas' liveness
+    state_b.pod_event("PROGRESS", {})
+    state_b.namespace_event("PROGRESS", {})
+    assert admit(a, policy(), pod("big", gpus=4)).allowed
+    state_a.pod_event("ADDED", pod("big", gpus=4))
+    assert admit(a, policy(), pod("small", gpus=1)).allowed  # notices "big" seen
+    clock.now += state_a.settle_time()
+    for s in (state_a, state_b):
+        s.namespace_event("PROGRESS", {})
+    state_a.pod_event("PROGRESS", {})
+    assert admit(a, policy(), pod("small2", gpus=1)).allowed
+    assert "uid-big" not in entries(api)  # settled on A
+
+    d = admit(b, policy(), pod("late", gpus=2))
+    assert not d.allowed and "not up to date" in d.message  # B's pod watch is not live
+    state_b.pod_event("ADDED", pod("big", gpus=4))  # its watch resumes
+    d = admit(b, policy(), pod("late", gpus=2))
+    assert not d.allowed  # 4 (seen) + 1 + 1 (reserved) + 2 > 6
+    assert "would use 8 of its 6" in d.message

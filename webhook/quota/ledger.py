@@ -16,9 +16,14 @@ meanwhile (pods, a gang's slots, a gang's release) are committed together by the
 (group commit, see ``_drain``), so only replicas conflict; the ledger as last written is
 reused as the next read.
 
-Reservations are never removed when a pod is seen (another replica may not have seen it
-yet); they expire after the TTL, by wall-clock time written in the entry. See
-docs/quota.md for the failure modes.
+A reservation is not removed when its pod is seen (another replica may not have seen it
+yet), but once this replica has seen it for the cache's settle time (a few windows of
+its watches: ``ClusterState.settle_time``), by when every replica that may commit has
+seen it too (a replica commits only while its watches are live): the next commit leaves
+it out, so a ledger holds the admissions of the last quarter-minute or so, not a TTL's.
+A reservation whose pod is never seen (the create failed after admission) expires after
+the TTL, by wall-clock time written in the entry. See docs/quota.md for the failure
+modes.
 
 A reservation names its pod (``namespace/name``) as well as its uid. Only one pod can
 hold a name, so of a name's pending reservations and the pod this replica sees holding
@@ -72,11 +77,16 @@ class LedgerStore:
     """The usage store for a cluster: watch-fed pods + the shared reservation ledger."""
 
     def __init__(self, state: ClusterState, maps: ConfigMaps, ttl: float = 60.0,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.state = state
         self.maps = maps
         self.ttl = ttl
         self.wall = wall
+        self.clock = clock
+        # Per tenant (or cohort ledger), when this replica's commits first found each
+        # entry's pod seen (``clock``): the entry leaves a settle time after (_settled).
+        self._seen_at: dict[str, dict[str, float]] = {}
         # Per tenant, the entries of the last ledger read (or written) that are live and
         # for pods this replica has not seen: all a view counts. The whole ledger holds
         # every admission of the last TTL (rate x TTL entries); a pod seen once is counted
@@ -91,6 +101,7 @@ class LedgerStore:
         self.conflicts = 0
         self.commits = 0
         self.expired = 0  # entries this replica dropped from a ledger after their TTL
+        self.settled = 0  # entries dropped because every replica has seen their pod
         # Borrowed pods' reservations, per cohort (see reserve_borrowed), last read, and
         # the lock that queues one process's commits to a cohort's ledger.
         self._borrowed: dict[str, dict[str, Entry]] = {}
@@ -280,7 +291,9 @@ class LedgerStore:
                     a.fail(exc)
                 return
             now = self.wall()
-            entries = {k: e for k, e in read.entries.items() if e.expires > now}
+            settled = self._settled(ledger, read.entries)
+            entries = {k: e for k, e in read.entries.items()
+                       if e.expires > now and k not in settled}
             dropped = len(read.entries) - len(entries)
             working = _Batch(entries, self._pending(entries, now))
             # Views decided while this commit is in flight count its reservations too.
@@ -323,10 +336,27 @@ class LedgerStore:
                 self._cached[tenant] = _Read(dict(entries), version)
             self.commits += changed
             # Counted once the write that drops them has won, so a retry never recounts.
-            self.expired += dropped
+            self.settled += len(settled)
+            self.expired += dropped - len(settled)
             for a, answer, _ in outcomes:
                 a.succeed(answer)
             return
+
+    def _settled(self, ledger: str, entries: Mapping[str, Entry]) -> set[str]:
+        """The entries of a ledger about to be written whose pods this replica has seen
+        for the settle time (noticed by a commit: a later notice only keeps an entry
+        longer). Slots of gangs are never seen; they leave when drawn or released."""
+        known = self._seen_at.get(ledger, {})
+        now, settle = self.clock(), self.state.settle_time()
+        seen_at: dict[str, float] = {}
+        out: set[str] = set()
+        for k in entries:
+            if self.state.seen(k):
+                at = seen_at[k] = known.get(k, now)
+                if now - at >= settle:
+                    out.add(k)
+        self._seen_at[ledger] = seen_at  # only keys still in the ledger
+        return out
 
     def _place(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
                name: str | None, gangs: tuple[str, ...], batch: _Batch,
@@ -400,7 +430,9 @@ class LedgerStore:
             for t, m in own.items():
                 self._known[t] = self._pending(decode(t, m.data, now, LEDGER_PREFIX + t), now)
             stored_entries = decode_borrowed(stored.data, now, ledger)
-            entries = {k: e for k, e in stored_entries.items() if e.expires > now}
+            settled = self._settled(ledger, stored_entries)
+            entries = {k: e for k, e in stored_entries.items()
+                       if e.expires > now and k not in settled}
             self._borrowed[cohort] = self._pending(entries, now)
             if key in entries or self.state.seen(key):
                 return True  # a retried review of a pod already counted
@@ -429,7 +461,8 @@ class LedgerStore:
                 raise self._unavailable(ledger, exc) from None
             self._borrowed[cohort] = self._pending(entries, now)
             self.commits += 1
-            self.expired += len(stored_entries) - (len(entries) - 1)
+            self.settled += len(settled)
+            self.expired += len(stored_entries) - (len(entries) - 1) - len(settled)
             return True
 
 
