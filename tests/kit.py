@@ -1,4 +1,5 @@
-"""Helpers every test folder shares: the installed console script, a free port, the
+"""Helpers every test folder shares: the installed console script, a free port, a
+``gpu-webhook serve`` process started, awaited and stopped as a user's would be, the
 helm binary, and the admission pipeline's validating step for synchronous tests.
 
 ``tests/`` is on ``sys.path`` while the suite runs (pytest puts the directory of the
@@ -8,11 +9,16 @@ root ``conftest.py`` there), so any test module can ``from kit import ...``.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +74,69 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def serve(port: int, cert_dir: Path, log_path: Path, *flags: str,
+          env: dict[str, str] | None = None, append: bool = False, **popen: Any
+          ) -> subprocess.Popen[bytes]:
+    r"""``gpu-webhook serve`` on 127.0.0.1:``port``, its output written (or ``append``\ed)
+    to ``log_path``.
+    The settings of the shell running the tests (``GPU_WEBHOOK_*``, an in-cluster
+    ``KUBERNETES_SERVICE_HOST``) are left out, so only the test's flags and ``env``
+    configure it."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("GPU_WEBHOOK_") and k != "KUBERNETES_SERVICE_HOST"}
+    with open(log_path, "ab" if append else "wb") as out:
+        return subprocess.Popen(
+            [console_script(), "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--cert-dir", str(cert_dir), *flags],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            env={**base, **(env or {})}, **popen)
+
+
+def await_serving(proc: subprocess.Popen[bytes], ready: Callable[[], bool],
+                  log: Callable[[], str], what: str = "healthy",
+                  timeout: float = 30.0) -> None:
+    """Poll ``ready()`` until it is true: an AssertionError with the server's log if the
+    process exits first or ``timeout`` passes (generous: the first start also makes
+    certificates; only ever waited out on failure). ``ready`` may raise OSError or an
+    httpx error while the server is not up: that is not-ready yet."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"gpu-webhook serve exited with {proc.returncode}:\n{log()}")
+        try:
+            if ready():
+                return
+        except Exception as exc:
+            last = repr(exc)
+        time.sleep(0.05)
+    raise AssertionError(f"gpu-webhook serve was not {what} within {timeout:.0f} s "
+                         f"(last error: {last or 'none'}):\n{log()}")
+
+
+def listening(port: int) -> Callable[[], bool]:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+
+    def check() -> bool:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+
+    return check
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    """SIGTERM, as the kubelet sends, then SIGKILL after ``timeout`` (uvicorn's graceful
+    shutdown is capped at 20 s); the exit code (negative: killed by that signal)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
 
 
 def validating(req: AdmissionRequest, policy: CompiledPolicy,

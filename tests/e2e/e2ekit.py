@@ -31,7 +31,7 @@ import httpx
 import orjson
 import yaml
 from controlplane.cluster import ControlPlane
-from kit import console_script, free_port
+from kit import await_serving, console_script, free_port, serve
 
 from webhook.k8s.review import request_review
 
@@ -163,37 +163,20 @@ def start_replica(workdir: Path, cert_dir: Path, policy: Path, kubeconfig: Path,
                   index: int, args: Sequence[str] = ()) -> Replica:
     port = free_port()
     log_path = workdir / f"replica-{index}.log"
-    with open(log_path, "ab") as out:
-        process = subprocess.Popen(
-            [console_script(), "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--cert-dir", str(cert_dir), "--policy", str(policy),
-             "--kubeconfig", str(kubeconfig), "--namespace", LEDGER_NAMESPACE, *args],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = serve(port, cert_dir, log_path, "--policy", str(policy),
+                    "--kubeconfig", str(kubeconfig), "--namespace", LEDGER_NAMESPACE, *args,
+                    append=True, start_new_session=True)
     return Replica(process, port, log_path)
 
 
 def wait_ready(replica: Replica, ca_file: Path) -> None:
     """Poll /readyz until the policy is loaded and the pod/namespace caches synced."""
-    deadline = time.monotonic() + START_TIMEOUT
-    last = ""
     with httpx.Client(verify=ssl.create_default_context(cafile=str(ca_file)),
                       timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if replica.process.poll() is not None:
-                raise AssertionError(f"gpu-webhook serve exited with code "
-                                     f"{replica.process.returncode}:\n{replica.log()[-3000:]}")
-            try:
-                r = client.get(f"https://localhost:{replica.port}/readyz")
-                if r.status_code == 200:
-                    return
-                last = r.text
-            except httpx.HTTPError as exc:
-                last = str(exc)
-            time.sleep(0.1)
-    raise AssertionError(f"gpu-webhook serve not ready after {START_TIMEOUT:.0f}s ({last})\n"
-                         f"{replica.log()[-3000:]}")
+        await_serving(replica.process,
+                      lambda: client.get(f"https://localhost:{replica.port}/readyz"
+                                         ).status_code == 200,
+                      lambda: replica.log()[-3000:], "ready", START_TIMEOUT)
 
 
 async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter,

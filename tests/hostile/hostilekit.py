@@ -10,19 +10,16 @@ JSON error or the AdmissionReview reply.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 import ssl
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+from kit import await_serving, free_port, serve, stop_process
 
 from webhook.quota.store import MemoryStore
 from webhook.server.sources.reload import PolicySource
@@ -30,15 +27,8 @@ from webhook.server.web.app import ARRIVED, AdmissionApp, Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "multi-tenant.yaml"
-GPU_WEBHOOK = str(Path(sys.executable).with_name("gpu-webhook"))
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0  # uvicorn's graceful shutdown is capped at 20 s
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -76,43 +66,27 @@ def start(tmp: Path, *flags: str, policy: Path | None = POLICY,
     port = free_port()
     cert_dir = tmp / "certs"
     log_path = tmp / "server.log"
-    cmd = [GPU_WEBHOOK, "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--cert-dir", str(cert_dir), *flags]
-    if policy is not None:
-        cmd += ["--policy", str(policy)]
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GPU_WEBHOOK_")}
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                env={**base, **(env or {})}, cwd=tmp)
+    policy_flags = ("--policy", str(policy)) if policy is not None else ()
+    proc = serve(port, cert_dir, log_path, *flags, *policy_flags, env=env, cwd=tmp)
     server = Server(proc, port, cert_dir, log_path)
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gpu-webhook serve exited {proc.returncode}:\n{server.log()}")
-        if server.ca.exists():
-            try:
-                r = httpx.get(server.url + "/healthz", verify=server.context(), timeout=2)
-                if r.status_code == 200:
-                    return server
-            except (httpx.HTTPError, ssl.SSLError, OSError):
-                pass
-        time.sleep(0.1)
-    stop(server)
-    raise AssertionError(f"gpu-webhook serve did not become healthy:\n{server.log()}")
+
+    def healthy() -> bool:
+        return httpx.get(server.url + "/healthz", verify=server.context(),
+                         timeout=2).status_code == 200
+
+    try:
+        await_serving(proc, healthy, server.log, timeout=START_TIMEOUT)
+    except AssertionError:
+        stop(server)
+        raise
+    return server
 
 
 def stop(server: Server) -> int:
     """SIGTERM, as the kubelet sends; the exit code (negative: killed by that signal)."""
     for c in server.clients:
         c.close()
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
-    return int(server.proc.returncode)
+    return stop_process(server.proc, STOP_TIMEOUT)
 
 
 def rss_kib(pid: int) -> int:

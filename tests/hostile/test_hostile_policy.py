@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hostilekit import GPU_WEBHOOK
+from kit import console_script
 
 from webhook.policy.load import MAX_DEPTH, MAX_POLICY_BYTES, PolicyError, load_file
 
@@ -99,7 +99,7 @@ def test_policy_check_reports_it_without_a_traceback(tmp_path: Path, name: str) 
     text = next(c[1] for c in CASES if c[0] == name)
     path = tmp_path / "policy.yaml"
     path.write_text(text if isinstance(text, str) else text.decode())
-    done = subprocess.run([GPU_WEBHOOK, "policy", "check", str(path)], capture_output=True,
+    done = subprocess.run([console_script(), "policy", "check", str(path)], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 1, done
     assert "Traceback" not in done.stdout + done.stderr

@@ -4,7 +4,6 @@ trusts its development CA, and a Prometheus text parser."""
 from __future__ import annotations
 
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -18,7 +17,8 @@ from typing import Any
 
 import httpx
 import yaml
-from kit import free_port
+from kit import await_serving, free_port, listening, stop_process
+from kit import serve as start
 from prometheus_client.parser import text_string_to_metric_families
 
 from webhook.k8s.review import request_review
@@ -79,36 +79,15 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], metric:
 def serve(tmp: Path, policy: Path, *flags: str) -> Iterator[Server]:
     port = free_port()
     log = tmp / "server.log"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("GPU_WEBHOOK_") and k != "KUBERNETES_SERVICE_HOST"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [GPU_WEBHOOK, "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--cert-dir", str(tmp / "certs"), "--policy", str(policy),
-             "--policy-poll-seconds", "0.05", *flags],
-            stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = start(port, tmp / "certs", log, "--policy", str(policy),
+                 "--policy-poll-seconds", "0.05", *flags)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve exited {proc.returncode}: {log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"serve did not listen: {log.read_text()}") from None
-                time.sleep(0.05)
+        await_serving(proc, listening(port), log.read_text, "listening")
         trust = ssl.create_default_context(cafile=str(tmp / "certs" / "ca.pem"))
         with httpx.Client(verify=trust, timeout=10) as client:
             yield Server(proc, f"https://localhost:{port}", client, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 20)
 
 
 def wait_for(predicate: Any, what: str, timeout: float = 30.0) -> None:

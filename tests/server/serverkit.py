@@ -8,27 +8,20 @@ the SANs and the TLS settings are exercised exactly as a caller sees them.
 
 from __future__ import annotations
 
-import os
-import signal
 import ssl
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from kit import console_script, free_port
+from kit import await_serving, free_port, serve, stop_process
 
 from webhook.k8s.review import request_review
 
 START_TIMEOUT = 30.0  # generous: the first start also generates certificates
 STOP_TIMEOUT = 30.0  # uvicorn's graceful shutdown is capped at 20 s
-
-
-
-
 
 
 @dataclass
@@ -66,45 +59,27 @@ def start_server(tmp: Path, *extra: str, ca: Path | None = None) -> Server:
     (trusting ``ca``, or the CA of the dev certificates the server generates)."""
     port = free_port()
     cert_dir = tmp / "certs"
-    log_path = tmp / "server.log"
-    cmd = [console_script(), "serve", "--port", str(port), "--cert-dir", str(cert_dir),
-           "--host", "127.0.0.1", *extra]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_WEBHOOK_")}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
-    server = Server(proc, port, cert_dir, log_path, ca)
-    deadline = time.monotonic() + START_TIMEOUT
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gpu-webhook serve exited with {proc.returncode}:\n"
-                                 f"{server.log()}")
-        if server.ca.exists():
-            try:
-                ctx = ssl.create_default_context(cafile=str(server.ca))
-                r = httpx.get(server.base_url + "/healthz", verify=ctx, timeout=2.0)
-                if r.status_code == 200:
-                    return server
-            except (httpx.HTTPError, ssl.SSLError, OSError) as exc:
-                last = exc
-        time.sleep(0.1)
-    stop_server(server)
-    raise AssertionError(f"gpu-webhook serve did not become healthy in {START_TIMEOUT} s "
-                         f"(last error: {last!r}):\n{server.log()}")
+    proc = serve(port, cert_dir, tmp / "server.log", *extra, cwd=tmp)
+    server = Server(proc, port, cert_dir, tmp / "server.log", ca)
+
+    def healthy() -> bool:
+        ctx = ssl.create_default_context(cafile=str(server.ca))
+        return httpx.get(server.base_url + "/healthz", verify=ctx,
+                         timeout=2.0).status_code == 200
+
+    try:
+        await_serving(proc, healthy, server.log, timeout=START_TIMEOUT)
+    except AssertionError:
+        stop_server(server)
+        raise
+    return server
 
 
 def stop_server(server: Server) -> int:
     """SIGTERM, as the kubelet sends; returns the exit code."""
     for c in server.clients:
         c.close()
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            server.process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait()
-    return int(server.process.returncode)
+    return stop_process(server.process, STOP_TIMEOUT)
 
 
 ServerFactory = Callable[..., Server]

@@ -18,7 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
-from serverkit import Server, ServerFactory, console_script, free_port, pod, review, stop_server
+from kit import console_script, free_port
+from serverkit import Server, ServerFactory, pod, review, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = (ROOT / "policies" / "multi-tenant.yaml").read_text()

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverkit import ServerFactory, console_script, pod, review
+from kit import console_script
+from serverkit import ServerFactory, pod, review
 
 
 def test_served_certificate_verifies_with_the_printed_ca_bundle(

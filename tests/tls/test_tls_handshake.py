@@ -9,7 +9,8 @@ import ssl
 import subprocess
 
 import pytest
-from tlskit import GPU_WEBHOOK, REVIEW, client_context, connect, free_port, request, serial_of_pem
+from kit import console_script, free_port
+from tlskit import REVIEW, client_context, connect, request, serial_of_pem
 
 from webhook.libs import certs
 
@@ -65,7 +66,7 @@ def test_min_version_1_3_refuses_a_tls_1_2_client(serve, ca):
 
 
 def _serve_fails(tmp_path, *flags: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([GPU_WEBHOOK, "serve", "--host", "127.0.0.1", "--port",
+    done = subprocess.run([console_script(), "serve", "--host", "127.0.0.1", "--port",
                            str(free_port()), *flags], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr

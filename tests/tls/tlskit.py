@@ -7,18 +7,15 @@ import os
 import socket
 import ssl
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 from cryptography import x509
-from kit import free_port
+from kit import await_serving, free_port, listening, serve, stop_process
 
 from webhook.libs import certs
 
-GPU_WEBHOOK = str(Path(sys.executable).with_name("gpu-webhook"))
 NAMES = ["localhost"]
 IPS = ["127.0.0.1"]
 
@@ -76,8 +73,6 @@ class SecretVolume:
         self.put({certs.CERT_FILE: issued.cert_pem, certs.KEY_FILE: issued.key_pem})
 
 
-
-
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
@@ -91,34 +86,18 @@ class Server:
 def start(cert_dir: Path, *flags: str, log: Path) -> Server:
     """Start ``gpu-webhook serve`` and wait until it accepts TCP connections."""
     port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [GPU_WEBHOOK, "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--cert-dir", str(cert_dir), "--cert-poll-seconds", "0.1", *flags],
-            stdout=out, stderr=subprocess.STDOUT)
+    proc = serve(port, cert_dir, log, "--cert-poll-seconds", "0.1", *flags)
     server = Server(proc, port, log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gpu-webhook serve exited {proc.returncode}:\n"
-                               f"{server.log_text()}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return server
-        except OSError:
-            time.sleep(0.05)
-    stop(server)
-    raise RuntimeError(f"gpu-webhook serve did not listen:\n{server.log_text()}")
+    try:
+        await_serving(proc, listening(port), server.log_text, "listening")
+    except AssertionError:
+        stop(server)
+        raise
+    return server
 
 
 def stop(server: Server) -> None:
-    if server.proc.poll() is None:
-        server.proc.terminate()
-        try:
-            server.proc.wait(timeout=25)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
+    stop_process(server.proc, 25)
 
 
 def client_context(ca: Path | None = None, *, cert: tuple[str, str] | None = None,
