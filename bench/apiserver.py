@@ -642,8 +642,9 @@ def measure(cp: ControlPlane, conds: Conditions, mixed: list[Item], clients: int
         # Of our mutating reviews, the share answered with a reused decision.
         "ours_reused": round(counted["reused"] / counted["mutating"], 3)
         if counted["mutating"] else None,
-        # Our ledgers at the end of a real run: entries per tenant (every admission of
-        # the last TTL), and the biggest one's data for the write-cost floor.
+        # Our ledgers at the end of a real run: entries per tenant (the admissions whose
+        # pods some replica may not have seen yet: about the last settle time's, see
+        # webhook.quota.ledger), and the biggest one's data for the write-cost floor.
         "ledger_entries": {t: entries(d) for t, d in held.items()},
         "biggest_ledger": max(held.values(), key=entries) if held else None,
     }
