@@ -55,6 +55,7 @@ class Settings:
     cert_check_seconds: float = 3600.0
     quota_status_seconds: float = 10.0
     audit_seconds: float = 300.0
+    release_seconds: float = 1.0
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -260,6 +261,9 @@ _DOCS = {
     "audit_seconds": "With a cluster: how often the leader replica audits the running GPU "
                      "pods and workloads and writes PolicyReports (wgpolicyk8s.io); 0: no "
                      "periodic audit.",
+    "release_seconds": "With a cluster: how often the leader replica releases the pods "
+                       "waiting for quota (tenants' overQuota: wait) that fit; 0: none is "
+                       "released.",
 }
 
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True,
