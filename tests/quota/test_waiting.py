@@ -242,3 +242,16 @@ def test_the_ledger_commit_charges_released_pods_once_across_leaders(api: FakeAP
                                         [_held("c", 1)]])) == 2
     data = api.data("gpu-webhook", LEDGER_PREFIX + "team-a")
     assert sorted(decode("team-a", data, NOW)) == ["u-a", "u-b"]
+
+
+def test_a_jobs_pod_goes_through_the_line_even_when_it_fits_alone() -> None:
+    # Two of its Job's four pods would fit now; taken one by one they would hold GPUs
+    # the other two then wait for. So the Job's pods are gated, and released together.
+    obj = _asked("job-pod-0", 1)
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job",
+                                           "name": "train", "uid": "job-1",
+                                           "controller": True}]
+    req = _req(obj)
+    d = mutating(req, waiting_policy(), store=_store_using(2))
+    assert is_gated(req.object), d.patch
+    assert any("releases the Job's pods together" in w for w in d.warnings)

@@ -672,6 +672,15 @@ def waits_for_quota(asked: float, what: str, free: float, cap: float, scope: str
     )
 
 
+def job_pod_in_line(asked: float, tenant: str) -> str:
+    """A Job's pod in a waiting tenant: it goes through the line whether or not it fits."""
+    return (
+        f"this pod of a Job ({num(asked)} GPUs) starts through tenant {tenant}'s quota "
+        "line: the webhook releases the Job's pods together, behind the scheduling gate "
+        "gpu-webhook.dev/quota, once all of them fit (within seconds when they do now)."
+    )
+
+
 def waiting_event(asked: float, free: float, place: int, tenant: str) -> str:
     """The event on a waiting pod: the numbers and its place in its tenant's line."""
     return (f"waiting for GPU quota: {num(asked)} GPUs asked, {num(free)} free; "
