@@ -153,7 +153,7 @@ class Settings:
                              f"not {self.log_level!r}")
         if not 0 <= self.port <= 65535:
             raise SystemExit(f"--port must be 0-65535, not {self.port}")
-        for name in ("quota_status_seconds", "audit_seconds"):
+        for name in ("quota_status_seconds", "audit_seconds", "release_seconds"):
             if getattr(self, name) < 0:
                 raise SystemExit(f"--{_flag(name)} must be 0 (off) or more seconds, not "
                                  f"{getattr(self, name)}")
