@@ -256,7 +256,8 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
          "verbs": ["list"]}]
     # Cluster-wide, the webhook writes only its own kinds of object (the GPUQuota status
     # objects, the audit's PolicyReports) and the status of GPUPolicy objects (never
-    # their spec).
+    # their spec), and, for the quota line, a pod patch (the gate's removal, kept to our
+    # gate by the validating webhook gates.gpu-webhook.dev) and Events on waiting pods.
     cluster_writes = {(res, v) for kind, r in rules if kind == "ClusterRole"
                       for res in r["resources"] for v in r["verbs"]
                       if v in ("create", "update", "patch", "delete", "deletecollection")
@@ -265,7 +266,8 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
         *(("gpuquotas", v) for v in ("create", "patch", "delete")),
         ("gpuquotas/status", "patch"),
         *(("policyreports", v) for v in ("create", "patch", "delete")),
-        ("gpupolicies/status", "update")}
+        ("gpupolicies/status", "update"),
+        ("pods", "patch"), ("events", "create")}
     # Read access for everyone who may view a namespace, through aggregation.
     [view] = [o for o in by_kind(objects, "ClusterRole")
               if o["metadata"].get("labels", {}).get(

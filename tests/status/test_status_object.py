@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from test_status_report import ledger, pod, policy
 
+from webhook.engine.waiting import GATE
 from webhook.quota.status import Row, gpuquota, gpuquota_status, headline
 from webhook.tools.status import Cluster, report, table
 
@@ -62,7 +64,8 @@ def test_every_status_field_is_in_the_crd_schema() -> None:
     crd = yaml.safe_load(CRD.read_text())
     [version] = crd["spec"]["versions"]
     schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    st = gpuquota_status(report(policy(), Cluster(pods=[pod("a", "research", 4)]),
+    st = gpuquota_status(report(policy(), Cluster(pods=[pod("a", "research", 4),
+                                                        waiting("w", "research", 2)]),
                                 tenant="research"), "research", "p")
     assert set(st) | {"updated"} == set(schema)
     assert set(st["caps"][0]) == set(schema["caps"]["items"]["properties"])
@@ -70,6 +73,23 @@ def test_every_status_field_is_in_the_crd_schema() -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert all(columns[k.title()] == f".status.{k}"
                for k in ("tenant", "used", "reserved", "limit", "free", "pods"))
+
+
+def waiting(name: str, namespace: str, gpus: int) -> dict[str, Any]:
+    """A pod waiting behind the quota gate (tenants[].overQuota: wait)."""
+    p = pod(name, namespace, gpus, phase="Pending")
+    p["spec"]["schedulingGates"] = [{"name": GATE}]
+    return p
+
+
+def test_waiting_pods_are_listed_apart_and_hold_no_quota() -> None:
+    cluster = Cluster(pods=[pod("a", "research", 4), waiting("w0", "research", 2),
+                            waiting("w1", "research", 8)])
+    r = report(policy(), cluster, tenant="research")
+    st = gpuquota_status(r, "research", "p")
+    [gpus] = [c for c in st["caps"] if (c["scope"], c["cap"]) == ("tenant", "gpus")]
+    assert (gpus["used"], st["pods"], st["waitingPods"], st["waitingGpus"]) == (4, 1, 2, 10)
+    assert "research: 2 pods wait for GPU quota (10 GPUs asked), released in order" in table(r)
 
 
 def test_one_report_per_tenant_seen_from_each_namespace_is_the_namespaces_report() -> None:

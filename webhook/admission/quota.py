@@ -22,6 +22,7 @@ from webhook.quota.borrow import check_borrowed, why_not_borrowed
 from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
 from webhook.quota.gang import GANG_BOUND_SECONDS
 from webhook.quota.store import BorrowStore, GangStore, ReservationUnavailable, UsageStore
+from webhook.quota.waiting import ever_fits
 
 
 async def with_quota(v: Validation, policy: CompiledPolicy, store: UsageStore | None,
@@ -94,6 +95,14 @@ async def _single(step: PodQuota | ClaimQuota, policy: CompiledPolicy, store: Us
     except ReservationUnavailable as exc:
         return _unavailable(policy, step, exc)
     return attempts.last.findings, []
+
+
+def waiting(step: PodQuota, policy: CompiledPolicy) -> Found:
+    """A pod created behind the quota gate: checked against the caps alone (a pod that
+    could never fit is refused), not charged; its charge is committed on release."""
+    check = _checker(policy, step)
+    ever_fits(check, step)
+    return check.findings, []
 
 
 def _unavailable(policy: CompiledPolicy, step: QuotaStep, exc: ReservationUnavailable

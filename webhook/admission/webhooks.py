@@ -30,21 +30,26 @@ from enum import StrEnum
 from typing import Any
 
 from webhook.admission.claimreads import ClaimReader, seeing
-from webhook.admission.quota import with_quota
+from webhook.admission.quota import waiting, with_quota
+from webhook.engine import messages
 from webhook.engine.claims import CLAIM_CONTROLLER_USERS, is_claim
+from webhook.engine.cost import Charge
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
+from webhook.engine.handoff import PodQuota
 from webhook.engine.mutate import mutate
 from webhook.engine.routes import Sights, no_sights, recheck
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels, prepare
 from webhook.engine.validate import validate
+from webhook.engine.waiting import GATE, is_gated
 from webhook.k8s.reply import response
 from webhook.k8s.review import API_VERSION, AdmissionRequest
 from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.borrow import borrow_on_mutate
-from webhook.quota.store import GangStore, ReservationUnavailable, UsageStore
+from webhook.quota.store import GangStore, ReleaseStore, ReservationUnavailable, UsageStore
+from webhook.quota.waiting import wait_on_mutate
 
 
 class Phase(StrEnum):
@@ -77,6 +82,9 @@ class Cluster:
     claims: ClaimLookup = no_claims  # DRA claims and templates seen (a watch cache)
     read_claim: ClaimReader | None = None  # None: an unseen claim is not read
     sights: Sights = no_sights  # GPU nodes and PriorityClasses seen (watch caches)
+    # The username the webhook's own API calls are made as: the only one that may remove
+    # the quota gate from a waiting pod (None: unknown, so no one may).
+    gatekeeper: str | None = None
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
@@ -86,9 +94,18 @@ def mutating(req: AdmissionRequest, policy: CompiledPolicy,
     recorded: pass a copy to keep the original. With a usage store, a cohort tenant's pod
     that fits only on GPUs its cohort leaves idle is marked as borrowed."""
     d = mutate(req, policy, labels, claims, sights)
-    if store is None or not policy.cohorts:
+    if store is None:
         return d
-    return borrow_on_mutate(req, policy, d, store.view(), labels, claims)
+    if policy.cohorts:
+        d = borrow_on_mutate(req, policy, d, store.view(), labels, claims)
+    if policy.waiting:
+        d = wait_on_mutate(req, policy, d, store.view(), labels, claims,
+                           store.has_slot if isinstance(store, ReleaseStore) else _no_slot)
+    return d
+
+
+def _no_slot(gangs: tuple[str, ...], charge: Charge) -> bool:
+    return False
 
 
 def reusable(req: AdmissionRequest, policy: CompiledPolicy,
@@ -97,10 +114,11 @@ def reusable(req: AdmissionRequest, policy: CompiledPolicy,
     namespace's labels alone, so that the decision made for a pod of the same shape is
     this pod's too. Not for a cohort tenant's pod: it is marked as borrowed by what its
     tenant uses now (webhook.quota.borrow), so it is decided afresh each time."""
-    if not policy.cohorts:
+    if not policy.cohorts and not policy.waiting:
         return True
     owner = policy.tenant_for(req.namespace, labels)
-    return owner is None or owner.cohort is None
+    # A waiting tenant's pod is gated by what its tenant uses now (quota.waiting).
+    return owner is None or (owner.cohort is None and not owner.waits)
 
 
 async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
@@ -115,6 +133,11 @@ async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Clu
                     CLAIM_CONTROLLER_USERS, prepared)
     if again:
         return v.decision.adding(again)
+    step = v.quota
+    if (isinstance(step, PodQuota) and step.reservation is not None and req.object is not None
+            and is_gated(req.object)):
+        # Waiting for quota: checked against the caps alone, charged when released.
+        return v.decision.adding(*waiting(step, policy))
     return await with_quota(v, policy, cluster.store, budget)
 
 
@@ -156,6 +179,8 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
         return await scaling(req, policy, cluster, budget)
     if req.operation == "DELETE":
         return await releasing(req, policy, cluster, budget)
+    if req.kind == "Pod" and req.operation == "UPDATE":
+        return ungating(req, cluster.gatekeeper)
     return await validating(req, policy, cluster, budget)
 
 
@@ -165,6 +190,18 @@ def reply(phase: Phase, uid: str, d: Decision, api_version: str = API_VERSION
     has a patch."""
     return response(uid, d.allowed, d.message, d.warnings,
                     d.patch if phase is Phase.MUTATE else (), api_version=api_version)
+
+
+def ungating(req: AdmissionRequest, gatekeeper: str | None) -> Decision:
+    """A pod UPDATE (sent only when it removes the quota gate): allowed from the webhook's
+    own identity, which charged the pod first; refused from anyone else, who would get
+    GPUs without a charge."""
+    old, new = req.old_object or {}, req.object or {}
+    if not is_gated(old) or is_gated(new):
+        return Decision.skip("operation")
+    if gatekeeper is not None and req.username == gatekeeper:
+        return Decision.skip("released")
+    return Decision(allowed=False, message=messages.gate_removed_by_other(GATE, req.username))
 
 
 async def releasing(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,

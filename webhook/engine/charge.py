@@ -23,6 +23,7 @@ from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.pinning import check_pinned
 from webhook.engine.placement import Placement
 from webhook.engine.target import Target, read_target
+from webhook.engine.waiting import is_gated
 from webhook.k8s import claims as claims_wire
 from webhook.k8s.objects import MalformedObject, shown_name
 from webhook.policy.compiled import CompiledPolicy
@@ -98,6 +99,8 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
     status = pod.get("status") or {}
     if isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES:
         return None, ()
+    if is_gated(pod):
+        return None, ()  # waiting for quota: it holds nothing until released, charged
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
     try:

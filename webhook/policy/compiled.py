@@ -20,6 +20,7 @@ from webhook.policy.model import (
     GPURoutes,
     LabelSelector,
     Mode,
+    OverQuota,
     PriorityLimits,
     QuotaLimits,
     Rule,
@@ -125,6 +126,7 @@ class TenantRules:
     cohort: CohortRules | None = None
     routes: RouteRules = field(default_factory=RouteRules)
     priority: PriorityRules = field(default_factory=PriorityRules)
+    waits: bool = False  # overQuota: wait (see webhook.quota.waiting)
 
     @property
     def has_quota(self) -> bool:
@@ -195,6 +197,7 @@ class CompiledPolicy:
     spot: SpotRules | None = None  # spec.spot: None when the policy names no spot nodes
     # Cohort name -> its tenants, in policy order (tenants[].cohort).
     cohorts: Mapping[str, tuple[TenantRules, ...]] = field(default_factory=dict)
+    waiting: bool = False  # some tenant has overQuota: wait
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -319,6 +322,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             priority=compile_priority(spec.priority, t.priority,
                                       t.cohort.borrowed_priority_class.name
                                       if t.cohort else None),
+            waits=t.over_quota is OverQuota.WAIT,
         )
         tenants.append(rules)
         for ns in t.namespaces:
@@ -360,6 +364,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         workload_kinds={(w.group, w.kind): kind_paths(w) for w in spec.workload_kinds},
         spot=compile_spot(spec.spot),
         cohorts=_cohorts(tenants),
+        waiting=any(t.waits for t in tenants),
     )
 
 

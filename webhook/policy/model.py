@@ -50,6 +50,13 @@ class TolerationPolicy(StrEnum):
     ALLOW = "allow"
 
 
+class OverQuota(StrEnum):
+    """What becomes of a tenant's GPU pod that does not fit its quota now but could."""
+
+    DENY = "deny"  # refused at once, as ResourceQuota refuses
+    WAIT = "wait"  # admitted behind a scheduling gate, released when it fits
+
+
 class Rule(StrEnum):
     """The stable names of the rules; they appear in messages, metrics and policy files."""
 
@@ -527,6 +534,12 @@ class Tenant(_Strict):
     priority: PriorityLimits | None = None
     """The PriorityClasses the tenant's pods may name, their default, and the tenant's
     ceiling (over ``spec.priority.ceiling``)."""
+    over_quota: OverQuota = OverQuota.DENY
+    """A pod over the tenant's quota (or its cohort's room to borrow) now: ``deny``
+    refuses it; ``wait`` admits it behind the scheduling gate ``gpu-webhook.dev/quota``,
+    uncharged, and the leader replica releases it, charged, when it fits, in order of
+    priority then arrival, a gang only whole. A pod that can never fit is refused in
+    both."""
 
     @model_validator(mode="after")
     def _selects_something(self) -> Tenant:

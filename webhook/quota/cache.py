@@ -37,6 +37,7 @@ from webhook.engine.cost import Charge
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.claims import ClaimCache
+from webhook.quota.line import WaitLine
 from webhook.quota.usage import Usage
 
 # Watch windows: short enough to show progress well within the reservation TTL, long
@@ -97,6 +98,8 @@ class ClusterState:
         self._waiting: dict[str, tuple[dict[str, Any], frozenset[tuple[str, str]]]] = {}
         self._waiting_on: dict[tuple[str, str], set[str]] = {}  # (ns, template) -> uids
         self.on_templates_synced: Callable[[], None] | None = None
+        # Pods waiting behind our scheduling gate (quota.line), for the leader's release.
+        self.line = WaitLine()
 
     def watch_claims(self) -> ClaimCache:
         """Keep DRA claims and templates too (their watches then count for liveness)."""
@@ -162,8 +165,10 @@ class ClusterState:
     def _pod(self, typ: str, pod: dict[str, Any]) -> None:
         if typ == "RESET":
             self._relisting = _Pods()
+            self.line.reset()
             return
         if typ == "SYNCED":
+            self.line.synced()
             if self._relisting is not None:
                 # The claims' charges live beside the pods' (one usage for the ledger):
                 # carried into the relisted set.
@@ -183,6 +188,7 @@ class ClusterState:
             into.put(uid, None, None)
             self._wait(uid, None, ())
             self._end(uid)
+            self.line.gone(uid)
             return
         ns = str(meta.get("namespace") or "")
         charge, unknown = charge_and_unknown(pod, self.policy(), self.labels.get(ns),
@@ -192,6 +198,7 @@ class ClusterState:
         if charge is None and uid in into.usage:
             self._end(uid)  # reached a terminal phase
         into.put(uid, f"{ns}/{meta.get('name') or ''}", charge)
+        self.line.seen(uid, pod, charge is not None)
 
     def claim_event(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
         """The event handler for one DRA kind's watch (CLAIM or TEMPLATE)."""

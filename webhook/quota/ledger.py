@@ -69,7 +69,7 @@ from webhook.quota.entries import (
     encode_borrowed,
 )
 from webhook.quota.gang import same_shape, slots_of
-from webhook.quota.store import Combined, ReservationUnavailable, covers
+from webhook.quota.store import Combined, Held, ReservationUnavailable, covers
 from webhook.quota.usage import Usage
 
 
@@ -211,6 +211,38 @@ class LedgerStore:
             return len(mine), bool(mine)
 
         return int(await self._enqueue(tenant, place, budget))
+
+    async def reserve_in_order(self, tenant: str, units: list[list[Held]],
+                               budget: float = 1.0) -> int:
+        """Waiting pods released by the leader (store.ReleaseStore): their reservations
+        written in one compare-and-swap commit of the tenant's ledger, unit after unit,
+        each decided on the ledger it replaces, as admission decides a pod. A unit that
+        does not fit whole stops the line and leaves nothing of itself."""
+
+        def place(batch: _Batch, now: float) -> tuple[int, bool]:
+            done, changed = 0, False
+            for unit in units:
+                made: list[str] = []
+                for h in unit:
+                    if h.key in batch.entries or self.state.seen(h.key):
+                        continue  # reserved by an earlier round (or leader): no room again
+                    view = Combined(self.state.pods, self._unseen([batch.unseen]))
+                    if not h.fits(view):
+                        for k in made:
+                            batch.pop(k)
+                        return done, changed
+                    batch.put(h.key, Entry(h.charge, now + self.ttl, h.name))
+                    made.append(h.key)
+                changed |= bool(made)
+                done += 1
+            return done, changed
+
+        return int(await self._enqueue(tenant, place, budget))
+
+    def has_slot(self, gangs: tuple[str, ...], charge: Charge) -> bool:
+        """Whether a gang reservation this replica knows of holds a free slot of the
+        pod's shape (the mutating webhook then never gates it: the slot admits it)."""
+        return _slot(self._known.get(charge.tenant, {}), gangs, charge) is not None
 
     async def _enqueue(self, tenant: str, op: _Op, budget: float) -> Any:
         """Queue ``op`` for the tenant's next commit and wait for its answer."""

@@ -11,12 +11,14 @@ construction. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.engine import messages
 from webhook.engine.borrowed import account
+from webhook.engine.charge import charge_of_pod
+from webhook.engine.waiting import is_gated, ungated
 from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
 from webhook.quota.borrow import cohort_members
 from webhook.quota.cohort import overdrawn, room
@@ -53,6 +55,8 @@ class Report:
     top: dict[str, list[tuple[str, float]]]  # tenant -> biggest holders (GPU-equivalents)
     unread: list[str]
     cohorts: list[str] = field(default_factory=list)  # one line per cohort shown
+    # tenant -> (pods waiting behind the quota gate, GPU-equivalents they ask)
+    waiting: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,
@@ -115,7 +119,8 @@ def seen_from(report: Report, namespace: str) -> Report:
     tenants' own caps and that namespace's, the others' left out. For the GPUQuota
     objects: one report per tenant, then one view per namespace."""
     rows = [r for r in report.rows if r.scope in ("tenant", f"namespace {namespace}")]
-    return Report(rows, report.pods, report.top, list(report.unread))
+    return Report(rows, report.pods, report.top, list(report.unread),
+                  waiting=dict(report.waiting))
 
 
 def _caps(limits: Limits, used: Totals, reserved: Totals
@@ -159,6 +164,28 @@ def gpuquota_status(report: Report, tenant: str, policy: str) -> dict[str, Any]:
                     "reserved": _n(r.reserved), "limit": _n(r.limit), "free": _n(r.free)}
                    for r in rows]
     out["topConsumers"] = [{"owner": o, "gpus": _n(g)} for o, g in report.top.get(tenant, [])]
+    if tenant in report.waiting:
+        n, g = report.waiting[tenant]
+        out.update(waitingPods=n, waitingGpus=_n(g))
+    return out
+
+
+def waiting_of(pods: Iterable[Mapping[str, Any]], policy: CompiledPolicy,
+               labels: Callable[[str], Mapping[str, str] | None]
+               ) -> dict[str, tuple[int, float]]:
+    """Per tenant, the pods waiting behind the quota gate and the GPU-equivalents they
+    ask (charged as they will be once released)."""
+    out: dict[str, tuple[int, float]] = {}
+    for pod in pods:
+        if not is_gated(pod):
+            continue
+        meta = pod.get("metadata") or {}
+        ns = str(meta.get("namespace") or "")
+        charge = charge_of_pod(ungated(pod), policy, labels(ns))
+        if charge is None:
+            continue
+        n, g = out.get(charge.tenant, (0, 0.0))
+        out[charge.tenant] = (n + 1, g + charge.gpus)
     return out
 
 

@@ -84,6 +84,37 @@ class BorrowStore(Protocol):
                                budget: float, name: str | None = None) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A waiting pod to be charged on release: its reservation, and the quota test it
+    must pass on the usage with the pods released before it (``fits``)."""
+
+    key: str  # the pod's uid
+    charge: Charge
+    name: str  # "namespace/name"
+    fits: Callable[[UsageView], bool]
+
+
+@runtime_checkable
+class ReleaseStore(Protocol):
+    """A store that charges waiting pods in order, a gang only whole (see
+    ``webhook.server.leading.release``)."""
+
+    def view(self) -> UsageView: ...
+
+    async def reserve_in_order(self, tenant: str, units: list[list[Held]],
+                               budget: float = 1.0) -> int:
+        """Atomically, in one commit: reserve each unit's pods (every one passing its
+        ``fits`` with the ones before it counted), unit after unit, stopping at the first
+        unit that does not fit whole (none of its pods is reserved). Returns how many
+        units were reserved. A pod reserved already (a retry) needs no room again."""
+        ...
+
+    def has_slot(self, gangs: tuple[str, ...], charge: Charge) -> bool:
+        """Whether a gang reservation of ``gangs`` holds a free slot of ``charge``'s shape."""
+        ...
+
+
 class Combined:
     """Usage of seen pods plus reservations, as one view (sums are per call, O(resources))."""
 
@@ -196,6 +227,31 @@ class MemoryStore:
         if drawn is None:
             self.commits += 1
         return True
+
+    async def reserve_in_order(self, tenant: str, units: list[list[Held]],
+                               budget: float = 1.0) -> int:
+        done = 0
+        for unit in units:
+            made: list[str] = []
+            for h in unit:
+                if h.key in self.pods or h.key in self._reservations:
+                    continue  # reserved already: a retry needs no room again
+                if not h.fits(self.view()):
+                    for k in made:
+                        self._drop(k)
+                    return done
+                self._reservations[h.key] = _Reservation(h.charge, self.clock() + self.ttl,
+                                                         h.name)
+                self._named.setdefault(h.name, set()).add(h.key)
+                self.reserved.put(h.key, h.charge)
+                made.append(h.key)
+            self.commits += bool(made)
+            done += 1
+        return done
+
+    def has_slot(self, gangs: tuple[str, ...], charge: Charge) -> bool:
+        self._expire()
+        return self._slot(gangs, charge) is not None
 
     # --- gang reservations (webhook.quota.gang) -------------------------------------
 

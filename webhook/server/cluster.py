@@ -8,6 +8,7 @@ Without one the server keeps its in-memory usage store and says so in its log.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,9 @@ class Cluster:
     api: Any = None  # the API client, for what the leader replica writes (server.upkeep)
     read_claim: ClaimReader | None = None  # a claim or template the watches lack yet
     sights: Sights = no_sights  # nodes and PriorityClasses (SightCache)
+    # The username the webhook's API calls are made as (a SelfSubjectReview at start):
+    # the only one the validating webhook lets remove the quota gate; None: unknown.
+    identity: str | None = None
 
     def stop(self) -> None:
         for w in self.watchers:
@@ -141,7 +145,19 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
     return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
-                   claim_reader(kube.ResourceClaims(api)), seen.sights())
+                   claim_reader(kube.ResourceClaims(api)), seen.sights(), _identity(api))
+
+
+def _identity(api: Any) -> str | None:
+    try:
+        me = kube.whoami(api)
+    except kube.KubeError as exc:
+        logs.event("the webhook's own identity is unknown: no one may remove the quota gate "
+                   "of a waiting pod, and waiting pods stay waiting", logging.ERROR,
+                   error=str(exc), detail=exc.detail)
+        return None
+    logs.event("the webhook's own identity", username=me)
+    return me or None
 
 
 def _on(loop: asyncio.AbstractEventLoop, handler: Any, state: ClusterState) -> Any:

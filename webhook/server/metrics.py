@@ -135,6 +135,33 @@ AUDIT_RESULTS = Gauge(
     registry=REGISTRY,
 )
 
+# The quota line (tenants[].overQuota: wait), written by the leader's release rounds.
+WAITING_PODS = Gauge(
+    "gpu_webhook_waiting_pods",
+    "Pods waiting behind the quota gate, by tenant (the leader's count; 0 elsewhere).",
+    ["tenant"],
+    registry=REGISTRY,
+)
+WAITING_GPUS = Gauge(
+    "gpu_webhook_waiting_gpus",
+    "GPU-equivalents the waiting pods ask, by tenant.",
+    ["tenant"],
+    registry=REGISTRY,
+)
+RELEASE_SECONDS = Histogram(
+    "gpu_webhook_release_wait_seconds",
+    "Seconds from a waiting pod's creation to its release (charge committed, gate removed).",
+    ["tenant"],
+    buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400),
+    registry=REGISTRY,
+)
+RELEASED = Counter(
+    "gpu_webhook_released_pods_total",
+    "Waiting pods released by the leader, by tenant.",
+    ["tenant"],
+    registry=REGISTRY,
+)
+
 
 class _Store(Protocol):
     def view(self) -> UsageView: ...

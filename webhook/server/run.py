@@ -197,6 +197,7 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         claims=cluster.state.claim_lookup if cluster else no_claims,
         read_claim=cluster.read_claim if cluster else None,
         sights=cluster.sights if cluster else no_sights,
+        gatekeeper=cluster.identity if cluster else None,
         ready_checks=ready,
         max_inflight=settings.max_inflight,
         request_timeout=settings.request_timeout)
@@ -229,7 +230,8 @@ async def _serve(settings: Settings, source: PolicySource, active: Active,
             renewer.keep_renewed(settings.cert_check_seconds)))
     kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
                         settings.quota_status_seconds,
-                        settings.audit_seconds) if cluster is not None else None
+                        settings.audit_seconds,
+                        release_seconds=settings.release_seconds) if cluster is not None else None
     # Out of the garbage collector's full passes: what start-up made, the caches'
     # first list, each new policy (webhook.server.heap).
     metrics.HEAP_FROZEN.set_function(heap.frozen)

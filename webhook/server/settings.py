@@ -55,6 +55,7 @@ class Settings:
     cert_check_seconds: float = 3600.0
     quota_status_seconds: float = 10.0
     audit_seconds: float = 300.0
+    release_seconds: float = 1.0
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,7 +153,7 @@ class Settings:
                              f"not {self.log_level!r}")
         if not 0 <= self.port <= 65535:
             raise SystemExit(f"--port must be 0-65535, not {self.port}")
-        for name in ("quota_status_seconds", "audit_seconds"):
+        for name in ("quota_status_seconds", "audit_seconds", "release_seconds"):
             if getattr(self, name) < 0:
                 raise SystemExit(f"--{_flag(name)} must be 0 (off) or more seconds, not "
                                  f"{getattr(self, name)}")
@@ -260,6 +261,9 @@ _DOCS = {
     "audit_seconds": "With a cluster: how often the leader replica audits the running GPU "
                      "pods and workloads and writes PolicyReports (wgpolicyk8s.io); 0: no "
                      "periodic audit.",
+    "release_seconds": "With a cluster: how often the leader replica releases the pods "
+                       "waiting for quota (tenants' overQuota: wait) that fit; 0: none is "
+                       "released.",
 }
 
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True,

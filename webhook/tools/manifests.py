@@ -65,6 +65,13 @@ failurePolicy, per webhook (both default to Fail):
 - ``Ignore``: while no replica answers, matching requests are admitted as they are: no
   GPU requests completed, no tolerations or node affinity injected, no quota charged.
 
+``gates.gpu-webhook.dev`` is sent a pod's UPDATE only when it removes the scheduling gate
+``gpu-webhook.dev/quota`` of a pod waiting for quota (a CEL matchCondition compares the
+old and new gates; no other pod update is sent): only the webhook's own identity may
+remove it, having charged the pod first (``webhook.server.leading.release``). It follows
+the validating failurePolicy: with ``Fail`` and no replica answering, no waiting pod is
+released, by anyone.
+
 The configurations must be rendered again when the policy's GPU resources, toleration
 keys, ``nonGpuPodsToleratingGpuTaints``, exemptions, ``workloadKinds`` or the tenants'
 namespaces (names and selectors) change.
@@ -226,6 +233,17 @@ SCALE_UP = ("(has(object.spec) && has(object.spec.replicas) ? object.spec.replic
             "oldObject.spec.replicas : 0)")
 
 
+# A pod's UPDATE that removes the quota gate (webhook.engine.waiting): only the webhook's
+# own identity may, once it has charged the pod; every other pod update is not sent.
+GATE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["pods"], "scope": "Namespaced"},
+]
+_HAS_GATE = ("(has({o}.spec.schedulingGates) && "
+             "{o}.spec.schedulingGates.exists(g, g.name == 'gpu-webhook.dev/quota'))")
+GATE_REMOVED = f"{_HAS_GATE.format(o='oldObject')} && !{_HAS_GATE.format(o='object')}"
+
+
 @dataclass(frozen=True)
 class Options:
     name: str = "gpu-webhook"
@@ -264,7 +282,7 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
          "metadata": {"name": options.name, "labels": labels},
          "webhooks": [r.pods("validate", validating), r.scale(),
                       *([r.claims("validate", validating)] if claims else []),
-                      r.release(), r.policies(validating)]},
+                      r.release(), r.gates(validating), r.policies(validating)]},
     ]
 
 
@@ -355,6 +373,13 @@ class _Rendering:
         # never the webhook's to block (see the docstring).
         return self._hook("release", "validate", release_rules(self.spec.workload_kinds),
                           "NoneOnDryRun", "Ignore", selector=self._not_excluded())
+
+    def gates(self, failure: FailurePolicy) -> dict[str, Any]:
+        # Nobody but the webhook removes the quota gate: it charges the pod first.
+        return self._hook("gates", "validate", GATE_RULES, "None", failure,
+                          selector=self._not_excluded(),
+                          conditions=[{"name": "removes-quota-gate",
+                                       "expression": GATE_REMOVED}])
 
     def policies(self, failure: FailurePolicy) -> dict[str, Any]:
         # It only runs the loader.

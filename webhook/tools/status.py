@@ -85,7 +85,11 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
             if entry.expires > now and key not in uids:
                 held.put(key, entry.charge)
     tenants = _chosen(policy, cluster, namespace, tenant)
-    return quota_status.of(tenants, seen, held, namespace, cluster.unread, policy)
+    out = quota_status.of(tenants, seen, held, namespace, cluster.unread, policy)
+    chosen = {t.name for t in tenants}
+    out.waiting = {t: w for t, w in quota_status.waiting_of(
+        cluster.pods, policy, cluster.namespaces.get).items() if t in chosen}
+    return out
 
 
 def _from_object(policy: CompiledPolicy, cluster: Cluster, namespace: str,
@@ -105,7 +109,10 @@ def _from_object(policy: CompiledPolicy, cluster: Cluster, namespace: str,
     note = (f"numbers from the webhook's GPUQuota {namespace}/{meta['name']} (updated "
             f"{st.get('updated', '?')}): it counts the pods, namespaces and reservations "
             "this account may not read")
-    return Report(rows, {name: int(st.get("pods") or 0)}, {name: top}, [note])
+    waiting = ({name: (int(st["waitingPods"]), float(st.get("waitingGpus") or 0))}
+               if st.get("waitingPods") else {})
+    return Report(rows, {name: int(st.get("pods") or 0)}, {name: top}, [note],
+                  waiting=waiting)
 
 
 def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
@@ -144,6 +151,9 @@ def table(r: Report) -> str:
         top = messages.owners(r.top.get(t, [])) or "none"
         lines.append(f"{t}: {n} GPU {'pod' if n == 1 else 'pods'} running; "
                      f"top consumers: {top}")
+    for t, (n, g) in r.waiting.items():
+        lines.append(f"{t}: {n} {'pod waits' if n == 1 else 'pods wait'} for GPU quota "
+                     f"({messages.num(g)} GPUs asked), released in order as quota frees")
     lines.extend(r.cohorts)
     for what in r.unread:
         lines.append(f"note: {what}")

@@ -8,7 +8,8 @@ watch has not delivered yet by :class:`ResourceClaims` (:mod:`.claims`), the led
 and writes one ConfigMap with a resourceVersion precondition (:mod:`.configmaps`), self-
 managed certificates read and write one Secret the same way (:mod:`.secrets`) and set the
 ``caBundle`` of named webhook configurations (:mod:`.webhookconfigs`), the leader holds a
-Lease (:mod:`.leases`), GPUPolicy, GPUQuota and PolicyReport objects are custom objects
+Lease (:mod:`.leases`) and releases pods waiting for quota (:mod:`.pods`), GPUPolicy,
+GPUQuota and PolicyReport objects are custom objects
 (:mod:`.custom`), and API failures become :class:`Conflict`, :class:`NotFound` or
 :class:`Unreachable` with a message that says what was tried (:mod:`.api`). Callers use
 the names below (``kube.ConfigMaps``), not the modules.
@@ -33,6 +34,7 @@ from webhook.libs.kube.custom import (
     GPUPolicies,
 )
 from webhook.libs.kube.leases import Leases, StoredLease
+from webhook.libs.kube.pods import Pods, whoami
 from webhook.libs.kube.secrets import Secrets, StoredSecret
 from webhook.libs.kube.watch import ABSENT_RECHECK_SECONDS, DEFAULT_WATCH_WINDOW, Event, Watcher
 from webhook.libs.kube.webhookconfigs import WEBHOOK_KINDS, WebhookConfigurations
@@ -55,6 +57,7 @@ __all__ = [
     "KubeError",
     "Leases",
     "NotFound",
+    "Pods",
     "ResourceClaims",
     "Secrets",
     "StoredLease",
@@ -68,4 +71,5 @@ __all__ = [
     "list_objects",
     "list_typed",
     "translated",
+    "whoami",
 ]

@@ -40,6 +40,7 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
     held = store.reserved(fresh)
     out: dict[tuple[str, str], dict[str, Any]] = {}
     by_tenant: dict[str, status.Report] = {}  # once per tenant, not per namespace
+    waiting = status.waiting_of(state.line.pods.values(), policy, state.namespace_labels)
     for ns, labels in sorted(state.labels.items()):
         tenant = policy.tenant_for(ns, labels)
         if tenant is None or not tenant.has_quota:
@@ -47,6 +48,8 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
         whole = by_tenant.get(tenant.name)
         if whole is None:
             whole = by_tenant[tenant.name] = status.of([tenant], state.pods, held)
+            if tenant.name in waiting:
+                whole.waiting[tenant.name] = waiting[tenant.name]
         mine = status.seen_from(whole, ns)
         if not mine.rows:
             continue  # caps only on the tenant's other namespaces: none that bind here

@@ -1,7 +1,8 @@
 """What one replica keeps for the whole cluster, while it leads: the leader Lease
 (:mod:`webhook.server.leading.leader`), the GPUQuota status objects
-(:mod:`webhook.server.leading.quotastatus`) and the periodic audit's PolicyReports
-(:mod:`webhook.server.leading.background_audit`). Started by ``serve`` when a cluster is
+(:mod:`webhook.server.leading.quotastatus`), the periodic audit's PolicyReports
+(:mod:`webhook.server.leading.background_audit`) and the release of pods waiting for
+quota (:mod:`webhook.server.leading.release`). Started by ``serve`` when a cluster is
 configured; every replica contends for the Lease, one writes.
 """
 
@@ -18,6 +19,7 @@ from webhook.server.cluster import Cluster
 from webhook.server.leading.background_audit import BackgroundAudit, reports
 from webhook.server.leading.leader import Leadership
 from webhook.server.leading.quotastatus import QuotaStatusWriter
+from webhook.server.leading.release import Releaser
 from webhook.server.sources.reload import PolicySource
 
 
@@ -35,9 +37,10 @@ class Upkeep:
 
 
 def start(cluster: Cluster, source: PolicySource, namespace: str,
-          status_seconds: float, audit_seconds: float) -> Upkeep | None:
+          status_seconds: float, audit_seconds: float, *, release_seconds: float = 1.0
+          ) -> Upkeep | None:
     """The Lease and the writers that are turned on (None when none is)."""
-    if status_seconds <= 0 and audit_seconds <= 0:
+    if status_seconds <= 0 and audit_seconds <= 0 and release_seconds <= 0:
         return None
 
     def policy() -> CompiledPolicy:  # the one served now: a reload is used at once
@@ -58,6 +61,11 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
                                   leadership.leading, audit_seconds,
                                   node_gpus=cluster.sights.node_gpus)
         up.tasks.append(asyncio.ensure_future(auditor.run()))
+    if release_seconds > 0:
+        releaser = Releaser(policy, cluster.state, cluster.store,
+                            kube.Pods(cluster.api, instance=leadership.me),
+                            leadership.leading, release_seconds)
+        up.tasks.append(asyncio.ensure_future(releaser.run()))
     logs.event("contending for the leader lease", identity=leadership.me,
                lease=f"{namespace}/{leadership.name}", quota_status_seconds=status_seconds,
                audit_seconds=audit_seconds)

@@ -80,6 +80,7 @@ class Runtime:
     claims: ClaimLookup = no_claims  # DRA claims and templates the watches hold
     read_claim: ClaimReader | None = None  # one the watches have not delivered; None: no cluster
     sights: Sights = no_sights  # nodes and PriorityClasses the watches hold
+    gatekeeper: str | None = None  # who may remove the quota gate (the webhook itself)
     ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
@@ -97,7 +98,8 @@ class AdmissionApp:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload,
-                               runtime.claims, runtime.read_claim, runtime.sights)
+                               runtime.claims, runtime.read_claim, runtime.sights,
+                               gatekeeper=runtime.gatekeeper)
         # This app's quota gauges and store counters, read when Prometheus scrapes (a
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(

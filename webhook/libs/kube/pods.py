@@ -1,0 +1,78 @@
+"""Pods as the quota line's release touches them: a JSON Patch that removes one
+scheduling gate (guarded by ``test`` ops), an Event on a waiting pod, the Job of a gang,
+and the webhook's own identity (a SelfSubjectReview).
+
+RBAC: ``patch`` on pods (the gate removal is a pod update), ``create`` on events, ``get``
+on jobs. A SelfSubjectReview is allowed to every authenticated user (the
+``system:basic-user`` ClusterRole).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client
+
+from webhook.libs.kube.api import Conflict, json_object, translated
+
+
+class Pods:
+    def __init__(self, api: client.ApiClient, timeout: float = 5.0,
+                 component: str = "gpu-webhook", instance: str = "") -> None:
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.timeout = timeout
+        self.component, self.instance = component, instance
+
+    def patch(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        """Apply a JSON Patch to a pod. A ``test`` that fails (the pod was replaced, or
+        its gate is gone: HTTP 422) is a :class:`Conflict`; a pod gone, NotFound."""
+        what = f"remove the quota gate of pod {namespace}/{name}"
+        # A list body is sent as application/json-patch+json by the client.
+        with translated(what, self.timeout, {422: Conflict}):
+            self.core.patch_namespaced_pod(name, namespace, ops,
+                                           _request_timeout=self.timeout)
+
+    def event(self, pod: dict[str, Any], reason: str, message: str,
+              kind: str = "Normal") -> None:
+        """A core/v1 Event on the pod (``kubectl describe pod`` lists it)."""
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns,
+                               "name": name, "uid": meta.get("uid")},
+            "reason": reason, "message": message[:1024], "type": kind,
+            "source": {"component": self.component},
+            "reportingComponent": self.component, "reportingInstance": self.instance,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        with translated(f"write an event on pod {ns}/{name}", self.timeout):
+            self.core.create_namespaced_event(ns, cast(Any, body),
+                                              _request_timeout=self.timeout)
+
+    def job(self, namespace: str, name: str) -> dict[str, Any]:
+        """A batch/v1 Job as a plain dict (the size of a waiting gang)."""
+        what = f"read job {namespace}/{name}"
+        with translated(what, self.timeout):
+            resp: Any = self.batch.read_namespaced_job(
+                name, namespace, _preload_content=False, _request_timeout=self.timeout)
+        return json_object(what, resp.data)
+
+
+def whoami(api: client.ApiClient, timeout: float = 5.0) -> str:
+    """The username this client's requests are authenticated as (what the API server
+    writes in an AdmissionReview's ``userInfo.username`` for them)."""
+    auth = client.AuthenticationV1Api(api)
+    with translated("ask the API server who the webhook is (SelfSubjectReview)", timeout):
+        resp: Any = auth.create_self_subject_review(
+            cast(Any, {"apiVersion": "authentication.k8s.io/v1",
+                       "kind": "SelfSubjectReview"}),
+            _preload_content=False, _request_timeout=timeout)
+    body = json_object("SelfSubjectReview", resp.data)
+    user = ((body.get("status") or {}).get("userInfo") or {}).get("username")
+    return str(user or "")

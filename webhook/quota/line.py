@@ -1,0 +1,159 @@
+"""The line of pods waiting for quota: who is waiting, in what order, and which of them
+can be released now (the order and the choice are pure; :class:`WaitLine` is the
+watch-fed index the leader reads).
+
+Order, per tenant: higher ``spec.priority`` first, then earlier arrival
+(``metadata.creationTimestamp``), then name, as the scheduler orders its queue. A
+*unit* is one pod, or every waiting pod of one gang (the pods of a Job with parallelism
+above 1, ``webhook.server.leading.release`` says how the gang's size is learned); a
+unit stands in the line at the place of its first pod. A gang is released only whole:
+when its waiting pods and those of it already running make up its size, and all its
+waiting pods fit together. A gang not complete yet (its controller is still creating
+pods) keeps its place and lets the units behind it go; a complete unit that does not fit
+stops its tenant's line, so a big job is not passed over forever by small ones behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.engine.waiting import is_gated
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """One pod in the line."""
+
+    uid: str
+    namespace: str
+    name: str
+    priority: int
+    arrived: str  # creationTimestamp, RFC 3339 in UTC: sorts as text
+    gang: str | None  # the gang's key (its Job's uid), None: a pod alone
+    gpus: float = 0.0  # GPU-equivalents it asks, for the events and metrics
+
+    def place(self) -> tuple[int, str, str, str]:
+        return (-self.priority, self.arrived, self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What is released at once: one pod, or a gang's waiting pods."""
+
+    pods: tuple[Waiting, ...]
+    gang: str | None = None
+    size: int = 1  # pods the gang has at once (1 for a pod alone)
+    running: int = 0  # pods of the gang that run already (released before)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.pods) + self.running >= self.size
+
+    @property
+    def gpus(self) -> float:
+        return sum(p.gpus for p in self.pods)
+
+
+def line_up(waiting: Iterable[Waiting], sizes: Mapping[str, int] | None = None,
+            running: Mapping[str, int] | None = None) -> list[Unit]:
+    """One tenant's waiting pods as units, in the order they are released. ``sizes``:
+    each gang's size (a gang without one is taken as the pods that wait); ``running``:
+    pods of each gang released already."""
+    sizes, running = sizes or {}, running or {}
+    alone: list[Unit] = []
+    gangs: dict[str, list[Waiting]] = {}
+    for w in waiting:
+        if w.gang is None:
+            alone.append(Unit((w,)))
+        else:
+            gangs.setdefault(w.gang, []).append(w)
+    units = alone + [Unit(tuple(sorted(ps, key=Waiting.place)), g,
+                          sizes.get(g, len(ps)), running.get(g, 0))
+                     for g, ps in gangs.items()]
+    return sorted(units, key=lambda u: u.pods[0].place())
+
+
+def releasable(units: Iterable[Unit]) -> list[Unit]:
+    """The units that may be released now, in order: the complete ones (a gang still
+    being created does not hold up the line, nor is any of it released)."""
+    return [u for u in units if u.complete]
+
+
+def released(units: list[Unit], fits: Iterable[bool]) -> list[Unit]:
+    """Of the releasable ``units`` in order, those released when ``fits`` says, unit by
+    unit, whether each fits whole after the ones before it: up to the first that does
+    not (what the store's ``reserve_in_order`` commits)."""
+    out: list[Unit] = []
+    for u, ok in zip(units, fits, strict=False):
+        if not ok:
+            break
+        out.append(u)
+    return out
+
+
+def owner_uid(pod: Mapping[str, Any], kind: str = "Job") -> str | None:
+    """The uid of the pod's controller when it is of ``kind``."""
+    meta = pod.get("metadata")
+    for ref in (meta.get("ownerReferences") or ()) if isinstance(meta, dict) else ():
+        if isinstance(ref, dict) and ref.get("controller") and ref.get("kind") == kind:
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) else None
+    return None
+
+
+class WaitLine:
+    """The gated pods this replica's pod watch has seen, and how many pods of each Job
+    run charged (a gang's members released before), fed by ``ClusterState``."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> the gated pod
+        self._members: dict[str, set[str]] = {}  # Job uid -> uids of its charged pods
+        self._job_of: dict[str, str] = {}  # pod uid -> its Job's uid (charged pods)
+        self._fresh: set[str] | None = None  # uids seen since a relist began
+        self.version = 0  # bumped on every change the line cares about
+
+    def seen(self, uid: str, pod: dict[str, Any], charged: bool) -> None:
+        if self._fresh is not None:
+            self._fresh.add(uid)
+        if is_gated(pod):
+            self.pods[uid] = pod
+            self.version += 1
+        elif self.pods.pop(uid, None) is not None:
+            self.version += 1
+        job = owner_uid(pod) if charged else None
+        self._member(uid, job)
+
+    def gone(self, uid: str) -> None:
+        if self.pods.pop(uid, None) is not None:
+            self.version += 1
+        self._member(uid, None)
+
+    def _member(self, uid: str, job: str | None) -> None:
+        old = self._job_of.pop(uid, None)
+        if old is not None and old != job:
+            members = self._members.get(old)
+            if members is not None:
+                members.discard(uid)
+                if not members:
+                    del self._members[old]
+            self.version += 1
+        if job is not None:
+            self._job_of[uid] = job
+            self._members.setdefault(job, set()).add(uid)
+
+    def running(self, job: str) -> int:
+        """Pods of the Job that hold their charge (released or admitted, not ended)."""
+        return len(self._members.get(job, ()))
+
+    def reset(self) -> None:
+        """A relist begins: what it does not list again is gone once it ends."""
+        self._fresh = set()
+
+    def synced(self) -> None:
+        fresh, self._fresh = self._fresh, None
+        if fresh is None:
+            return
+        for uid in [u for u in (*self.pods, *self._job_of) if u not in fresh]:
+            self.gone(uid)

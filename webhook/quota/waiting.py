@@ -1,0 +1,107 @@
+"""Waiting for quota, as the admission pipeline asks it (pure: no I/O).
+
+Two moments, as for borrowing (``webhook.quota.borrow``):
+
+* the **mutating** webhook (:func:`wait_on_mutate`): in a tenant with ``overQuota:
+  wait``, a real (not dry-run) pod creation that does not fit what this replica sees
+  free, but would fit the tenant's caps were nothing else running, is given our
+  scheduling gate and the annotation saying why (``webhook.engine.waiting``). Only a
+  CREATE can add a gate, so only the mutating webhook can decide it. A Job's pod is
+  always gated (its gang's size is the Job's, which the pod does not carry: the leader
+  reads it and releases the Job's pods together); a pod alone that fits is never gated,
+  nor one that draws a slot of its gang's reservation, nor one marked as borrowed; one
+  that can never fit is left to the validating webhook, which refuses it;
+* the **validating** webhook (:func:`ever_fits`): a pod carrying our gate is checked
+  against the caps alone, not the usage, and is not charged. Its charge is committed
+  when the leader replica releases it (``webhook.server.leading.release``).
+
+The mutating webhook's answer is a forecast on this replica's view: a pod gated while
+GPUs were being freed waits one release round; a pod not gated whose GPUs were taken
+meanwhile is refused by the validating webhook's commit, as in ``deny``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from webhook.engine import messages
+from webhook.engine.borrowed import is_marked
+from webhook.engine.cost import Charge
+from webhook.engine.decision import Checker, Decision, Quiet
+from webhook.engine.devices import ClaimLookup
+from webhook.engine.handoff import PodQuota
+from webhook.engine.target import NamespaceLabels
+from webhook.engine.validate import OWNED, validate
+from webhook.engine.waiting import REASON, gate, is_gated
+from webhook.k8s.patch import Patch
+from webhook.k8s.review import AdmissionRequest
+from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.check import EPSILON, UsageView, check_pod, lines
+from webhook.quota.line import owner_uid
+from webhook.quota.store import Combined
+from webhook.quota.usage import Usage
+
+# (the gangs a pod may belong to, its charge) -> whether a gang reservation holds a free
+# slot of its shape for it (it is then admitted from the slot, never gated).
+SlotLookup = Callable[[tuple[str, ...], Charge], bool]
+
+
+def _no_slots(gangs: tuple[str, ...], charge: Charge) -> bool:
+    return False
+
+
+def nothing_used() -> UsageView:
+    """Usage with nothing running: what "can it ever fit" is asked against."""
+    return Combined(Usage(), Usage())
+
+
+def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
+                   usage: UsageView, labels: NamespaceLabels, claims: ClaimLookup,
+                   has_slot: SlotLookup = _no_slots) -> Decision:
+    """The mutating webhook's decision ``d``, with the pod gated (and a warning saying
+    why) when its tenant waits and it does not fit now but can."""
+    obj = req.object
+    if (not d.allowed or req.kind != "Pod" or req.operation != "CREATE" or req.sub_resource
+            or req.dry_run or not isinstance(obj, dict)):
+        return d
+    owner = policy.tenant_for(req.namespace, labels(req.namespace))
+    if owner is None or not owner.waits:
+        return d  # the usual case, decided without looking further
+    if "borrowed" in d.mutations or is_marked(obj) or is_gated(obj):
+        return d
+    step = validate(req, policy, labels, claims).quota  # on the mutated pod
+    if not isinstance(step, PodQuota) or not step.ask.is_pod or step.borrowing is not None:
+        return d
+    tenant, ask = step.tenant, step.ask
+    # A Job's pod cannot tell how many pods its Job runs at once: it goes through the
+    # line, where the leader releases its Job's pods together when they all fit, so no
+    # part of a gang takes GPUs the rest of it then waits for.
+    of_job = owner_uid(obj) is not None
+    if not of_job and check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, usage):
+        return d  # room now: admitted and charged as any pod
+    res = step.reservation
+    if res is not None and res.gangs and has_slot(res.gangs, res.charge):
+        return d  # its gang's reservation holds its GPUs
+    if not check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, nothing_used()):
+        return d  # can never fit: the validating webhook refuses it with the numbers
+    broken = [x for x in lines(tenant, ask, usage) if x.used + x.per_pod > x.cap + EPSILON]
+    if broken:
+        line = min(reversed(broken), key=lambda x: x.free() / x.per_pod if x.per_pod else 0.0)
+        reason = messages.waits_for_quota(line.per_pod, line.what, line.free(), line.cap,
+                                          line.scope)
+    else:
+        reason = messages.job_pod_in_line(ask.gpus, tenant.name)
+    patch = Patch()
+    gate(obj, reason, patch)
+    return replace(d, patch=[*d.patch, *patch.ops], warnings=[*d.warnings, reason],
+                   mutations=[*d.mutations, "waiting"])
+
+
+def ever_fits(check: Checker, step: PodQuota) -> bool:
+    """A gated pod at the validating webhook: within every cap with nothing else
+    running (else it could never start: refused, with the numbers). Not charged."""
+    return check_pod(check, step.tenant, step.ask, nothing_used())
+
+
+__all__ = ["REASON", "SlotLookup", "ever_fits", "nothing_used", "wait_on_mutate"]

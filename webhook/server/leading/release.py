@@ -1,0 +1,265 @@
+"""The leader releases pods waiting for quota (``tenants[].overQuota: wait``).
+
+Every round (``--release-seconds``, 1 s; a round that would decide what the last one
+decided, with nothing changed since, is skipped, but at most for 10 s) the leader reads
+the gated pods its pod watch holds (``webhook.quota.line.WaitLine``), lines each tenant's
+up by priority then arrival, a gang (the pods of a Job with parallelism above 1) as one
+unit of its size, and commits, in **one compare-and-swap commit** of the tenant's ledger
+(``LedgerStore.reserve_in_order``, the commit admission uses), the charges of the
+complete units in order up to the first that does not fit whole. Only then is each
+released pod's gate removed, by a JSON Patch guarded by ``test`` ops: the pod's uid and
+our gate at its index, so a pod replaced meanwhile, or another controller's gate (Kueue's),
+is never touched. A pod is never ungated without its charge committed: a leader that
+dies between the two leaves a reservation (it expires after the TTL, or counts as the
+pod once the next leader releases it) and a pod still gated, which the next leader
+finds reserved already and releases without charging it twice.
+
+Each waiting pod gets an Event when its place or the numbers change ("waiting for GPU
+quota: 4 GPUs asked, 2 free; 3rd in line in tenant research"), at most every 5 s, and
+one when it is released. Metrics: waiting pods and GPUs per tenant, seconds from
+creation to release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from webhook.engine import messages
+from webhook.engine.charge import charge_of_pod
+from webhook.engine.decision import Quiet
+from webhook.engine.handoff import PodQuota
+from webhook.engine.validate import OWNED, validate
+from webhook.engine.waiting import ungate_ops, ungated
+from webhook.k8s.review import AdmissionRequest
+from webhook.libs import kube, logs
+from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.quota.cache import ClusterState
+from webhook.quota.check import UsageView, check_pod
+from webhook.quota.line import Unit, Waiting, line_up, owner_uid, releasable
+from webhook.quota.store import Held, ReleaseStore, ReservationUnavailable
+from webhook.server import metrics
+from webhook.server.leading import leader
+
+EVENT_SECONDS = 5.0  # a waiting pod's event is written again at most this often
+SKIP_SECONDS = 10.0  # a round with nothing changed is skipped at most this long
+RELEASED_SECONDS = 30.0  # a released pod is not released again while the watch catches up
+
+
+@dataclass(frozen=True, slots=True)
+class _Gang:
+    size: int
+    read: float  # time.monotonic()
+
+
+class Releaser:
+    def __init__(self, policy: Callable[[], CompiledPolicy], state: ClusterState,
+                 store: ReleaseStore, pods: kube.Pods, leading: Callable[[], bool],
+                 interval: float = 1.0, budget: float = 5.0,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.policy, self.state, self.store, self.pods = policy, state, store, pods
+        self.leading, self.interval, self.budget, self.wall = leading, interval, budget, wall
+        self._told: dict[str, tuple[str, float]] = {}  # uid -> (last event, when)
+        self._released: dict[str, float] = {}  # uid -> when (monotonic)
+        self._jobs: dict[str, _Gang] = {}  # Job uid -> its gang's size
+        self._last: dict[str, tuple[Any, ...]] = {}  # tenant -> what its last round saw
+        self._last_at: dict[str, float] = {}
+        self._tenants: set[str] = set()  # tenants with metrics written
+
+    async def run(self) -> None:
+        await leader.every(self.interval, self.leading, self.state.synced, self.round_,
+                           missing="quota line not released: an object is missing",
+                           failed="quota line not released; tried again next round")
+
+    async def round_(self) -> None:
+        policy = self.policy()
+        now = time.monotonic()
+        self._released = {u: t for u, t in self._released.items()
+                          if now - t < RELEASED_SECONDS}
+        lines: dict[str, tuple[TenantRules, list[Waiting]]] = {}
+        pods: dict[str, dict[str, Any]] = {}
+        for uid, pod in list(self.state.line.pods.items()):
+            if uid in self._released:
+                continue
+            meta = pod.get("metadata") or {}
+            ns = str(meta.get("namespace") or "")
+            tenant = policy.tenant_for(ns, self.state.namespace_labels(ns))
+            pods[uid] = pod
+            if tenant is None or not tenant.has_quota:
+                await self._ungate(uid, pod, "")  # nothing to charge it to
+                continue
+            gang = await self._gang(pod)
+            charge = charge_of_pod(ungated(pod), policy, self.state.namespace_labels(ns),
+                                   self.state.claim_lookup)
+            w = Waiting(uid, ns, str(meta.get("name") or ""), _priority(pod),
+                        str(meta.get("creationTimestamp") or ""), gang,
+                        charge.gpus if charge else 0.0)
+            lines.setdefault(tenant.name, (tenant, []))[1].append(w)
+        for name in self._tenants - set(lines):
+            metrics.WAITING_PODS.labels(name).set(0)
+            metrics.WAITING_GPUS.labels(name).set(0)
+        self._tenants = set(lines)
+        for tenant, waiting in lines.values():
+            await self._tenant(policy, tenant, waiting, pods)
+        for uid in [u for u in self._told if u not in self.state.line.pods]:
+            del self._told[uid]
+
+    async def _tenant(self, policy: CompiledPolicy, tenant: TenantRules,
+                      waiting: list[Waiting], pods: dict[str, dict[str, Any]]) -> None:
+        jobs = {w.gang for w in waiting if w.gang}
+        units = line_up(waiting, {j: self._jobs[j].size for j in jobs if j in self._jobs},
+                        {j: self.state.line.running(j) for j in jobs})
+        metrics.WAITING_PODS.labels(tenant.name).set(len(waiting))
+        metrics.WAITING_GPUS.labels(tenant.name).set(sum(w.gpus for w in waiting))
+        ready: list[Unit] = []
+        held: list[list[Held]] = []
+        for u in releasable(units):
+            h = [self._held(policy, pods[w.uid]) for w in u.pods]
+            if any(x is False for x in h):
+                continue  # refused by the policy now: it stays, told why in the log
+            ready.append(u)
+            held.append([x for x in h if isinstance(x, Held)])
+        view = self.store.view()
+        used = view.tenant(tenant.name)
+        seen = (self.state.line.version, id(policy), used.gpus, used.pods, len(ready))
+        now = time.monotonic()
+        if self._last.get(tenant.name) == seen and now - self._last_at[tenant.name] < SKIP_SECONDS:
+            return  # nothing changed since a round that released nothing
+        done = 0
+        if ready:
+            try:
+                done = await self.store.reserve_in_order(tenant.name, held, self.budget)
+            except ReservationUnavailable as exc:
+                logs.event("quota line not released: the ledger cannot be reached",
+                           logging.WARNING, tenant=tenant.name, error=str(exc))
+                return
+        for u in ready[:done]:
+            for w in u.pods:
+                await self._ungate(w.uid, pods[w.uid], tenant.name)
+        if done:
+            self._last.pop(tenant.name, None)
+        else:
+            self._last[tenant.name], self._last_at[tenant.name] = seen, now
+        gone = {w.uid for u in ready[:done] for w in u.pods}
+        await self._tell(tenant, [u for u in units if u.pods[0].uid not in gone], pods, view)
+
+    def _held(self, policy: CompiledPolicy, pod: dict[str, Any]) -> Held | bool:
+        """The pod's charge and quota test as admission would decide its creation now:
+        a Held, True when it is charged nothing (its tenant caps nothing it asks), False
+        when the policy refuses it now."""
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        req = AdmissionRequest(uid="release", group="", version="v1", kind="Pod",
+                               operation="CREATE", namespace=ns, name=name,
+                               object=ungated(pod), resource="pods")
+        v = validate(req, policy, self.state.namespace_labels, self.state.claim_lookup)
+        if not v.decision.allowed:
+            logs.event("waiting pod refused by the policy now; it stays waiting",
+                       logging.WARNING, namespace=ns, name=name, why=v.decision.message)
+            return False
+        step = v.quota
+        if not isinstance(step, PodQuota) or step.reservation is None:
+            return True
+        tenant, ask, res = step.tenant, step.ask, step.reservation
+
+        def fits(view: UsageView) -> bool:
+            return check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, view)
+
+        return Held(res.key, res.charge, res.name or f"{ns}/{name}", fits)
+
+    async def _gang(self, pod: dict[str, Any]) -> str | None:
+        """The pod's gang (its Job's uid) when its Job runs more than one pod at once."""
+        job = owner_uid(pod)
+        if job is None:
+            return None
+        known = self._jobs.get(job)
+        if known is None or time.monotonic() - known.read > SKIP_SECONDS:
+            meta = pod.get("metadata") or {}
+            name = next((str(r.get("name")) for r in meta.get("ownerReferences") or ()
+                         if isinstance(r, dict) and r.get("uid") == job), "")
+            try:
+                obj = await asyncio.to_thread(self.pods.job, str(meta.get("namespace")), name)
+            except kube.KubeError as exc:
+                logs.event("job of a waiting pod not read; its pods wait alone this round",
+                           logging.WARNING, job=name, error=str(exc))
+                return None if known is None or known.size <= 1 else job
+            known = self._jobs[job] = _Gang(gang_size(obj), time.monotonic())
+        return job if known.size > 1 else None
+
+    async def _ungate(self, uid: str, pod: dict[str, Any], tenant: str) -> None:
+        ops = ungate_ops(pod)
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        if ops is None:
+            return
+        try:
+            await asyncio.to_thread(self.pods.patch, ns, name, ops)
+        except (kube.Conflict, kube.NotFound):
+            return  # replaced, deleted or released meanwhile: nothing of someone else's
+        except kube.KubeError as exc:
+            logs.event("waiting pod not released; tried again next round", logging.WARNING,
+                       namespace=ns, name=name, error=str(exc))
+            return
+        self._released[uid] = time.monotonic()
+        waited = max(self.wall() - _timestamp(meta.get("creationTimestamp")), 0.0)
+        metrics.RELEASED.labels(tenant or "none").inc()
+        metrics.RELEASE_SECONDS.labels(tenant or "none").observe(waited)
+        logs.event("waiting pod released", namespace=ns, name=name, tenant=tenant,
+                   waited_seconds=round(waited, 1))
+        await self._event(pod, "QuotaReleased", messages.released_event(waited))
+
+    async def _tell(self, tenant: TenantRules, units: list[Unit],
+                    pods: dict[str, dict[str, Any]], view: UsageView) -> None:
+        cap = tenant.quota.gpus if tenant.quota is not None else None
+        used = view.tenant(tenant.name).gpus
+        free = max(cap - used, 0.0) if cap is not None else 0.0
+        for place, u in enumerate(units, 1):
+            for w in u.pods:
+                if u.gang is None:
+                    text = messages.waiting_event(w.gpus, free, place, tenant.name)
+                else:
+                    text = messages.waiting_gang_event(u.gpus, free, place, tenant.name,
+                                                       len(u.pods) + u.running, u.size)
+                last = self._told.get(w.uid)
+                now = time.monotonic()
+                if last is not None and (last[0] == text or now - last[1] < EVENT_SECONDS):
+                    continue
+                self._told[w.uid] = (text, now)
+                await self._event(pods[w.uid], "WaitingForQuota", text)
+
+    async def _event(self, pod: dict[str, Any], reason: str, text: str) -> None:
+        try:
+            await asyncio.to_thread(self.pods.event, pod, reason, text)
+        except kube.KubeError as exc:
+            logs.event("event on a waiting pod not written", logging.INFO, error=str(exc))
+
+
+def gang_size(job: dict[str, Any]) -> int:
+    """Pods a Job runs at once now: its parallelism, capped by the completions left."""
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    p = spec.get("parallelism")
+    parallel = p if isinstance(p, int) else 1
+    c = spec.get("completions")
+    if not isinstance(c, int):
+        return parallel
+    done = status.get("succeeded")
+    left = c - (done if isinstance(done, int) else 0)
+    return max(min(parallel, left), 0)
+
+
+def _priority(pod: dict[str, Any]) -> int:
+    p = (pod.get("spec") or {}).get("priority")
+    return p if isinstance(p, int) and not isinstance(p, bool) else 0
+
+
+def _timestamp(value: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
