@@ -651,3 +651,68 @@ def holds_privileged(where: str, how: str, on: str) -> str:
 def holds_host_path(volume: str, path: str, on: str) -> str:
     return (f'hostPath volume "{volume}" mounts the node\'s {path} {on}: its GPU devices '
             "are there, uncounted by quota. Remove the volume and ask for the GPUs it needs.")
+
+
+# --------------------------------------------------------------- how GPUs are held
+
+
+def duration(seconds: int) -> str:
+    """``28800`` -> ``8h``, ``90`` -> ``1m30s``, ``172800`` -> ``2d``."""
+    out = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            out.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(out) or "0s"
+
+
+def runtime_cap(seconds: int, kind: str | None) -> str:
+    """The value of the pod's max-runtime annotation: when its GPUs are taken back."""
+    of = f", kind {kind}" if kind else ""
+    return (f"{duration(seconds)} ({seconds}s{of}): the kubelet ends the pod and frees its "
+            f"GPUs {duration(seconds)} after it starts")
+
+
+def runtime_longer(field: str, asked: int, seconds: int, kind: str | None, tenant: str,
+                   shortened: bool) -> str:
+    whose = f"{kind} pods" if kind else "GPU pods"
+    head = (f"{field} {asked} ({duration(asked)}) is longer than the {duration(seconds)} "
+            f"({seconds}s) {whose} of tenant {tenant} may hold their GPUs")
+    if shortened:
+        return (f"{head}: shortened to {seconds}; its GPUs are taken back "
+                f"{duration(seconds)} after it starts.")
+    return (f"{head}. Set {field} to {seconds} or less (or leave it out to be given "
+            f"{seconds}); the GPUs are taken back that long after the start.")
+
+
+def runtime_missing(field: str, seconds: int, kind: str | None, tenant: str) -> str:
+    whose = f"{kind} pods" if kind else "GPU pods"
+    return (f"has no {field}, and {whose} of tenant {tenant} may hold their GPUs at most "
+            f"{duration(seconds)} ({seconds}s): set {field} to {seconds} or less.")
+
+
+def per_gpu(gpus: float, what: str, asked: str, cap: str, most: str, tenant: str,
+            product: str | None) -> str:
+    """``1 GPU with 64 CPUs: at most 16 CPUs per GPU in tenant research, ...``"""
+    unit, noun = ("CPUs", "CPU") if what == "cpu" else ("of memory", "memory")
+    per = f"per {product} GPU" if product else "per GPU"
+    return (f"{num(gpus)} GPU{'' if gpus == 1 else 's'} with {asked} {unit}: at most "
+            f"{cap} {unit} {per} in tenant {tenant}, so at most {most} for this pod. Ask "
+            f"for less {noun}, or for more GPUs if the work needs them (a pod that holds "
+            "a node's CPUs or memory strands the GPUs it leaves).")
+
+
+def queue_unrouted(what: str, want: str) -> str:
+    return (f"is not sent where its tenant's GPU pods go: {what} must be {want}. Create "
+            "it again through the webhook (it sets them), or set them yourself.")
+
+
+def capability_unreadable(source: str, value: object, example: str) -> str:
+    return (f"asks by {source} for GPUs by what they can do, but {value!r} is not "
+            f"readable: write e.g. {example}.")
+
+
+def capability_unpinned(what: str) -> str:
+    return (f"asks for GPUs with {what}, but its node affinity does not keep it to such "
+            "GPUs: create it again through the webhook (it adds the affinity), or add "
+            "the requirement to every nodeSelectorTerm.")

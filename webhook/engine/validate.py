@@ -24,7 +24,7 @@ from contextlib import suppress
 from typing import Any
 
 from webhook.engine import claims as claims_engine
-from webhook.engine import messages
+from webhook.engine import holding, messages
 from webhook.engine.borrowed import charged_to, priority_mismatch
 from webhook.engine.charge import owner_of, pod_cost, unknown_templates
 from webhook.engine.claims import is_claim
@@ -55,7 +55,8 @@ from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, r
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule, TolerationPolicy
 
-OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA, Rule.UNKNOWN_CLAIM})
+OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA, Rule.UNKNOWN_CLAIM,
+                   Rule.RESOURCES_PER_GPU})
 
 
 def validate(req: AdmissionRequest, policy: CompiledPolicy,
@@ -96,6 +97,9 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         check.report(Rule.TENANT_REQUIRED, no_tenant(req.namespace, policy, labels))
         return None
     cost = pod_cost(check, policy, target)
+    holding.ratios(check, target, cost)
+    if target.template.is_pod:
+        holding.recheck(check, policy, target, req.namespace)
     if tenant is None or check.denied or not tenant.has_quota:
         return None
     if not cost.resources:
@@ -177,8 +181,10 @@ def _role_cost(check: Checker, policy: CompiledPolicy, target: Target, patchable
     """One role's rules checked (reporting to ``check``), and what one of its pods costs."""
     unknown_templates(check, target)
     if target.has_gpu:
-        return (pod_cost(check, policy, target) if patchable
+        cost = (pod_cost(check, policy, target) if patchable
                 else _unpinned_cost(check, policy, target))
+        holding.ratios(check, target, cost)
+        return cost
     if (policy.non_gpu_tolerations is TolerationPolicy.DENY and patchable
             and not target.claims):
         _tolerates_gpu_taints(check, policy, target)
