@@ -697,7 +697,7 @@ def per_gpu(gpus: float, what: str, asked: str, cap: str, most: str, tenant: str
     unit, noun = ("CPUs", "CPU") if what == "cpu" else ("of memory", "memory")
     per = f"per {product} GPU" if product else "per GPU"
     return (f"{num(gpus)} GPU{'' if gpus == 1 else 's'} with {asked} {unit}: at most "
-            f"{cap} {unit} {per} in tenant {tenant}, so at most {most} for this pod. Ask "
+            f"{cap} {unit} {per} in tenant {tenant}, so at most {most} {unit} for this pod. Ask "
             f"for less {noun}, or for more GPUs if the work needs them (a pod that holds "
             "a node's CPUs or memory strands the GPUs it leaves).")
 

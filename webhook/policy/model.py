@@ -496,7 +496,7 @@ class Cohort(_Strict):
 
 # activeDeadlineSeconds is an int64 of seconds; a year is more than any cap means.
 _RUNTIME_MAX = 366 * 24 * 3600
-Quantity = Annotated[str | int | float, Field(union_mode="left_to_right")]
+Quantity = Annotated[int | str, Field(union_mode="left_to_right")]
 
 
 def _quantity(value: object, where: str) -> object:
