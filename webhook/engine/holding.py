@@ -107,8 +107,7 @@ def _route(check: Checker, tenant: TenantRules, target: Target, patch: Patch | N
     if not wrong:
         return
     if patch is None:
-        check.report(Rule.QUEUE_ROUTING, messages.queue_unrouted(
-            "its " + ", ".join(w.split(" ", 1)[0] for w in wrong), ", ".join(wrong)))
+        check.report(Rule.QUEUE_ROUTING, messages.queue_unrouted(", ".join(wrong)))
     else:
         changes.append("queue-routing")
 

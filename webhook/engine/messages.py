@@ -673,22 +673,25 @@ def runtime_cap(seconds: int, kind: str | None) -> str:
             f"GPUs {duration(seconds)} after it starts")
 
 
+def _whose(kind: str | None) -> str:
+    return f"pods of kind {kind}" if kind else "GPU pods"
+
+
 def runtime_longer(field: str, asked: int, seconds: int, kind: str | None, tenant: str,
                    shortened: bool) -> str:
-    whose = f"{kind} pods" if kind else "GPU pods"
     head = (f"{field} {asked} ({duration(asked)}) is longer than the {duration(seconds)} "
-            f"({seconds}s) {whose} of tenant {tenant} may hold their GPUs")
+            f"({seconds}s) that {_whose(kind)} of tenant {tenant} may hold their GPUs")
     if shortened:
-        return (f"{head}: shortened to {seconds}; its GPUs are taken back "
-                f"{duration(seconds)} after it starts.")
+        return (f"{head}, so it was shortened to {seconds}: the kubelet ends the pod and "
+                f"frees its GPUs {duration(seconds)} after it starts. Set {field} to "
+                f"{seconds} or less (or leave it out) to keep the deadline you ask for.")
     return (f"{head}. Set {field} to {seconds} or less (or leave it out to be given "
             f"{seconds}); the GPUs are taken back that long after the start.")
 
 
 def runtime_missing(field: str, seconds: int, kind: str | None, tenant: str) -> str:
-    whose = f"{kind} pods" if kind else "GPU pods"
-    return (f"has no {field}, and {whose} of tenant {tenant} may hold their GPUs at most "
-            f"{duration(seconds)} ({seconds}s): set {field} to {seconds} or less.")
+    return (f"has no {field}, and {_whose(kind)} of tenant {tenant} may hold their GPUs at "
+            f"most {duration(seconds)} ({seconds}s). Set {field} to {seconds} or less.")
 
 
 def per_gpu(gpus: float, what: str, asked: str, cap: str, most: str, tenant: str,
@@ -702,17 +705,17 @@ def per_gpu(gpus: float, what: str, asked: str, cap: str, most: str, tenant: str
             "a node's CPUs or memory strands the GPUs it leaves).")
 
 
-def queue_unrouted(what: str, want: str) -> str:
-    return (f"is not sent where its tenant's GPU pods go: {what} must be {want}. Create "
-            "it again through the webhook (it sets them), or set them yourself.")
+def queue_unrouted(wrong: str) -> str:
+    return (f"is not sent where its tenant's GPU pods go ({wrong}). Set them, or create "
+            "it again through the webhook, which sets them.")
 
 
 def capability_unreadable(source: str, value: object, example: str) -> str:
-    return (f"asks by {source} for GPUs by what they can do, but {value!r} is not "
-            f"readable: write e.g. {example}.")
+    return (f'asks by {source} for GPUs by what they can do, but "{value}" is not '
+            f"readable. Use e.g. {example}.")
 
 
 def capability_unpinned(what: str) -> str:
     return (f"asks for GPUs with {what}, but its node affinity does not keep it to such "
-            "GPUs: create it again through the webhook (it adds the affinity), or add "
-            "the requirement to every nodeSelectorTerm.")
+            "GPUs. Add the requirement to every nodeSelectorTerm, or create it again "
+            "through the webhook, which adds it.")
