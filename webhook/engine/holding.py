@@ -451,3 +451,35 @@ def _at(obj: dict[str, Any], pointer: str) -> dict[str, Any]:
         node = node[int(token)] if isinstance(node, list) else node[token]
     assert isinstance(node, dict)
     return node
+
+
+# --------------------------------------------------------------------------- status
+
+
+def describe(tenant: TenantRules) -> str | None:
+    """One line for ``gpu-webhook status``: how the tenant's GPUs are held (None when no
+    rule of this module applies to it)."""
+    parts = []
+    rt = tenant.runtime
+    if rt is not None:
+        caps = [f"{k.name} {messages.duration(k.seconds)}" for k in rt.kinds]
+        if rt.seconds is not None:
+            caps.append(f"other GPU pods {messages.duration(rt.seconds)}")
+        longer = "refused" if rt.deny_longer else "shortened"
+        parts.append(f"max runtime {', '.join(caps)} (longer {longer})")
+    r = tenant.ratios
+    if r is not None:
+        shown = [f"{r.shown.get(v) or _shown(v, res)} {res}" for res, v in (
+            ("cpu", r.default.cpu), ("memory", r.default.memory)) if v is not None]
+        if shown:
+            parts.append(f"at most {' and '.join(shown)} per GPU")
+        for p, own in r.products.items():
+            each = [f"{r.shown.get(v) or _shown(v, res)} {res}" for res, v in (
+                ("cpu", own.cpu), ("memory", own.memory)) if v is not None]
+            parts.append(f"{p}: {' and '.join(each)} per GPU")
+    q = tenant.routing
+    if q is not None:
+        to = ([f"scheduler {q.scheduler_name}"] if q.scheduler_name else []) + [
+            f"{k}={v}" for k, v in (*q.labels, *q.annotations)]
+        parts.append(f"sent to {', '.join(to)}")
+    return f"{tenant.name}: {'; '.join(parts)}" if parts else None

@@ -53,6 +53,7 @@ class Report:
     top: dict[str, list[tuple[str, float]]]  # tenant -> biggest holders (GPU-equivalents)
     unread: list[str]
     cohorts: list[str] = field(default_factory=list)  # one line per cohort shown
+    holding: list[str] = field(default_factory=list)  # how tenants' GPUs are held
 
 
 def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,
