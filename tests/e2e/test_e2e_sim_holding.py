@@ -36,6 +36,7 @@ from gpucluster.fixtures import (
 )
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
+from test_e2e_sim_dra import apply_now, dra_pod, template
 
 pytestmark = pytest.mark.e2e
 
@@ -146,3 +147,27 @@ def test_a_notebook_past_its_maximum_runtime_is_ended_and_its_gpus_come_free(
                every=0.5)
     placed = running(core, ns, 1, selector="")
     assert any(p.metadata.name == "after" and p.spec.node_name == node for p in placed)
+
+
+def test_a_claim_asking_for_gpu_memory_is_allocated_only_a_device_that_has_it(
+        sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory) -> None:
+    """The CEL selector the webhook writes, evaluated by the real scheduler's DRA
+    allocator on the sim's ResourceSlices (each A100 device: capacity memory 81920Mi)."""
+    ns = sim_namespace(TENANT)
+    for name, memory in (("fits", "80Gi"), ("more", "81921Mi")):
+        t = template(name, 1)
+        t["metadata"]["labels"] = {MEMORY: memory}
+        done = apply(sim, ns, t)
+        assert done.returncode == 0, done.stderr
+    got = json.loads(sim.cp.kubectl("get", "resourceclaimtemplate", "fits", "-n", ns,
+                                    "-o", "json").stdout)
+    selectors = got["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert {"cel": {"expression": "device.capacity['gpu.nvidia.com'].memory"
+                                  ".compareTo(quantity('81920Mi')) >= 0"}} in selectors
+    assert "created" in apply_now(sim, ns, dra_pod("fits", "fits"))
+    assert "created" in apply_now(sim, ns, dra_pod("more", "more"))
+    (p,) = running(core, ns, 1)
+    assert p.metadata.name == "fits"
+    assert node_labels(core, p.spec.node_name)["nvidia.com/gpu.memory"] == "81920"
+    event = wait_event(core, ns, "Pod", "more", "FailedScheduling")
+    assert "cannot allocate all claims" in event.message, event.message
