@@ -258,3 +258,12 @@ def test_a_gpu_claim_asking_for_capability_gets_cel_selectors_on_dra_attributes(
     assert ("device.attributes['gpu.nvidia.com'].cudaComputeCapability"
             ".compareTo(semver('9.0.0')) >= 0" in selectors)
     assert "gpu-capability" in m.decision.mutations
+
+
+def test_a_job_that_skipped_the_mutating_webhook_is_refused_without_its_deadline() -> None:
+    d = validated(job(pod(namespace="batch", schedulerName="volcano",
+                          nodeSelector={PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"})), POLICY)
+    assert not d.allowed and rules(d) == [Rule.MAX_RUNTIME]
+    assert "has no spec.activeDeadlineSeconds" in d.message
+    _, ok = admitted(job(pod(namespace="batch")), POLICY)
+    assert ok.allowed, ok.message

@@ -173,16 +173,17 @@ def _deadline(check: Checker, tenant: TenantRules, spec: dict[str, Any], sptr: s
 _JOB_SPECS = {"Job": ("spec",), "CronJob": ("spec", "jobTemplate", "spec")}
 
 
-def workload(check: Checker, targets: Targets, req: AdmissionRequest, patch: Patch,
+def workload(check: Checker, targets: Targets, req: AdmissionRequest, patch: Patch | None,
              changes: list[str]) -> None:
     """A GPU workload at apply (not a Pod): a Job's own deadline, and the queue labels
-    on the workload itself, where Kueue and KAI-Scheduler read them. Raises
+    on the workload itself, where Kueue and KAI-Scheduler read them (``patch`` None:
+    the Job's deadline checked only; its pods are checked for their queue). Raises
     MalformedObject."""
     tenant = targets.tenant
     obj = req.object
     if tenant is None or obj is None or targets.is_pod or not targets.has_gpu:
         return
-    if tenant.routing is not None and tenant.routing.labels:
+    if patch is not None and tenant.routing is not None and tenant.routing.labels:
         meta = child_map(obj, "metadata", "") or {}
         labels = child_map(meta, "labels", "/metadata") or {}
         n = len(patch.ops)

@@ -71,8 +71,19 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy,
     if isinstance(targets, Decision):
         return Validation(targets)
     if len(targets.roles) == 1 and targets.roles[0].role.name is None:
-        return _one_template(targets.roles[0].target, policy, req, labels)
-    return _roles(targets, policy, req, labels)
+        done = _one_template(targets.roles[0].target, policy, req, labels)
+    else:
+        done = _roles(targets, policy, req, labels)
+    if targets.is_pod or targets.tenant is None or targets.tenant.runtime is None:
+        return done
+    # A Job that skipped the mutating webhook is still held to its maximum runtime.
+    held = Checker(policy, targets.tenant, targets.subject, OWNED)
+    try:
+        holding.workload(held, targets, req, None, [])
+    except MalformedObject as exc:
+        return Validation(malformed(targets.subject, exc))
+    return Validation(done.decision.adding(held.findings),
+                      None if held.denied else done.quota)
 
 
 def _one_template(target: Target, policy: CompiledPolicy, req: AdmissionRequest,
