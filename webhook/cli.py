@@ -372,7 +372,8 @@ def _status(args: argparse.Namespace) -> int:
                      for r in rep.rows],
             "pods": rep.pods, "top": {t: [{"owner": o, "gpus": g} for o, g in top]
                                       for t, top in rep.top.items()},
-            "notes": rep.unread}, option=orjson.OPT_INDENT_2).decode())
+            "notes": rep.unread, "holding": rep.holding},
+            option=orjson.OPT_INDENT_2).decode())
     else:
         print(status.table(rep), end="")
     return 0

@@ -35,6 +35,7 @@ from webhook.policy.load import load_text
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = ROOT / "policies" / "multi-tenant.yaml"
 SPOT_POLICY = ROOT / "policies" / "examples" / "spot.yaml"
+HOLDING_POLICY = ROOT / "policies" / "examples" / "holding.yaml"
 
 # The newest Kubernetes schema the validation library ships: mutated objects must be
 # valid for the API server a cluster runs today.
@@ -94,6 +95,17 @@ def spot_policy(*edits: tuple[str, str]) -> CompiledPolicy:
         assert text.count(old) == 1, f"{old!r} must occur once in the spot example"
         text = text.replace(old, new)
     return compile_policy(load_text(text, str(SPOT_POLICY)))
+
+
+@cache
+def holding_policy(*edits: tuple[str, str]) -> CompiledPolicy:
+    """``policies/examples/holding.yaml`` (runtime, CPU per GPU, routing, capabilities),
+    with text replacements that must each match exactly once."""
+    text = HOLDING_POLICY.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, f"{old!r} must occur once in the holding example"
+        text = text.replace(old, new)
+    return compile_policy(load_text(text, str(HOLDING_POLICY)))
 
 
 # --- manifests ------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from enginekit import (
     L4,
     PRODUCT_LABEL,
     RACK_LABEL,
+    admitted,
     check_mutation,
     claim,
     container,
@@ -31,6 +32,7 @@ from enginekit import (
     example_variant,
     expr,
     gpus,
+    holding_policy,
     job,
     mutate_checked,
     pod,
@@ -61,6 +63,11 @@ def mutating(manifest: dict[str, Any], policy: Any = None) -> Callable[[], Decis
 
 def validating(manifest: dict[str, Any], policy: Any = None) -> Callable[[], Decision]:
     return lambda: validated(manifest, policy)
+
+
+def after_mutating(manifest: dict[str, Any], policy: Any = None) -> Callable[[], Decision]:
+    """The validating webhook's decision on what the mutating webhook made."""
+    return lambda: admitted(manifest, policy)[1]
 
 
 # name -> (how to get the decision, the rules its text must carry)
@@ -148,6 +155,30 @@ MESSAGE_CASES: dict[str, tuple[Callable[[], Decision], list[Rule]]] = {
     "device-taint-tolerations": (
         mutating(claim(device_request(tolerations=[{"operator": "Exists"}]))),
         [Rule.DEVICE_TAINT_TOLERATIONS]),
+    # How GPUs are held (engine.holding; policies/examples/holding.yaml)
+    "max-runtime": (
+        mutating(pod(namespace="batch", activeDeadlineSeconds=172800), holding_policy()),
+        [Rule.MAX_RUNTIME]),
+    "max-runtime-shortened": (
+        mutating(pod(container(limits={**gpus(1), "cpu": "8"}),
+                     labels={"app.kubernetes.io/component": "notebook"},
+                     activeDeadlineSeconds=86400), holding_policy()),
+        [Rule.MAX_RUNTIME]),
+    "resources-per-gpu": (
+        after_mutating(pod(container(limits={**gpus(1), "cpu": "64", "memory": "64Gi"})),
+                       holding_policy()), [Rule.RESOURCES_PER_GPU]),
+    "resources-per-gpu-memory": (
+        after_mutating(pod(container(limits={**gpus(2), "cpu": "8", "memory": "600Gi"}),
+                           nodeSelector={PRODUCT_LABEL: "NVIDIA-H200"}), holding_policy()),
+        [Rule.RESOURCES_PER_GPU]),
+    "queue-routing": (
+        validating(pod(namespace="batch", activeDeadlineSeconds=3600,
+                       nodeSelector={PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"}),
+                   holding_policy()),
+        [Rule.QUEUE_ROUTING]),
+    "gpu-capability": (
+        mutating(pod(labels={"gpu-webhook.dev/min-gpu-memory": "lots"}, namespace="batch"),
+                 holding_policy()), [Rule.GPU_CAPABILITY]),
 }
 
 # A sentence that tells the developer what to do starts with one of these verbs.

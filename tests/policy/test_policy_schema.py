@@ -116,7 +116,8 @@ def test_the_crd_schema_is_structural() -> None:
     root = version["schema"]["openAPIV3Schema"]
     for path, node in _nodes(root):
         where = path or "(root)"
-        assert "type" in node, f"{where}: no type"
+        # A quantity (16, "128Gi") is int-or-string, the one typeless node allowed.
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{where}: no type"
         assert not {"$ref", "anyOf", "oneOf", "allOf", "const", "propertyNames",
                     "patternProperties", "default"} & set(node), (where, sorted(node))
         assert node.get("additionalProperties") is not False, where
@@ -126,7 +127,7 @@ def test_the_crd_schema_is_structural() -> None:
             assert not isinstance(node.get(bound, 0), bool), (where, bound)
         for flag in ("exclusiveMinimum", "exclusiveMaximum"):
             assert isinstance(node.get(flag, True), bool), (where, flag)
-        if node["type"] == "object" and path != ".metadata":
+        if node.get("type") == "object" and path != ".metadata":
             assert "properties" in node or "additionalProperties" in node, where
     # The field docs reach the API server (kubectl explain gpupolicy.spec...).
     spec = root["properties"]["spec"]["properties"]

@@ -82,3 +82,18 @@ def test_unknown_tenant_or_namespace_is_a_clear_error(kw: dict[str, str], error:
     with pytest.raises(ValueError) as exc:
         report(policy(), Cluster(), **kw)
     assert str(exc.value) == error
+
+
+def test_the_report_says_how_each_tenants_gpus_are_held() -> None:
+    """Maximum runtime, CPU and memory per GPU, and where the pods are sent
+    (policies/examples/holding.yaml), one line per tenant; none for a tenant without."""
+    path = Path(__file__).parents[2] / "policies" / "examples" / "holding.yaml"
+    held = compile_policy(load_text(path.read_text(), str(path)))
+    text = table(report(held, Cluster()))
+    assert ("research: max runtime notebooks 8h, interactive 4h, other GPU pods 7d (longer "
+            "shortened); at most 16 cpu and 128Gi memory per GPU; h200: 24 cpu and 256Gi "
+            "memory per GPU; sent to kueue.x-k8s.io/queue-name=research") in text
+    assert "batch: max runtime other GPU pods 1d (longer refused); sent to scheduler " \
+        "volcano, scheduling.volcano.sh/queue-name=batch" in text
+    assert "inference: sent to scheduler kai-scheduler, kai.scheduler/queue=inference" in text
+    assert report(policy(), Cluster(), tenant="research").holding == []

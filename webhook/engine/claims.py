@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.engine import devices, messages
+from webhook.engine import devices, holding, messages
 from webhook.engine.cost import Ask
 from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision, malformed
 from webhook.engine.handoff import ClaimQuota, Reservation, Validation
@@ -103,6 +103,10 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabel
     if not target.charged_elsewhere and devices.pin(policy, target.tenant, target.requests,
                                                     patch, target.obj):
         changes.append("gpu-device-selector")
+    if not target.charged_elsewhere and holding.claim_selectors(
+            policy, target.obj, target.requests, patch):
+        changes.append("gpu-capability")
+    if changes:
         _annotate(target.obj, changes, patch)
     return check.decide(patch.ops, changes)
 

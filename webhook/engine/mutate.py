@@ -18,7 +18,7 @@ completed and pinned when they are created.
 from __future__ import annotations
 
 from webhook.engine import claims as claims_engine
-from webhook.engine import messages, routes, spot
+from webhook.engine import holding, messages, routes, spot
 from webhook.engine.charge import unknown_templates
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import (
@@ -45,7 +45,7 @@ OWNED = frozenset({
     Rule.TENANT_REQUIRED, Rule.GPU_QUANTITY, Rule.REQUESTS_MATCH_LIMITS,
     Rule.ALLOWED_RESOURCES, Rule.ALLOWED_PRODUCTS, Rule.TOPOLOGY, Rule.NON_GPU_TOLERATIONS,
     Rule.SPOT_PLACEMENT,
-}) | routes.RULES
+}) | routes.RULES | holding.RULES
 
 
 def mutate(req: AdmissionRequest, policy: CompiledPolicy,
@@ -86,6 +86,10 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
                 # After the tolerations are stripped: whether the pod can reach a GPU node
                 # is read from the tolerations it keeps.
                 routes.pod(check, policy, target, patch, changes, sights, req.username)
+                # After the routes: a PriorityClass the tenant's default gave picks the
+                # kind of work of a maximum runtime.
+                if target.has_gpu:
+                    holding.pod(check, policy, target, patch, changes, req.namespace)
             if changes:
                 # Inside the try: a metadata that is not a mapping is only found here
                 # when no rule before needed the pod's labels (a non-GPU pod stripped).
@@ -94,6 +98,13 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
             return malformed(target.subject, exc)
         findings.extend(check.findings)
         all_changes.extend(c for c in changes if c not in all_changes)
+    if not targets.is_pod and targets.has_gpu and targets.tenant is not None:
+        held = Checker(policy, targets.tenant, targets.subject, OWNED)
+        try:
+            holding.workload(held, targets, req, patch, all_changes)
+        except MalformedObject as exc:
+            return malformed(targets.subject, exc)
+        findings.extend(held.findings)
     return Decision.of(findings, tenant=targets.tenant.name if targets.tenant else None,
                        patch=patch.ops, mutations=all_changes)
 
@@ -117,6 +128,8 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patc
         changes.append("gpu-node-affinity")
     if policy.spot is not None:
         changes.extend(spot.place(check, policy, target.template, placement, patch))
+    # Last: it may double the terms every pin above was ANDed into.
+    holding.capability(check, policy, target, patch, changes)
 
 
 def _non_gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, patch: Patch,

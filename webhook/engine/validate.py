@@ -23,7 +23,7 @@ from __future__ import annotations
 from contextlib import suppress
 
 from webhook.engine import claims as claims_engine
-from webhook.engine import messages
+from webhook.engine import holding, messages
 from webhook.engine.borrowed import charged_to, priority_mismatch
 from webhook.engine.charge import owner_of, pod_cost, unknown_templates
 from webhook.engine.claims import is_claim
@@ -54,7 +54,8 @@ from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, r
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule, TolerationPolicy
 
-OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA, Rule.UNKNOWN_CLAIM})
+OWNED = frozenset({Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD, Rule.QUOTA, Rule.UNKNOWN_CLAIM,
+                   Rule.RESOURCES_PER_GPU})
 
 
 def validate(req: AdmissionRequest, policy: CompiledPolicy,
@@ -69,8 +70,19 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy,
     if isinstance(targets, Decision):
         return Validation(targets)
     if len(targets.roles) == 1 and targets.roles[0].role.name is None:
-        return _one_template(targets.roles[0].target, policy, req, labels)
-    return _roles(targets, policy, req, labels)
+        done = _one_template(targets.roles[0].target, policy, req, labels)
+    else:
+        done = _roles(targets, policy, req, labels)
+    if targets.is_pod or targets.tenant is None or targets.tenant.runtime is None:
+        return done
+    # A Job that skipped the mutating webhook is still held to its maximum runtime.
+    held = Checker(policy, targets.tenant, targets.subject, OWNED)
+    try:
+        holding.workload(held, targets, req, None, [])
+    except MalformedObject as exc:
+        return Validation(malformed(targets.subject, exc))
+    return Validation(done.decision.adding(held.findings),
+                      None if held.denied else done.quota)
 
 
 def _one_template(target: Target, policy: CompiledPolicy, req: AdmissionRequest,
@@ -95,6 +107,9 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         check.report(Rule.TENANT_REQUIRED, no_tenant(req.namespace, policy, labels))
         return None
     cost = pod_cost(check, policy, target)
+    holding.ratios(check, target, cost)
+    if target.template.is_pod:
+        holding.recheck(check, policy, target, req.namespace)
     if tenant is None or check.denied or not tenant.has_quota:
         return None
     if not cost.resources:
@@ -176,8 +191,10 @@ def _role_cost(check: Checker, policy: CompiledPolicy, target: Target, patchable
     """One role's rules checked (reporting to ``check``), and what one of its pods costs."""
     unknown_templates(check, target)
     if target.has_gpu:
-        return (pod_cost(check, policy, target) if patchable
+        cost = (pod_cost(check, policy, target) if patchable
                 else _unpinned_cost(check, policy, target))
+        holding.ratios(check, target, cost)
+        return cost
     if (policy.non_gpu_tolerations is TolerationPolicy.DENY and patchable
             and not target.claims):
         _tolerates_gpu_taints(check, policy, target)

@@ -12,17 +12,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from webhook.k8s.objects import parse_pointer
+from webhook.k8s.quantity import parse as parse_quantity
 from webhook.k8s.workloads import KindPaths, RolePaths
 from webhook.policy.model import (
     BorrowedPriority,
     DeviceClass,
+    GPUCapabilities,
     GPUPolicy,
     GPURoutes,
     LabelSelector,
+    MaxRuntime,
     Mode,
     OverQuota,
     PriorityLimits,
     QuotaLimits,
+    ResourcesPerGPU,
+    Routing,
     Rule,
     TolerationPolicy,
     WorkloadKind,
@@ -103,6 +108,154 @@ def compile_priority(spec: PriorityLimits, mine: PriorityLimits | None,
 
 
 @dataclass(frozen=True, slots=True)
+class RuntimeKindRules:
+    """A kind of work with its own maximum runtime (``maxRuntime.kinds[]``)."""
+
+    name: str
+    seconds: int
+    labels: tuple[tuple[str, str], ...]
+    classes: frozenset[str]
+    namespaces: frozenset[str]
+
+    def matches(self, labels: Mapping[str, object], cls: object, namespace: str) -> bool:
+        if self.labels and all(labels.get(k) == v for k, v in self.labels):
+            return True
+        return cls in self.classes or namespace in self.namespaces
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeRules:
+    """A tenant's ``maxRuntime``: the kinds in policy order, then the cap of the rest."""
+
+    seconds: int | None
+    deny_longer: bool
+    kinds: tuple[RuntimeKindRules, ...]
+
+    def cap(self, labels: Mapping[str, object], cls: object, namespace: str
+            ) -> tuple[int, str | None] | None:
+        """(seconds, kind name) of a pod, or None when nothing caps it."""
+        for k in self.kinds:
+            if k.matches(labels, cls, namespace):
+                return k.seconds, k.name
+        return (self.seconds, None) if self.seconds is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class PerGPURules:
+    """CPU (cores) and memory (bytes) per GPU-equivalent; None: no cap."""
+
+    cpu: float | None = None
+    memory: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRatioRules:
+    """A tenant's ``resourcesPerGpu`` over the policy's, per product, as numbers."""
+
+    default: PerGPURules
+    products: Mapping[str, PerGPURules]
+    fill_cpu: float | None  # cores per GPU given to a pod asking none
+    fill_memory: float | None
+    # The policy's texts of the amounts, for messages ("128Gi", not 137438953472).
+    shown: Mapping[float, str] = field(default_factory=dict)
+
+    def caps(self, product: str | None) -> PerGPURules:
+        return self.products.get(product, self.default) if product else self.default
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRules:
+    """Where a tenant's GPU pods are sent (``routing``)."""
+
+    scheduler_name: str | None
+    labels: tuple[tuple[str, str], ...]  # (kueue / KAI queue label, queue)
+    annotations: tuple[tuple[str, str], ...]  # (Volcano's queue annotation, queue)
+
+
+# The names each queueing system reads (sources: policies/README.md, "routing").
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+KAI_QUEUE_LABEL = "kai.scheduler/queue"
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityRules:
+    """``spec.gpuCapabilities``: where a pod asks, and where nodes and devices say."""
+
+    memory_label: str | None
+    memory_annotation: str | None
+    compute_label: str | None
+    compute_annotation: str | None
+    node_memory: str
+    node_major: str
+    node_minor: str
+    dra_memory: str
+    dra_compute: str
+
+
+def compile_runtime(m: MaxRuntime | None) -> RuntimeRules | None:
+    if m is None:
+        return None
+    return RuntimeRules(m.seconds, m.on_longer == "deny", tuple(
+        RuntimeKindRules(k.name, k.seconds, tuple(sorted(k.pod_labels.items())),
+                         frozenset(k.priority_classes), frozenset(k.namespaces))
+        for k in m.kinds))
+
+
+def compile_ratios(spec: ResourcesPerGPU | None, mine: ResourcesPerGPU | None
+                   ) -> ResourceRatioRules | None:
+    """The tenant's caps over the policy's: per product, the tenant's product entry,
+    then the tenant's own, then the policy's product entry, then the policy's."""
+    if spec is None and mine is None:
+        return None
+    shown: dict[float, str] = {}
+
+    def amount(v: object) -> float | None:
+        if v is None:
+            return None
+        q = float(parse_quantity(v))
+        shown[q] = str(v)
+        return q
+
+    def pick(attr: str, product: str | None) -> float | None:
+        for source in (mine, spec):
+            if source is None:
+                continue
+            entry = source.products.get(product) if product else None
+            for layer in (entry, source):
+                if layer is not None and getattr(layer, attr) is not None:
+                    return amount(getattr(layer, attr))
+        return None
+
+    names = set(spec.products if spec else ()) | set(mine.products if mine else ())
+    products = {p: PerGPURules(pick("cpu", p), pick("memory", p)) for p in sorted(names)}
+    fill = mine if mine is not None and (mine.default_cpu or mine.default_memory) else spec
+    return ResourceRatioRules(
+        PerGPURules(pick("cpu", None), pick("memory", None)), products,
+        amount(fill.default_cpu) if fill else None,
+        amount(fill.default_memory) if fill else None, shown)
+
+
+def compile_routing(r: Routing | None) -> RoutingRules | None:
+    if r is None:
+        return None
+    labels = [(KUEUE_QUEUE_LABEL, r.kueue_queue), (KAI_QUEUE_LABEL, r.kai_queue)]
+    return RoutingRules(r.scheduler_name,
+                        tuple((k, v) for k, v in labels if v),
+                        ((VOLCANO_QUEUE_ANNOTATION, r.volcano_queue),)
+                        if r.volcano_queue else ())
+
+
+def compile_capabilities(c: GPUCapabilities | None) -> CapabilityRules | None:
+    if c is None:
+        return None
+    return CapabilityRules(c.memory.label, c.memory.annotation, c.compute_capability.label,
+                           c.compute_capability.annotation, c.memory_label,
+                           c.compute_major_label, c.compute_minor_label, c.memory_capacity,
+                           c.compute_attribute)
+
+
+@dataclass(frozen=True, slots=True)
 class TenantRules:
     """One tenant's rules, ready for the engine."""
 
@@ -127,6 +280,9 @@ class TenantRules:
     routes: RouteRules = field(default_factory=RouteRules)
     priority: PriorityRules = field(default_factory=PriorityRules)
     waits: bool = False  # overQuota: wait (see webhook.quota.waiting)
+    runtime: RuntimeRules | None = None  # maxRuntime
+    ratios: ResourceRatioRules | None = None  # resourcesPerGpu (the tenant's or policy's)
+    routing: RoutingRules | None = None
 
     @property
     def has_quota(self) -> bool:
@@ -198,6 +354,7 @@ class CompiledPolicy:
     # Cohort name -> its tenants, in policy order (tenants[].cohort).
     cohorts: Mapping[str, tuple[TenantRules, ...]] = field(default_factory=dict)
     waiting: bool = False  # some tenant has overQuota: wait
+    capabilities: CapabilityRules | None = None  # spec.gpuCapabilities
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -323,6 +480,9 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
                                       t.cohort.borrowed_priority_class.name
                                       if t.cohort else None),
             waits=t.over_quota is OverQuota.WAIT,
+            runtime=compile_runtime(t.max_runtime),
+            ratios=compile_ratios(spec.resources_per_gpu, t.resources_per_gpu),
+            routing=compile_routing(t.routing),
         )
         tenants.append(rules)
         for ns in t.namespaces:
@@ -365,6 +525,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         spot=compile_spot(spec.spot),
         cohorts=_cohorts(tenants),
         waiting=any(t.waits for t in tenants),
+        capabilities=compile_capabilities(spec.gpu_capabilities),
     )
 
 

@@ -86,6 +86,10 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...]
     for key in ("anyOf", "oneOf"):
         if key in node:
             options = [o for o in node.pop(key) if o != {"type": "null"}]
+            if sorted(str(o.get("type")) for o in options) == ["integer", "string"]:
+                # A quantity (16, "500m", "128Gi"): the API server's int-or-string.
+                node = {**node, "x-kubernetes-int-or-string": True, "nullable": True}
+                return {k: v for k, v in node.items() if k not in _DROPPED}
             if len(options) != 1:
                 raise ValueError(f"{key} of {len(options)} types: a structural schema "
                                  "needs one type per field")
@@ -113,9 +117,9 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...]
             out[key] = True
         else:
             out[key] = value
-    if "type" not in out:
+    if "type" not in out and not out.get("x-kubernetes-int-or-string"):
         raise ValueError(f"a schema node without a type: {sorted(out)}")
-    if out["type"] == "object" and "properties" not in out and \
+    if out.get("type") == "object" and "properties" not in out and \
             "additionalProperties" not in out:
         raise ValueError("an object with no properties would be pruned empty")
     return out

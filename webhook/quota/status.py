@@ -57,6 +57,7 @@ class Report:
     cohorts: list[str] = field(default_factory=list)  # one line per cohort shown
     # tenant -> (pods waiting behind the quota gate, GPU-equivalents they ask)
     waiting: dict[str, tuple[int, float]] = field(default_factory=dict)
+    holding: list[str] = field(default_factory=list)  # how tenants' GPUs are held
 
 
 def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,

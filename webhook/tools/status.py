@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.engine import messages
+from webhook.engine import holding, messages
 from webhook.engine.charge import charge_of_pod
 from webhook.libs import kube
 from webhook.policy.compiled import CompiledPolicy, TenantRules
@@ -60,7 +60,7 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
     if namespace is not None and cluster.quotas:
         kept = _from_object(policy, cluster, namespace, tenant)
         if kept is not None:
-            return kept
+            return _with_holding(kept, [policy.by_name[t] for t in kept.pods])
     if namespace is not None and tenant is not None and namespace not in cluster.namespaces:
         # Told the tenant of a namespace whose labels could not be read (a developer's
         # account): take the namespace to carry the labels that select that tenant.
@@ -85,11 +85,19 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
             if entry.expires > now and key not in uids:
                 held.put(key, entry.charge)
     tenants = _chosen(policy, cluster, namespace, tenant)
-    out = quota_status.of(tenants, seen, held, namespace, cluster.unread, policy)
+    out = _with_holding(quota_status.of(tenants, seen, held, namespace, cluster.unread,
+                                        policy), tenants)
     chosen = {t.name for t in tenants}
     out.waiting = {t: w for t, w in quota_status.waiting_of(
         cluster.pods, policy, cluster.namespaces.get).items() if t in chosen}
     return out
+
+
+def _with_holding(r: Report, tenants: list[TenantRules]) -> Report:
+    """The report with a line per tenant on how its GPUs are held (maximum runtime, CPU
+    and memory per GPU, where its pods are sent)."""
+    r.holding = [line for t in tenants if (line := holding.describe(t)) is not None]
+    return r
 
 
 def _from_object(policy: CompiledPolicy, cluster: Cluster, namespace: str,
@@ -155,6 +163,7 @@ def table(r: Report) -> str:
         lines.append(f"{t}: {n} {'pod waits' if n == 1 else 'pods wait'} for GPU quota "
                      f"({messages.num(g)} GPUs asked), released in order as quota frees")
     lines.extend(r.cohorts)
+    lines.extend(r.holding)
     for what in r.unread:
         lines.append(f"note: {what}")
     return "\n".join(lines) + "\n"

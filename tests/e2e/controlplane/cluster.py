@@ -33,7 +33,8 @@ created right after its namespace never races the "default" account's creation).
   resourceclaim controller;
 - kwok plays the kubelet of every Node annotated ``kwok.x-k8s.io/node=fake`` (and only
   those), with the Stages in ``kwok-stages.yaml``: nodes become Ready and renew their
-  leases, pods bound to them run, a Job's pods complete, deleted pods go away.
+  leases, pods bound to them run, a Job's pods complete, a pod past its
+  ``activeDeadlineSeconds`` fails (as the kubelet ends it), deleted pods go away.
 
     with ControlPlane(build_binaries(), work_dir, components=SIMULATED) as cp:
         cp.kubectl("apply", "-f", "nodes.yaml")   # kwok fake nodes
