@@ -43,7 +43,8 @@ def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
     for use in target.gpu_claims:
         if not use.per_pod or use.requests is None:
             continue
-        dc = devices.cost(check, policy, use.requests, f'resource claim "{use.entry.name}"')
+        dc = devices.cost(check, policy, use.requests, f'resource claim "{use.entry.name}"',
+                          target.seen)
         for r, n in dc.resources.items():
             claimed[r] = claimed.get(r, 0.0) + n
         claimed_gpus += dc.gpus
@@ -120,13 +121,18 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
 
 
 def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,
-                    labels: Mapping[str, str] | None = None) -> Charge | None:
+                    labels: Mapping[str, str] | None = None,
+                    claims: ClaimLookup = no_claims) -> Charge | None:
     """The charge of a ResourceClaim seen in the cluster, or None when it holds no GPU
     quota: not a claim of GPU classes, no tenant, malformed, or made for a pod that was
     charged instead (a template's claim for one pod, the scheduler's claim for a plain
     nvidia.com/gpu request). Those two are told by annotation and by who wrote the
     object (``metadata.managedFields``): the kube-controller-manager or the scheduler;
-    admission charges the same annotations from anyone else, and so does this."""
+    admission charges the same annotations from anyone else, and so does this.
+
+    Once allocated, a claim is charged what it holds of the devices it got, on their
+    product (:func:`webhook.engine.devices.allocated`); before, what admission charged.
+    ``claims`` says what the ResourceSlices publish (webhook.engine.capacity)."""
     if kind != claims_wire.CLAIM or not isinstance(claim, dict):
         return None
     meta = claim.get("metadata") or {}
@@ -141,7 +147,10 @@ def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,
         requests = claims_wire.device_requests(*found) if found is not None else []
     except MalformedObject:
         return None
-    dc = devices.cost(Quiet(policy, tenant, "", frozenset()), policy, requests)
+    results = claims_wire.allocation(claim)
+    got = devices.allocated(policy, requests, results, claims) if results else None
+    dc = got or devices.cost(Quiet(policy, tenant, "", frozenset()), policy, requests,
+                             claims=claims)
     if not dc.resources:
         return None
     return dc.as_cost().charge(tenant.name, namespace, f"resourceclaim/{meta.get('name')}",

@@ -29,6 +29,7 @@ from typing import Any
 from webhook.engine.charge import charge_and_unknown
 from webhook.engine.cost import Charge
 from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.k8s.slices import SLICE
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.claims import ClaimCache
 from webhook.quota.usage import Usage
@@ -91,10 +92,14 @@ class ClusterState:
         self._waiting_on: dict[tuple[str, str], set[str]] = {}  # (ns, template) -> uids
         self.on_templates_synced: Callable[[], None] | None = None
 
-    def watch_claims(self) -> ClaimCache:
-        """Keep DRA claims and templates too (their watches then count for liveness)."""
+    def watch_claims(self, slices: bool = False) -> ClaimCache:
+        """Keep DRA claims and templates too (their watches then count for liveness),
+        and ResourceSlices with ``slices``."""
         self.claims = ClaimCache(self.policy, self.namespace_labels)
         self._watches = (PODS, NAMESPACES, CLAIM, TEMPLATE)
+        if slices:
+            self.claims.watch_slices()
+            self._watches += (SLICE,)
         return self.claims
 
     def claim_lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -178,7 +183,7 @@ class ClusterState:
         into.put(uid, f"{ns}/{meta.get('name') or ''}", charge)
 
     def claim_event(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
-        """The event handler for one DRA kind's watch (CLAIM or TEMPLATE)."""
+        """The event handler for one DRA kind's watch (CLAIM, TEMPLATE or SLICE)."""
 
         def handle(typ: str, obj: dict[str, Any]) -> None:
             self._progress[kind] = self._clock()
@@ -192,6 +197,7 @@ class ClusterState:
             else:
                 self._absent.discard(kind)
             first_sync = typ == "SYNCED" and not self.claims.synced[kind]
+            products = self.claims.products() if kind == SLICE else None
             for uid, charge in self.claims.event(kind, typ, obj):
                 for into in (self._pods, self._relisting):
                     if into is not None:
@@ -205,6 +211,11 @@ class ClusterState:
                     self._pod("MODIFIED", self._waiting[uid][0])  # charged in full now
             if first_sync and kind == TEMPLATE and self.pods_synced and self.on_templates_synced:
                 self.on_templates_synced()
+            # A pod's claim template of part of a device costs what the slices say its
+            # products' devices hold: when that changes, the pods are counted again.
+            if (products is not None and self.pods_synced and self.on_relabel
+                    and self.claims.products() != products):
+                self.on_relabel()
 
         return handle
 

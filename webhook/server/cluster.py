@@ -16,6 +16,7 @@ from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
 from webhook.engine.routes import Sights, carries_gpus, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.k8s.slices import SLICE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
@@ -121,9 +122,12 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     pods = kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event))
     namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
     # DRA: the claims and templates pods name, found without an API call on admission.
-    state.watch_claims()
+    state.watch_claims(slices=True)
     claims = kube.Watcher(api, "resourceclaims",
                           state.deliverer(loop, state.claim_event(CLAIM)))
+    # What each DRA device holds: a claim of part of one is charged its share.
+    resource_slices = kube.Watcher(api, "resourceslices",
+                                   state.deliverer(loop, state.claim_event(SLICE)))
     templates = kube.Watcher(api, "resourceclaimtemplates",
                              state.deliverer(loop, state.claim_event(TEMPLATE)))
     seen = SightCache(policy)
@@ -135,7 +139,7 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     state.on_templates_synced = pods.resync
     # A new policy may charge pods and claims differently.
     source.on_change.extend([pods.resync, claims.resync])
-    watchers = [namespaces, templates, claims, pods, nodes, classes]
+    watchers = [namespaces, templates, claims, pods, nodes, classes, resource_slices]
     for w in watchers:
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
