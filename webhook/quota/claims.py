@@ -44,7 +44,7 @@ class ClaimCache:
         self._uids: dict[tuple[str, str, str], str] = {}
         self.synced: dict[str, bool] = {CLAIM: False, TEMPLATE: False}
         self.slices: dict[str, slices.Slice] = {}  # ResourceSlice name -> what it holds
-        self._index: _DeviceIndex | None = None  # built from the slices when asked
+        self._index: DeviceIndex | None = None  # built from the slices when asked
 
     def watch_slices(self) -> None:
         """Keep ResourceSlices too (their watch then counts for readiness)."""
@@ -56,7 +56,7 @@ class ClaimCache:
         (webhook.engine.capacity's pseudo-kinds)."""
         if kind in (capacity.PRODUCT_CAPACITY, capacity.DEVICE):
             if self._index is None:
-                self._index = _DeviceIndex(self.slices.values())
+                self._index = DeviceIndex(self.slices.values())
             return self._index.lookup(kind, namespace, name)
         return self.objects.get((kind, namespace, name))
 
@@ -107,7 +107,7 @@ class ClaimCache:
         """What the slices say of each product's shareable devices (for telling whether
         a slice event changes what a pod's claim template costs)."""
         if self._index is None:
-            self._index = _DeviceIndex(self.slices.values())
+            self._index = DeviceIndex(self.slices.values())
         return dict(self._index.products)
 
     def _slice(self, typ: str, obj: dict[str, Any]) -> Updates:
@@ -153,7 +153,7 @@ class ClaimCache:
         return out
 
 
-class _DeviceIndex:
+class DeviceIndex:
     """The devices of the slices, by (driver, pool, device); counter sets by (driver,
     pool, set); and per product label value the smallest capacities of its devices, when
     all of them are shareable."""

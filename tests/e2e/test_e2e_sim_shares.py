@@ -1,0 +1,102 @@
+"""Parts of a GPU through DRA on the simulated cluster, with the real scheduler: the real
+H200 of tests/e2e/gpucluster/real/h200 is published shareable (allowMultipleAllocations,
+memory 143771Mi), and claims of 20Gi of its memory (capacity.requests, Kubernetes'
+consumable capacity, beta and on by default since 1.36) are allocated one device
+together, each charged 20Gi of 143771Mi, about 1/7 of a GPU, by what the ResourceSlice
+says. A tenant not allowed the H200 never gets it, whatever its claim's selector says:
+the webhook's product selector leaves the scheduler no device to give.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from e2ekit import short_id, to_yaml, wait_until
+from gpucluster.fixtures import GPU_TOLERATION, SimNamespaceFactory, wait_event
+from gpucluster.sim import SimCluster
+from kubernetes import client as k8s
+
+pytestmark = pytest.mark.e2e
+
+H200_NODE = "h200-dra-0"
+
+
+def memory_claim(name: str, memory: str, *selectors: str) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com",
+                               "capacity": {"requests": {"memory": memory}}}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def claim_pod(name: str, claim: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"tolerations": [GPU_TOLERATION],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "serve", "image": "registry.local/serve:1",
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def apply(sim: SimCluster, ns: str, obj: dict[str, Any], *flags: str) -> tuple[int, str]:
+    out = sim.cp.kubectl("apply", *flags, "-n", ns, "-f", "-", input=to_yaml(obj),
+                         check=False)
+    return out.returncode, out.stdout + out.stderr
+
+
+def results(sim: SimCluster, ns: str, claim: str) -> list[dict[str, Any]]:
+    out = sim.cp.kubectl("get", "resourceclaim", claim, "-n", ns, "-o",
+                         "jsonpath={.status.allocation.devices.results}", check=False).stdout
+    found: list[dict[str, Any]] = json.loads(out) if out.strip() else []
+    return found
+
+
+def test_four_20gi_claims_share_one_h200_each_charged_a_seventh(
+    sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory,
+) -> None:
+    ns = sim_namespace("sharing")  # 1 GPU; confined to h200, its default product
+    names = [f"kv-{i}-{short_id()}" for i in range(4)]
+    for n in names:
+        code, out = apply(sim, ns, memory_claim(n, "20Gi"))
+        assert code == 0, out
+        code, out = apply(sim, ns, claim_pod(n, n))
+        assert code == 0 and "created" in out, out
+
+    def all_running() -> bool:
+        return all(core.read_namespaced_pod(n, ns).status.phase == "Running" for n in names)
+
+    wait_until("the four pods to run", all_running, timeout=90, every=0.3)
+    devices = set()
+    for n in names:
+        assert core.read_namespaced_pod(n, ns).spec.node_name == H200_NODE
+        (result,) = results(sim, ns, n)
+        devices.add((result["pool"], result["device"]))
+        assert result["consumedCapacity"] == {"memory": "20Gi"}
+    assert devices == {(H200_NODE, "gpu-0")}  # one device, four allocations
+
+    # Each holds 20Gi of 143771Mi (0.1425): the four 0.57 of the tenant's 1 GPU. A claim
+    # of 60Gi more fits (0.997), one of 80Gi does not (dry runs: nothing is kept).
+    code, out = apply(sim, ns, memory_claim("probe-60", "60Gi"), "--dry-run=server")
+    assert code == 0, out
+    code, out = apply(sim, ns, memory_claim("probe-80", "80Gi"), "--dry-run=server")
+    assert code != 0
+    assert "tenant sharing would use 1.14 of its 1 GPUs: 0.57 in use" in out, out
+
+
+def test_a_tenant_without_the_h200_never_gets_one_whatever_it_selects(
+    sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory,
+) -> None:
+    ns = sim_namespace("dra")  # allowed a100 and h100: the webhook pins its claims to them
+    name = f"wants-h200-{short_id()}"
+    h200 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"
+    code, out = apply(sim, ns, memory_claim(name, "20Gi", h200))
+    assert code == 0, out
+    code, out = apply(sim, ns, claim_pod(name, name))
+    assert code == 0, out
+    # The scheduler finds no device both selectors admit: the pod waits, unallocated.
+    wait_event(core, ns, "Pod", name, "FailedScheduling")
+    assert core.read_namespaced_pod(name, ns).spec.node_name is None
+    assert results(sim, ns, name) == []
