@@ -213,7 +213,7 @@ class ClusterState:
                 self.on_templates_synced()
             # A pod's claim template of part of a device costs what the slices say its
             # products' devices hold: when that changes, the pods are counted again.
-            if (products is not None and self.pods_synced and self.on_relabel
+            if (products is not None and self.on_relabel and self._any_pod()
                     and self.claims.products() != products):
                 self.on_relabel()
 
@@ -227,7 +227,12 @@ class ClusterState:
             self.labels = {}
             return
         if typ == "SYNCED":
+            first = not self.namespaces_synced
             self.namespaces_synced = True
+            # Pods seen before their namespace's labels were charged to no tenant by
+            # selector: count them again now the labels are all in.
+            if first and self.on_relabel and self._any_pod():
+                self.on_relabel()
             return
         meta = ns.get("metadata") or {}
         name = meta.get("name")
@@ -238,8 +243,23 @@ class ClusterState:
             self.labels.pop(name, None)
         else:
             self.labels[name] = dict(meta.get("labels") or {})
+        if before != self.labels.get(name):
+            self._recharge_claims()  # a claim's tenant by selector may have changed
         if self.namespaces_synced and before != self.labels.get(name) and self.on_relabel:
             self.on_relabel()  # tenants by selector may have changed: recount the pods
+
+    def _recharge_claims(self) -> None:
+        """Charge the claims again (their namespaces' labels changed)."""
+        if self.claims is None:
+            return
+        for uid, charge in self.claims.recharge():
+            for into in (self._pods, self._relisting):
+                if into is not None:
+                    into.put(uid, None, charge)
+
+    def _any_pod(self) -> bool:
+        """Whether a pod has been seen (listed or being listed again)."""
+        return bool(self._pods.name_of) or bool(self._relisting and self._relisting.name_of)
 
     def _wait(self, uid: str, pod: dict[str, Any] | None, templates: Iterable[str]) -> None:
         """Note the claim templates ``pod`` names that are not known yet (none: it no
