@@ -5,6 +5,10 @@ consumable capacity, beta and on by default since 1.36) are allocated one device
 together, each charged 20Gi of 143771Mi, about 1/7 of a GPU, by what the ResourceSlice
 says. A tenant not allowed the H200 never gets it, whatever its claim's selector says:
 the webhook's product selector leaves the scheduler no device to give.
+
+And a plain ``nvidia.com/gpu`` request served by DRA (a DeviceClass's
+``extendedResourceName``, KEP-5004: GA and locked on in 1.37) on that H200: the scheduler
+makes a claim for the pod itself; the pod is charged its one GPU, the claim nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +56,68 @@ def results(sim: SimCluster, ns: str, claim: str) -> list[dict[str, Any]]:
                          "jsonpath={.status.allocation.devices.results}", check=False).stdout
     found: list[dict[str, Any]] = json.loads(out) if out.strip() else []
     return found
+
+
+EXTENDED_CLASS = "extended.gpu.nvidia.com"
+
+
+def extended_class() -> dict[str, Any]:
+    """A DeviceClass serving plain nvidia.com/gpu requests from the H200's device."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": EXTENDED_CLASS},
+            "spec": {"extendedResourceName": "nvidia.com/gpu", "selectors": [{"cel": {
+                "expression": "device.driver == 'gpu.nvidia.com' && "
+                              "device.attributes['gpu.nvidia.com'].type == 'gpu' && "
+                              "device.attributes['gpu.nvidia.com'].productName == "
+                              "'NVIDIA H200'"}}]}}
+
+
+def test_a_gpu_request_served_by_dra_is_charged_once(
+    sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory,
+) -> None:
+    ns = sim_namespace("sharing")  # 1 GPU, pinned to h200
+    sim.cp.kubectl("apply", "-f", "-", input=to_yaml(extended_class()))
+    name = f"plain-{short_id()}"
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+               "spec": {"containers": [{"name": "serve", "image": "registry.local/serve:1",
+                                        "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+        code, out = apply(sim, ns, pod)
+        assert code == 0 and "created" in out, out
+
+        def running() -> bool:
+            return core.read_namespaced_pod(name, ns).status.phase == "Running"
+
+        wait_until("the nvidia.com/gpu pod to run on DRA", running, timeout=90, every=0.3)
+        # No node has nvidia.com/gpu for an H200: the scheduler served it by DRA, writing
+        # a claim of its own for the pod (pod.status.extendedResourceClaimStatus).
+        raw = json.loads(sim.cp.kubectl("get", "pod", name, "-n", ns, "-o", "json").stdout)
+        assert raw["spec"]["nodeName"] == H200_NODE
+        status = raw["status"]["extendedResourceClaimStatus"]
+        claim = status["resourceClaimName"]
+        assert status["requestMappings"][0]["resourceName"] == "nvidia.com/gpu"
+        got = json.loads(sim.cp.kubectl("get", "resourceclaim", claim, "-n", ns, "-o",
+                                        "json").stdout)
+        assert "resource.kubernetes.io/extended-resource-claim" in got["metadata"][
+            "annotations"]
+        (result,) = got["status"]["allocation"]["devices"]["results"]
+        assert (result["pool"], result["device"]) == (H200_NODE, "gpu-0")
+        # Charged once: the pod's 1 GPU, not again for the scheduler's claim. The tenant's
+        # 1 GPU is full; a 20Gi claim more is over by its 0.142.
+        code, out = apply(sim, ns, memory_claim("probe", "20Gi"), "--dry-run=server")
+        assert code != 0
+        assert "tenant sharing would use 1.142 of its 1 GPUs: 1 in use" in out, out
+    finally:
+        # The device back for the tests after: the pod gone, the scheduler's claim with it.
+        sim.cp.kubectl("delete", "pod", name, "-n", ns, "--ignore-not-found",
+                       "--timeout=60s", check=False)
+        sim.cp.kubectl("delete", "deviceclass", EXTENDED_CLASS, "--ignore-not-found")
+
+    def claim_gone() -> bool:
+        out = sim.cp.kubectl("get", "resourceclaims", "-n", ns, "-o", "name").stdout
+        return not out.strip()
+
+    wait_until("the scheduler's claim to be deleted with its pod", claim_gone, timeout=60)
 
 
 def test_four_20gi_claims_share_one_h200_each_charged_a_seventh(
