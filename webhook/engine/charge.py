@@ -10,7 +10,8 @@ weights make of it, and the one product the pod is pinned to, if it is pinned to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from webhook.engine import devices, messages
@@ -87,13 +88,22 @@ def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
     return charge_and_unknown(pod, policy, labels, claims)[0]
 
 
+def no_node(name: str) -> str | None:
+    return None
+
+
 def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
                        labels: Mapping[str, str] | None = None,
-                       claims: ClaimLookup = no_claims
+                       claims: ClaimLookup = no_claims,
+                       node_product: Callable[[str], str | None] = no_node
                        ) -> tuple[Charge | None, tuple[str, ...]]:
     """:func:`charge_of_pod`, and the ResourceClaimTemplates a live pod of a tenant
     names that ``claims`` does not hold (or holds unreadable): their devices are not in
-    the charge."""
+    the charge.
+
+    A pod bound to a node (``spec.nodeName``) is charged to the product of that node
+    (``node_product``: the node's product label value, None when not known), whatever
+    it was charged at admission: a pod allowed two products follows the one it got."""
     if not isinstance(pod, dict):
         return None, ()
     status = pod.get("status") or {}
@@ -117,6 +127,13 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
         return None, unknown
     if not cost.resources:
         return None, unknown
+    spec = pod.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, dict) else None
+    if isinstance(node, str) and node:
+        value = node_product(node)
+        bound = policy.product_name(value) if value is not None else None
+        if bound is not None:
+            cost = replace(cost, product=bound)
     return cost.charge(charged_to(target.tenant, pod), namespace, owner_of(pod)), unknown
 
 

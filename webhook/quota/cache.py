@@ -91,6 +91,12 @@ class ClusterState:
         self._waiting: dict[str, tuple[dict[str, Any], frozenset[tuple[str, str]]]] = {}
         self._waiting_on: dict[tuple[str, str], set[str]] = {}  # (ns, template) -> uids
         self.on_templates_synced: Callable[[], None] | None = None
+        # Nodes' product label values (None: a node without one), when nodes are fed in
+        # (node_event): a bound pod is charged to its node's product. Pods bound to a
+        # node not seen yet are charged again when it is: node -> their uids.
+        self.node_products: dict[str, str | None] = {}
+        self._on_node: dict[str, set[str]] = {}
+        self._bound: dict[str, dict[str, Any]] = {}  # uid -> pod, while its node is unseen
 
     def watch_claims(self, slices: bool = False) -> ClaimCache:
         """Keep DRA claims and templates too (their watches then count for liveness),
@@ -171,11 +177,13 @@ class ClusterState:
         if typ == "DELETED":
             into.put(uid, None, None)
             self._wait(uid, None, ())
+            self._note_node(uid, None)
             self._end(uid)
             return
         ns = str(meta.get("namespace") or "")
         charge, unknown = charge_and_unknown(pod, self.policy(), self.labels.get(ns),
-                                             self.claim_lookup)
+                                             self.claim_lookup, self.node_products.get)
+        self._note_node(uid, pod)
         if self.claims is not None:  # templates are watched: they will arrive
             self._wait(uid, pod, unknown)
         if charge is None and uid in into.usage:
@@ -247,6 +255,52 @@ class ClusterState:
             self._recharge_claims()  # a claim's tenant by selector may have changed
         if self.namespaces_synced and before != self.labels.get(name) and self.on_relabel:
             self.on_relabel()  # tenants by selector may have changed: recount the pods
+
+    def node_event(self, typ: str, node: dict[str, Any]) -> None:
+        """A node seen (ADDED, MODIFIED, DELETED, RESET): its product label, for the pods
+        bound to it. A pod seen bound to a node before the node is charged again when the
+        node arrives, or when its product label changes."""
+        if typ == "RESET":
+            return  # the relist delivers each node again; a stale label is replaced then
+        meta = node.get("metadata") or {}
+        name = meta.get("name")
+        if not isinstance(name, str):
+            return
+        if typ == "DELETED":
+            self.node_products.pop(name, None)
+            return
+        labels = meta.get("labels") or {}
+        value = labels.get(self.policy().product_label) if isinstance(labels, dict) else None
+        value = value if isinstance(value, str) else None
+        before = self.node_products.get(name, ...)
+        self.node_products[name] = value
+        waiting = self._on_node.pop(name, set())
+        if before is not ... and before != value and self.on_relabel and self._any_pod():
+            self.on_relabel()  # the label changed under bound pods: count them again
+        for uid in sorted(waiting):
+            pod = self._bound.pop(uid, None)
+            live = uid in self._pods.name_of or (
+                self._relisting is not None and uid in self._relisting.name_of)
+            if pod is not None and live:
+                self._pod("MODIFIED", pod)
+
+    def _note_node(self, uid: str, pod: dict[str, Any] | None) -> None:
+        """Remember a bound pod whose node is not seen yet (``pod`` None: it is gone)."""
+        old = self._bound.pop(uid, None)
+        if old is not None:
+            node = str((old.get("spec") or {}).get("nodeName") or "")
+            waiting = self._on_node.get(node)
+            if waiting is not None:
+                waiting.discard(uid)
+                if not waiting:
+                    del self._on_node[node]
+        if pod is None:
+            return
+        spec = pod.get("spec") or {}
+        bound = spec.get("nodeName") if isinstance(spec, dict) else None
+        if isinstance(bound, str) and bound and bound not in self.node_products:
+            self._bound[uid] = pod
+            self._on_node.setdefault(bound, set()).add(uid)
 
     def _recharge_claims(self) -> None:
         """Charge the claims again (their namespaces' labels changed)."""

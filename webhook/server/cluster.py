@@ -131,7 +131,11 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     templates = kube.Watcher(api, "resourceclaimtemplates",
                              state.deliverer(loop, state.claim_event(TEMPLATE)))
     seen = SightCache(policy)
-    nodes = kube.Watcher(api, "nodes", _on(loop, seen.node_event, state))
+    def node_event(typ: str, node: dict[str, Any]) -> None:
+        seen.node_event(typ, node)
+        state.node_event(typ, node)  # a bound pod is charged to its node's product
+
+    nodes = kube.Watcher(api, "nodes", _on(loop, node_event, state))
     classes = kube.Watcher(api, "priorityclasses", _on(loop, seen.class_event, state))
     state.on_relabel = pods.resync
     # Pods listed before the templates they name were charged without them: once the
