@@ -4,7 +4,8 @@ memory 143771Mi), and claims of 20Gi of its memory (capacity.requests, Kubernete
 consumable capacity, beta and on by default since 1.36) are allocated one device
 together, each charged 20Gi of 143771Mi, about 1/7 of a GPU, by what the ResourceSlice
 says. A tenant not allowed the H200 never gets it, whatever its claim's selector says:
-the webhook's product selector leaves the scheduler no device to give.
+the webhook's product selector leaves the scheduler no device to give. A claim of the
+first available of a whole GPU or a share is charged, once allocated, the one it got.
 
 And a plain ``nvidia.com/gpu`` request served by DRA (a DeviceClass's
 ``extendedResourceName``, KEP-5004: GA and locked on in 1.37) on that H200: the scheduler
@@ -14,6 +15,7 @@ makes a claim for the pod itself; the pod is charged its one GPU, the claim noth
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -49,6 +51,32 @@ def apply(sim: SimCluster, ns: str, obj: dict[str, Any], *flags: str) -> tuple[i
     out = sim.cp.kubectl("apply", *flags, "-n", ns, "-f", "-", input=to_yaml(obj),
                          check=False)
     return out.returncode, out.stdout + out.stderr
+
+
+def whole_claim(name: str, count: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "count": count}}]}}}
+
+
+def first_available(name: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+                {"name": "whole", "deviceClassName": "gpu.nvidia.com"},
+                {"name": "part", "deviceClassName": "gpu.nvidia.com",
+                 "capacity": {"requests": {"memory": "20Gi"}}}]}]}}}
+
+
+def used(sim: SimCluster, ns: str) -> str:
+    """What the tenant sharing has in use, as the webhook's refusal of a dry-run claim of
+    two whole GPUs more says it ("0.57 in use")."""
+    code, out = apply(sim, ns, whole_claim("probe", 2), "--dry-run=server")
+    assert code != 0, out
+    m = re.search(r"tenant sharing would use [0-9.]+ of its 2 GPUs: ([0-9.]+) in use", out)
+    assert m is not None, out
+    return m.group(1)
 
 
 def results(sim: SimCluster, ns: str, claim: str) -> list[dict[str, Any]]:
@@ -102,11 +130,11 @@ def test_a_gpu_request_served_by_dra_is_charged_once(
             "annotations"]
         (result,) = got["status"]["allocation"]["devices"]["results"]
         assert (result["pool"], result["device"]) == (H200_NODE, "gpu-0")
-        # Charged once: the pod's 1 GPU, not again for the scheduler's claim. The tenant's
-        # 1 GPU is full; a 20Gi claim more is over by its 0.142.
-        code, out = apply(sim, ns, memory_claim("probe", "20Gi"), "--dry-run=server")
+        # Charged once: the pod's 1 GPU, not again for the scheduler's claim (that would
+        # be 2 in use of the tenant's 2).
+        code, out = apply(sim, ns, whole_claim("probe", 2), "--dry-run=server")
         assert code != 0
-        assert "tenant sharing would use 1.142 of its 1 GPUs: 1 in use" in out, out
+        assert "tenant sharing would use 3 of its 2 GPUs: 1 in use" in out, out
     finally:
         # The device back for the tests after: the pod gone, the scheduler's claim with it.
         sim.cp.kubectl("delete", "pod", name, "-n", ns, "--ignore-not-found",
@@ -143,13 +171,25 @@ def test_four_20gi_claims_share_one_h200_each_charged_a_seventh(
         assert result["consumedCapacity"] == {"memory": "20Gi"}
     assert devices == {(H200_NODE, "gpu-0")}  # one device, four allocations
 
-    # Each holds 20Gi of 143771Mi (0.1425): the four 0.57 of the tenant's 1 GPU. A claim
-    # of 60Gi more fits (0.997), one of 80Gi does not (dry runs: nothing is kept).
-    code, out = apply(sim, ns, memory_claim("probe-60", "60Gi"), "--dry-run=server")
+    # Each holds 20Gi of 143771Mi (0.1425): the four 0.57 of the tenant's 2 GPUs, as a
+    # dry run of two whole GPUs more shows (nothing is kept).
+    assert used(sim, ns) == "0.57"
+
+    # A claim of the first available of a whole H200 or 20Gi of one: charged its largest
+    # alternative at admission (1 GPU), then the 20Gi the scheduler gave it (the device is
+    # shared, so not free whole): 0.57 + 0.142 = 0.712 in use.
+    either = f"either-{short_id()}"
+    code, out = apply(sim, ns, first_available(either))
     assert code == 0, out
-    code, out = apply(sim, ns, memory_claim("probe-80", "80Gi"), "--dry-run=server")
-    assert code != 0
-    assert "tenant sharing would use 1.14 of its 1 GPUs: 0.57 in use" in out, out
+    code, out = apply(sim, ns, claim_pod(either, either))
+    assert code == 0, out
+
+    def moved() -> bool:
+        return used(sim, ns) == "0.712"
+
+    wait_until("the claim's charge to follow the subrequest it got", moved, timeout=60)
+    (result,) = results(sim, ns, either)
+    assert result["request"] == "gpu/part" and result["device"] == "gpu-0"
 
 
 def test_a_tenant_without_the_h200_never_gets_one_whatever_it_selects(

@@ -193,8 +193,8 @@ def test_a_first_available_claim_is_charged_the_subrequest_and_product_it_got() 
 
 
 def test_admission_charges_a_capacity_claim_its_share_against_the_quota() -> None:
-    # The sharing tenant has 1 GPU: seven 20Gi claims fit (7 x 0.1424 = 0.997), an
-    # eighth does not.
+    # The sharing tenant has 2 GPUs: fourteen 20Gi claims fit (14 x 0.1424 = 1.994), a
+    # fifteenth does not.
     c = cache()
     c.event(SLICE, "ADDED", h200_slice())
     c.event(SLICE, "SYNCED", {})
@@ -206,10 +206,10 @@ def test_admission_charges_a_capacity_claim_its_share_against_the_quota() -> Non
         return asyncio.run(webhooks.validating(
             req, POLICY, webhooks.Cluster(labels, store, claims=c.lookup)))
 
-    for i in range(7):
+    for i in range(14):
         d = admit(f"part-{i}")
         assert d.allowed, d.message
-    assert store.view().tenant("sharing").gpus == pytest.approx(7 * 20 * GI / (H200_MIB * MI))
-    over = admit("part-7")
+    assert store.view().tenant("sharing").gpus == pytest.approx(14 * 20 * GI / (H200_MIB * MI))
+    over = admit("part-14")
     assert not over.allowed
-    assert "tenant sharing would use 1.14 of its 1 GPUs: 0.997 in use" in over.message
+    assert "tenant sharing would use 2.137 of its 2 GPUs: 1.994 in use" in over.message
