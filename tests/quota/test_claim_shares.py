@@ -213,3 +213,25 @@ def test_admission_charges_a_capacity_claim_its_share_against_the_quota() -> Non
     over = admit("part-14")
     assert not over.allowed
     assert "tenant sharing would use 2.137 of its 2 GPUs: 1.994 in use" in over.message
+
+
+def test_counter_sets_in_a_slice_of_their_own_count_for_the_pools_devices() -> None:
+    # From Kubernetes 1.35 NVIDIA's driver publishes a pool's counter sets and its devices
+    # in different slices: the share is found across them.
+    whole = partition_slice()
+    sets = {**whole, "metadata": {"name": "h200-parts-counters"},
+            "spec": {**whole["spec"], "devices": [],
+                     "pool": {**whole["spec"]["pool"], "resourceSliceCount": 2}}}
+    parts = {**whole, "spec": {k: v for k, v in whole["spec"].items() if k != "sharedCounters"}}
+    c = cache()
+    c.event(SLICE, "ADDED", parts)
+    c.event(SLICE, "ADDED", sets)
+    c.event(SLICE, "SYNCED", {})
+    mig = memory_claim("slice")
+    mig["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "mig.nvidia.com"}
+    c.event(CLAIM, "MODIFIED", allocated(mig, "h200-parts", "gpu-0-mig-1g18gb-19-0",
+                                         consumed=None))
+    assert charged(c, "slice") == (pytest.approx(0.125), "h200")
+    # The counter set gone, the partition is held whole (what it takes is not known).
+    c.event(SLICE, "DELETED", sets)
+    assert charged(c, "slice") == (1.0, "h200")
