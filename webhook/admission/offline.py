@@ -19,11 +19,15 @@ from typing import Any
 import jsonpatch
 
 from webhook.admission.webhooks import Cluster, mutating, validating
+from webhook.engine import capacity
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import Decision
 from webhook.engine.target import NamespaceLabels, no_labels
+from webhook.k8s import slices
+from webhook.k8s.claims import GROUP
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.claims import DeviceIndex
 from webhook.quota.store import MemoryStore
 
 
@@ -80,12 +84,20 @@ def as_stored(pod: dict[str, Any], uid: str) -> None:
 class ClaimBook:
     """The ResourceClaims and ResourceClaimTemplates admitted so far in one offline run
     (a manifest file, a test suite): what the server's watch cache would hold, so a pod
-    later in the file that uses them is decided as it would be in a cluster."""
+    later in the file that uses them is decided as it would be in a cluster. The
+    ResourceSlices of the run too: a claim of part of a device after them is charged its
+    share of the devices they publish (webhook.engine.capacity)."""
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        self._slices: dict[str, slices.Slice] = {}
+        self._index: DeviceIndex | None = None
 
     def __call__(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        if kind in (capacity.PRODUCT_CAPACITY, capacity.DEVICE):
+            if self._index is None:
+                self._index = DeviceIndex(self._slices.values())
+            return self._index.lookup(kind, namespace, name)
         return self._known.get((kind, namespace, name))
 
     def add(self, req: AdmissionRequest, obj: dict[str, Any]) -> None:
@@ -93,6 +105,11 @@ class ClaimBook:
         name = meta.get("name") if isinstance(meta, dict) else None
         if is_claim(req) and isinstance(name, str):
             self._known[(req.kind, req.namespace, name)] = obj
+        elif req.group == GROUP and req.kind == slices.SLICE and isinstance(name, str):
+            parsed = slices.parse(obj)
+            if parsed is not None:
+                self._slices[name] = parsed
+                self._index = None
 
 
 def through_both(req: AdmissionRequest, policy: CompiledPolicy,

@@ -10,7 +10,8 @@ weights make of it, and the one product the pod is pinned to, if it is pinned to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from webhook.engine import devices, messages
@@ -44,7 +45,8 @@ def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
     for use in target.gpu_claims:
         if not use.per_pod or use.requests is None:
             continue
-        dc = devices.cost(check, policy, use.requests, f'resource claim "{use.entry.name}"')
+        dc = devices.cost(check, policy, use.requests, f'resource claim "{use.entry.name}"',
+                          target.seen)
         for r, n in dc.resources.items():
             claimed[r] = claimed.get(r, 0.0) + n
         claimed_gpus += dc.gpus
@@ -87,13 +89,22 @@ def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
     return charge_and_unknown(pod, policy, labels, claims)[0]
 
 
+def no_node(name: str) -> str | None:
+    return None
+
+
 def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
                        labels: Mapping[str, str] | None = None,
-                       claims: ClaimLookup = no_claims
+                       claims: ClaimLookup = no_claims,
+                       node_product: Callable[[str], str | None] = no_node
                        ) -> tuple[Charge | None, tuple[str, ...]]:
     """:func:`charge_of_pod`, and the ResourceClaimTemplates a live pod of a tenant
     names that ``claims`` does not hold (or holds unreadable): their devices are not in
-    the charge."""
+    the charge.
+
+    A pod bound to a node (``spec.nodeName``) is charged to the product of that node
+    (``node_product``: the node's product label value, None when not known), whatever
+    it was charged at admission: a pod allowed two products follows the one it got."""
     if not isinstance(pod, dict):
         return None, ()
     status = pod.get("status") or {}
@@ -119,17 +130,29 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
         return None, unknown
     if not cost.resources:
         return None, unknown
+    spec = pod.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, dict) else None
+    if isinstance(node, str) and node:
+        value = node_product(node)
+        bound = policy.product_name(value) if value is not None else None
+        if bound is not None:
+            cost = replace(cost, product=bound)
     return cost.charge(charged_to(target.tenant, pod), namespace, owner_of(pod)), unknown
 
 
 def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,
-                    labels: Mapping[str, str] | None = None) -> Charge | None:
+                    labels: Mapping[str, str] | None = None,
+                    claims: ClaimLookup = no_claims) -> Charge | None:
     """The charge of a ResourceClaim seen in the cluster, or None when it holds no GPU
     quota: not a claim of GPU classes, no tenant, malformed, or made for a pod that was
     charged instead (a template's claim for one pod, the scheduler's claim for a plain
     nvidia.com/gpu request). Those two are told by annotation and by who wrote the
     object (``metadata.managedFields``): the kube-controller-manager or the scheduler;
-    admission charges the same annotations from anyone else, and so does this."""
+    admission charges the same annotations from anyone else, and so does this.
+
+    Once allocated, a claim is charged what it holds of the devices it got, on their
+    product (:func:`webhook.engine.devices.allocated`); before, what admission charged.
+    ``claims`` says what the ResourceSlices publish (webhook.engine.capacity)."""
     if kind != claims_wire.CLAIM or not isinstance(claim, dict):
         return None
     meta = claim.get("metadata") or {}
@@ -144,7 +167,10 @@ def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,
         requests = claims_wire.device_requests(*found) if found is not None else []
     except MalformedObject:
         return None
-    dc = devices.cost(Quiet(policy, tenant, "", frozenset()), policy, requests)
+    results = claims_wire.allocation(claim)
+    got = devices.allocated(policy, requests, results, claims) if results else None
+    dc = got or devices.cost(Quiet(policy, tenant, "", frozenset()), policy, requests,
+                             claims=claims)
     if not dc.resources:
         return None
     return dc.as_cost().charge(tenant.name, namespace, f"resourceclaim/{meta.get('name')}",

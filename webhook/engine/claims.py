@@ -26,6 +26,7 @@ from typing import Any
 from webhook.engine import devices, holding, messages
 from webhook.engine.cost import Ask
 from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision, malformed
+from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.handoff import ClaimQuota, Reservation, Validation
 from webhook.engine.target import NamespaceLabels, no_tenant
 from webhook.k8s import claims
@@ -111,13 +112,15 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabel
     return check.decide(patch.ops, changes)
 
 
-def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels
-             ) -> Validation:
+def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels,
+             claims_seen: ClaimLookup = no_claims) -> Validation:
+    """``claims_seen``: what the watches hold, the ResourceSlices among them (a claim of
+    part of a device is charged its share of the devices it may get)."""
     target = prepare(req, policy, labels)
     if isinstance(target, Decision):
         return Validation(target)
     check = Checker(policy, target.tenant, target.subject, VALIDATE_CLAIM_OWNED)
-    cost = _rules(check, policy, target, req, labels)
+    cost = _rules(check, policy, target, req, labels, claims_seen)
     tenant = target.tenant
     if tenant is None or target.charged_elsewhere:
         return Validation(check.decide())
@@ -151,13 +154,14 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLab
 
 
 def _rules(check: Checker, policy: CompiledPolicy, target: ClaimTarget,
-           req: AdmissionRequest, labels: NamespaceLabels) -> devices.DeviceCost:
+           req: AdmissionRequest, labels: NamespaceLabels,
+           claims_seen: ClaimLookup = no_claims) -> devices.DeviceCost:
     if target.tenant is None and not policy.unassigned_allowed:
         check.report(Rule.TENANT_REQUIRED, no_tenant(req.namespace, policy, labels))
     if target.fakes_extended:
         check.report(Rule.EXTENDED_RESOURCE_CLAIM, messages.fake_extended_resource_claim(
             claims.EXTENDED_RESOURCE_ANNOTATION))
-    return devices.cost(check, policy, target.requests)
+    return devices.cost(check, policy, target.requests, claims=claims_seen)
 
 
 def _annotate(obj: dict[str, Any], changes: list[str], patch: Patch) -> None:

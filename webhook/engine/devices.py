@@ -6,7 +6,9 @@ A request is a GPU request when its ``deviceClassName`` is one of the policy's G
 device classes. It weighs ``count`` devices x the class's GPU-equivalents (a MIG class
 by the profile its selectors name); ``allocationMode: All`` is charged at the most one
 request can be allocated (32, as ResourceQuota charges it), and ``firstAvailable`` at its
-largest alternative, since the scheduler may pick any of them.
+largest alternative, since the scheduler may pick any of them. A request of part of a
+device (``capacity.requests``, DRA consumable capacity) weighs its share of the device
+(:mod:`webhook.engine.capacity`).
 
 Products: a claim cannot be pinned by node affinity (the scheduler picks the device,
 then the node), and its spec is immutable after CREATE, so the mutating webhook ANDs a
@@ -23,10 +25,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.engine import messages
+from webhook.engine import capacity, messages
 from webhook.engine.cost import Cost
 from webhook.engine.decision import Checker
-from webhook.k8s.claims import Alternative, DeviceRequest
+from webhook.k8s.claims import Allocated, Alternative, DeviceRequest
 from webhook.k8s.objects import parse_pointer
 from webhook.k8s.patch import Patch
 from webhook.policy.compiled import IMPLICIT_PREFIX, CompiledPolicy, TenantRules
@@ -88,10 +90,20 @@ def weight(policy: CompiledPolicy, a: Alternative) -> float:
     return cls.gpus
 
 
+def share(policy: CompiledPolicy, a: Alternative, claims: ClaimLookup) -> float:
+    """The share of each device this alternative is charged before allocation: 1, or for
+    a capacity request its share of the devices of the products it is confined to."""
+    if not a.capacity:
+        return 1.0
+    values = pinned_values(policy, a)
+    return capacity.requested_share(claims, a.capacity, sorted(values) if values else None)
+
+
 def cost(check: Checker, policy: CompiledPolicy, requests: list[DeviceRequest],
-         where: str | None = None) -> DeviceCost:
+         where: str | None = None, claims: ClaimLookup = no_claims) -> DeviceCost:
     """Check the GPU requests (classes the tenant may use, adminAccess) and return what
-    they hold."""
+    they hold. ``claims`` also says what the ResourceSlices publish, for requests of
+    part of a device."""
     tenant = check.tenant
     resources: dict[str, float] = {}
     gpus = 0.0
@@ -101,22 +113,60 @@ def cost(check: Checker, policy: CompiledPolicy, requests: list[DeviceRequest],
         if not is_gpu_request(policy, r):
             continue
         n += 1
-        best: tuple[float, Alternative] | None = None
+        best: tuple[float, Alternative, float] | None = None
         for a in r.alternatives:
             if a.device_class not in policy.device_classes:
                 continue
             _check_alternative(check, tenant, a, where)
-            total = a.count * weight(policy, a)
+            part = share(policy, a, claims)
+            total = a.count * weight(policy, a) * part
             if best is None or total > best[0]:
-                best = (total, a)
+                best = (total, a, part)
         assert best is not None
-        total, a = best
+        total, a, part = best
         key = IMPLICIT_PREFIX + a.device_class
-        resources[key] = resources.get(key, 0.0) + a.count
+        resources[key] = resources.get(key, 0.0) + a.count * part
         gpus += total
         products.add(pinned_product(policy, a))
     product = products.pop() if len(products) == 1 else None
     return DeviceCost(resources, gpus, product, n)
+
+
+def allocated(policy: CompiledPolicy, requests: list[DeviceRequest],
+              results: list[Allocated], claims: ClaimLookup) -> DeviceCost | None:
+    """What an allocated claim holds: each device the scheduler gave a GPU request (the
+    ``firstAvailable`` subrequest it chose), as much of it as the claim took
+    (:func:`webhook.engine.capacity.allocated_share`), charged to the product of the
+    device it got. None when no GPU request was allocated."""
+    # Each result is one device: allocationMode All is charged what it got, not 32.
+    by_name = {r.name: r for r in requests}
+    resources: dict[str, float] = {}
+    gpus = 0.0
+    products: set[str | None] = set()
+    asked: set[str] = set()
+    for res in results:
+        r = by_name.get(res.request)
+        if r is None or not is_gpu_request(policy, r):
+            continue
+        a = next((a for a in r.alternatives if a.name == res.subrequest), None) \
+            if res.subrequest else r.alternatives[0]
+        if a is None or a.device_class not in policy.device_classes:
+            continue
+        part, product = capacity.allocated_share(claims, res.driver, res.pool, res.device,
+                                                 res.consumed)
+        key = IMPLICIT_PREFIX + a.device_class
+        resources[key] = resources.get(key, 0.0) + (1.0 if part is None else part)
+        # A measured share is of the whole GPU (its capacity, its counter set): of the
+        # class's GPU-equivalents, not of a MIG profile's weight, which is a share already.
+        gpus += weight(policy, a) if part is None else policy.device_classes[
+            a.device_class].gpus * part
+        asked.add(r.name)
+        products.add(policy.product_name(product.replace(" ", "-")) if product is not None
+                     else pinned_product(policy, a))
+    if not resources:
+        return None
+    product = products.pop() if len(products) == 1 else None
+    return DeviceCost(resources, gpus, product, len(asked))
 
 
 def _check_alternative(check: Checker, tenant: TenantRules | None, a: Alternative,

@@ -69,6 +69,7 @@ class Target:
     subject: str
     claims: tuple[ClaimUse, ...] = ()
     gpu_containers: bool = False  # GPUs by container resources (the device plugin)
+    seen: ClaimLookup = no_claims  # what the watches hold (slices: shares of devices)
 
     @property
     def gpu_claims(self) -> list[ClaimUse]:
@@ -180,7 +181,8 @@ def template_target(template: PodTemplate, subject: str, tenant: TenantRules | N
     uses = tuple(_claim_use(e, namespace, policy, claims)
                  for e in pod_claims(template.spec, template.spec_pointer))
     has_gpu = by_containers or any(u.gpu for u in uses)
-    return Target(template, containers, has_gpu, tenant, subject, uses, by_containers)
+    return Target(template, containers, has_gpu, tenant, subject, uses, by_containers,
+                  claims)
 
 
 def _claim_use(entry: PodClaim, namespace: str, policy: CompiledPolicy,

@@ -65,7 +65,7 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy,
     ``prepared``: what :func:`~webhook.engine.target.prepare` made of this request, when
     the caller has it already (the pipeline shares it with the routes' recheck)."""
     if is_claim(req):
-        return claims_engine.validate(req, policy, labels)
+        return claims_engine.validate(req, policy, labels, claims)
     targets = prepared if prepared is not None else prepare(req, policy, labels, claims)
     if isinstance(targets, Decision):
         return Validation(targets)

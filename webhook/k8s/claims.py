@@ -11,6 +11,14 @@ device (``deviceClassName``, ``count`` (default 1), ``allocationMode`` ``ExactCo
 alternatives (``firstAvailable[]``, the same fields per alternative). The webhook is
 registered for v1 with ``matchPolicy: Equivalent``, so the API server converts older
 versions (v1beta1 had the request fields flat) to this shape before sending them.
+
+A request (or subrequest) may also ask for part of a device (DRA consumable capacity,
+beta and on by default since Kubernetes 1.36): ``capacity.requests`` names amounts of the
+device's capacities (``memory: 20Gi``) on devices that allow multiple allocations. Once
+allocated, ``status.allocation.devices.results[]`` says which device each request got
+(``driver``, ``pool``, ``device``; ``request`` is ``<request>/<subrequest>`` for a
+``firstAvailable`` choice) and, for a shared device, ``consumedCapacity``: what it took
+(the request rounded up by the device's ``requestPolicy``).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.k8s import quantity
 from webhook.k8s.objects import MalformedObject, child_list, child_map
 
 GROUP = "resource.k8s.io"
@@ -60,6 +69,9 @@ class Alternative:
     selectors: tuple[str, ...]  # CEL expressions
     admin_access: bool
     pointer: str  # JSON Pointer of this alternative (for its selectors patch)
+    # capacity.requests: (capacity name, amount) asked of each device, in base units
+    capacity: tuple[tuple[str, float], ...] = ()
+    name: str = ""  # the subrequest's name, for firstAvailable ("" for exactly)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +146,70 @@ def _alternative(r: dict[str, Any], ptr: str) -> Alternative:
             selectors.append(expression)
     admin = r.get("adminAccess")
     every = mode == "All"
+    name = r.get("name")
     return Alternative(cls, ALL_DEVICES if every else count, every, tuple(selectors),
-                       admin is True, ptr)
+                       admin is True, ptr, capacity_requests(r, ptr),
+                       name if isinstance(name, str) else "")
+
+
+def capacity_requests(r: dict[str, Any], ptr: str) -> tuple[tuple[str, float], ...]:
+    """A (sub)request's ``capacity.requests``, as (name, amount) in sorted order.
+    Raises MalformedObject."""
+    cap = child_map(r, "capacity", ptr)
+    if cap is None:
+        return ()
+    asked = child_map(cap, "requests", ptr + "/capacity") or {}
+    out: list[tuple[str, float]] = []
+    for key in sorted(asked):
+        try:
+            amount = float(quantity.parse(asked[key]))
+        except quantity.QuantityError as exc:
+            raise MalformedObject(f"{ptr}/capacity/requests/{key}", "a quantity") from exc
+        if amount < 0:
+            raise MalformedObject(f"{ptr}/capacity/requests/{key}", "a quantity of 0 or more")
+        out.append((str(key), amount))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocated:
+    """One device a claim was allocated (``status.allocation.devices.results[]``)."""
+
+    request: str  # the request's name, without a firstAvailable subrequest's
+    subrequest: str  # the subrequest's name ("" for exactly)
+    driver: str
+    pool: str
+    device: str
+    consumed: tuple[tuple[str, float], ...]  # consumedCapacity, (name, amount)
+
+
+def allocation(claim: Mapping[str, Any]) -> list[Allocated] | None:
+    """The devices a claim was allocated, or None when it is not allocated (or its status
+    is malformed: the claim is charged by its spec then)."""
+    status = claim.get("status")
+    alloc = status.get("allocation") if isinstance(status, dict) else None
+    devs = alloc.get("devices") if isinstance(alloc, dict) else None
+    results = devs.get("results") if isinstance(devs, dict) else None
+    if not isinstance(results, list):
+        return None
+    out: list[Allocated] = []
+    for r in results:
+        if not isinstance(r, dict):
+            return None
+        names = [r.get(k) for k in ("request", "driver", "pool", "device")]
+        if not all(isinstance(n, str) and n for n in names):
+            return None
+        request, driver, pool, device = (str(n) for n in names)
+        consumed: list[tuple[str, float]] = []
+        raw = r.get("consumedCapacity")
+        for key, value in sorted(raw.items()) if isinstance(raw, dict) else ():
+            try:
+                consumed.append((str(key), float(quantity.parse(value))))
+            except quantity.QuantityError:
+                return None
+        top, _, sub = request.partition("/")
+        out.append(Allocated(top, sub, driver, pool, device, tuple(consumed)))
+    return out
 
 
 def pod_claims(spec: dict[str, Any], ptr: str) -> list[PodClaim]:

@@ -35,6 +35,7 @@ from typing import Any
 from webhook.engine.charge import charge_and_unknown
 from webhook.engine.cost import Charge
 from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.k8s.slices import SLICE
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.claims import ClaimCache
 from webhook.quota.line import WaitLine
@@ -100,11 +101,21 @@ class ClusterState:
         self.on_templates_synced: Callable[[], None] | None = None
         # Pods waiting behind our scheduling gate (quota.line), for the leader's release.
         self.line = WaitLine()
+        # Nodes' product label values (None: a node without one), when nodes are fed in
+        # (node_event): a bound pod is charged to its node's product. Pods bound to a
+        # node not seen yet are charged again when it is: node -> their uids.
+        self.node_products: dict[str, str | None] = {}
+        self._on_node: dict[str, set[str]] = {}
+        self._bound: dict[str, dict[str, Any]] = {}  # uid -> pod, while its node is unseen
 
-    def watch_claims(self) -> ClaimCache:
-        """Keep DRA claims and templates too (their watches then count for liveness)."""
+    def watch_claims(self, slices: bool = False) -> ClaimCache:
+        """Keep DRA claims and templates too (their watches then count for liveness),
+        and ResourceSlices with ``slices``."""
         self.claims = ClaimCache(self.policy, self.namespace_labels)
         self._watches = (PODS, NAMESPACES, CLAIM, TEMPLATE)
+        if slices:
+            self.claims.watch_slices()
+            self._watches += (SLICE,)
         return self.claims
 
     def claim_lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -187,12 +198,14 @@ class ClusterState:
         if typ == "DELETED":
             into.put(uid, None, None)
             self._wait(uid, None, ())
+            self._note_node(uid, None)
             self._end(uid)
             self.line.gone(uid)
             return
         ns = str(meta.get("namespace") or "")
         charge, unknown = charge_and_unknown(pod, self.policy(), self.labels.get(ns),
-                                             self.claim_lookup)
+                                             self.claim_lookup, self.node_products.get)
+        self._note_node(uid, pod)
         if self.claims is not None:  # templates are watched: they will arrive
             self._wait(uid, pod, unknown)
         if charge is None and uid in into.usage:
@@ -201,7 +214,7 @@ class ClusterState:
         self.line.seen(uid, pod, charge is not None)
 
     def claim_event(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
-        """The event handler for one DRA kind's watch (CLAIM or TEMPLATE)."""
+        """The event handler for one DRA kind's watch (CLAIM, TEMPLATE or SLICE)."""
 
         def handle(typ: str, obj: dict[str, Any]) -> None:
             self._progress[kind] = self._clock()
@@ -215,6 +228,7 @@ class ClusterState:
             else:
                 self._absent.discard(kind)
             first_sync = typ == "SYNCED" and not self.claims.synced[kind]
+            products = self.claims.products() if kind == SLICE else None
             for uid, charge in self.claims.event(kind, typ, obj):
                 for into in (self._pods, self._relisting):
                     if into is not None:
@@ -228,6 +242,11 @@ class ClusterState:
                     self._pod("MODIFIED", self._waiting[uid][0])  # charged in full now
             if first_sync and kind == TEMPLATE and self.pods_synced and self.on_templates_synced:
                 self.on_templates_synced()
+            # A pod's claim template of part of a device costs what the slices say its
+            # products' devices hold: when that changes, the pods are counted again.
+            if (products is not None and self.on_relabel and self._any_pod()
+                    and self.claims.products() != products):
+                self.on_relabel()
 
         return handle
 
@@ -239,7 +258,12 @@ class ClusterState:
             self.labels = {}
             return
         if typ == "SYNCED":
+            first = not self.namespaces_synced
             self.namespaces_synced = True
+            # Pods seen before their namespace's labels were charged to no tenant by
+            # selector: count them again now the labels are all in.
+            if first and self.on_relabel and self._any_pod():
+                self.on_relabel()
             return
         meta = ns.get("metadata") or {}
         name = meta.get("name")
@@ -250,8 +274,69 @@ class ClusterState:
             self.labels.pop(name, None)
         else:
             self.labels[name] = dict(meta.get("labels") or {})
+        if before != self.labels.get(name):
+            self._recharge_claims()  # a claim's tenant by selector may have changed
         if self.namespaces_synced and before != self.labels.get(name) and self.on_relabel:
             self.on_relabel()  # tenants by selector may have changed: recount the pods
+
+    def node_event(self, typ: str, node: dict[str, Any]) -> None:
+        """A node seen (ADDED, MODIFIED, DELETED, RESET): its product label, for the pods
+        bound to it. A pod seen bound to a node before the node is charged again when the
+        node arrives, or when its product label changes."""
+        if typ == "RESET":
+            return  # the relist delivers each node again; a stale label is replaced then
+        meta = node.get("metadata") or {}
+        name = meta.get("name")
+        if not isinstance(name, str):
+            return
+        if typ == "DELETED":
+            self.node_products.pop(name, None)
+            return
+        labels = meta.get("labels") or {}
+        value = labels.get(self.policy().product_label) if isinstance(labels, dict) else None
+        value = value if isinstance(value, str) else None
+        before = self.node_products.get(name, ...)
+        self.node_products[name] = value
+        waiting = self._on_node.pop(name, set())
+        if before is not ... and before != value and self.on_relabel and self._any_pod():
+            self.on_relabel()  # the label changed under bound pods: count them again
+        for uid in sorted(waiting):
+            pod = self._bound.pop(uid, None)
+            live = uid in self._pods.name_of or (
+                self._relisting is not None and uid in self._relisting.name_of)
+            if pod is not None and live:
+                self._pod("MODIFIED", pod)
+
+    def _note_node(self, uid: str, pod: dict[str, Any] | None) -> None:
+        """Remember a bound pod whose node is not seen yet (``pod`` None: it is gone)."""
+        old = self._bound.pop(uid, None)
+        if old is not None:
+            node = str((old.get("spec") or {}).get("nodeName") or "")
+            waiting = self._on_node.get(node)
+            if waiting is not None:
+                waiting.discard(uid)
+                if not waiting:
+                    del self._on_node[node]
+        if pod is None:
+            return
+        spec = pod.get("spec") or {}
+        bound = spec.get("nodeName") if isinstance(spec, dict) else None
+        if isinstance(bound, str) and bound and bound not in self.node_products:
+            self._bound[uid] = pod
+            self._on_node.setdefault(bound, set()).add(uid)
+
+    def _recharge_claims(self) -> None:
+        """Charge the claims again (their namespaces' labels changed)."""
+        if self.claims is None:
+            return
+        for uid, charge in self.claims.recharge():
+            for into in (self._pods, self._relisting):
+                if into is not None:
+                    into.put(uid, None, charge)
+
+    def _any_pod(self) -> bool:
+        """Whether a pod has been seen (listed or being listed again)."""
+        return bool(self._pods.name_of) or bool(self._relisting and self._relisting.name_of)
 
     def _wait(self, uid: str, pod: dict[str, Any] | None, templates: Iterable[str]) -> None:
         """Note the claim templates ``pod`` names that are not known yet (none: it no

@@ -17,6 +17,7 @@ from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
 from webhook.engine.routes import Sights, carries_gpus, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.k8s.slices import SLICE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
@@ -125,13 +126,20 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     pods = kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event))
     namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
     # DRA: the claims and templates pods name, found without an API call on admission.
-    state.watch_claims()
+    state.watch_claims(slices=True)
     claims = kube.Watcher(api, "resourceclaims",
                           state.deliverer(loop, state.claim_event(CLAIM)))
+    # What each DRA device holds: a claim of part of one is charged its share.
+    resource_slices = kube.Watcher(api, "resourceslices",
+                                   state.deliverer(loop, state.claim_event(SLICE)))
     templates = kube.Watcher(api, "resourceclaimtemplates",
                              state.deliverer(loop, state.claim_event(TEMPLATE)))
     seen = SightCache(policy)
-    nodes = kube.Watcher(api, "nodes", _on(loop, seen.node_event, state))
+    def node_event(typ: str, node: dict[str, Any]) -> None:
+        seen.node_event(typ, node)
+        state.node_event(typ, node)  # a bound pod is charged to its node's product
+
+    nodes = kube.Watcher(api, "nodes", _on(loop, node_event, state))
     classes = kube.Watcher(api, "priorityclasses", _on(loop, seen.class_event, state))
     state.on_relabel = pods.resync
     # Pods listed before the templates they name were charged without them: once the
@@ -139,7 +147,7 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     state.on_templates_synced = pods.resync
     # A new policy may charge pods and claims differently.
     source.on_change.extend([pods.resync, claims.resync])
-    watchers = [namespaces, templates, claims, pods, nodes, classes]
+    watchers = [namespaces, templates, claims, pods, nodes, classes, resource_slices]
     for w in watchers:
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",

@@ -156,13 +156,18 @@ def node_object(cluster: Cluster, info: NodeInfo) -> dict[str, Any]:
     gpu = group.get("gpu")
     if gpu:
         model = spec["gpuModels"][gpu["model"]]
-        labels.update({
-            "nvidia.com/gpu.present": "true",
-            PRODUCT_LABEL: str(model["product"]),
-            "nvidia.com/gpu.count": str(gpu["count"]),
-            "nvidia.com/gpu.memory": str(model["memoryMiB"]),
-            "nvidia.com/gpu.family": str(model["family"]),
-        })
+        # The GPU operator's label (from Node Feature Discovery), on every GPU node.
+        labels["nvidia.com/gpu.present"] = "true"
+        if "real" in model:
+            # A real machine's GFD labels, exactly as GFD wrote them.
+            labels.update(real_labels(model, group))
+        else:
+            labels.update({
+                PRODUCT_LABEL: str(model["product"]),
+                "nvidia.com/gpu.count": str(gpu["count"]),
+                "nvidia.com/gpu.memory": str(model["memoryMiB"]),
+                "nvidia.com/gpu.family": str(model["family"]),
+            })
         taints.append(cluster.gpu_taint)
     # A group's own taints (spot capacity, say), besides the GPU taint.
     taints.extend(dict(t) for t in group.get("taints") or [])
@@ -184,15 +189,105 @@ def node_object(cluster: Cluster, info: NodeInfo) -> dict[str, Any]:
     return node
 
 
+def real_labels(model: dict[str, Any], group: dict[str, Any]) -> dict[str, str]:
+    """The GFD labels of a real machine (``real/<model>/gfd-labels-mig-<strategy>.txt``),
+    for the group's MIG strategy (``migStrategy``, default none). The machine's GPU count
+    must be the group's: the labels say how many GPUs the node has."""
+    strategy = str(group.get("migStrategy") or "none")
+    path = HERE / str(model["real"]) / f"gfd-labels-mig-{strategy}.txt"
+    labels: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            labels[key] = value
+    if labels.get("nvidia.com/gpu.count") != str(group["gpu"]["count"]):
+        raise ValueError(f"node group {group['name']}: {path.name} is of a node with "
+                         f"{labels.get('nvidia.com/gpu.count')} GPUs, the group has "
+                         f"{group['gpu']['count']}")
+    return labels
+
+
+def real_nvml(model: dict[str, Any]) -> dict[str, Any]:
+    """What NVML reports on the real machine of a model (``real/<model>/nvml.json``)."""
+    doc: dict[str, Any] = json.loads((HERE / str(model["real"]) / "nvml.json").read_text())
+    return doc
+
+
+def driver_version(text: str) -> str:
+    """A version as NVIDIA's DRA driver publishes it: parsed by Masterminds/semver (which
+    coerces leading zeros and fills missing parts), printed as semver: ``580.159.04`` ->
+    ``580.159.4``, ``9.0`` -> ``9.0.0``."""
+    parts = [int(p) for p in text.split(".")]
+    parts += [0] * (3 - len(parts))
+    return ".".join(str(p) for p in parts[:3])
+
+
+def pci_bus_id(nvml_bus_id: str) -> str:
+    """NVML's PCI bus id as the driver publishes it (go-nvlib's GetPCIBusID): lower case,
+    the 8-digit domain's leading ``0000`` cut to the 4-digit BDF form."""
+    bus = nvml_bus_id.lower()
+    return bus[4:] if bus.startswith("0000") and bus != "0000" else bus
+
+
+def nvml_device(nvml: dict[str, Any], gpu: dict[str, Any], name: str, gpu_uuid: str,
+                shareable: bool) -> dict[str, Any]:
+    """One full-GPU device as NVIDIA's DRA kubelet plugin builds it from NVML
+    (``cmd/gpu-kubelet-plugin/deviceinfo.go``, ``GpuInfo.Attributes`` and
+    ``fullGpuCapacity``): strings as NVML says them, versions as semver, the CUDA driver
+    version from NVML's integer (13000 -> 13.0 -> 13.0.0), the PCI bus id under
+    Kubernetes' standard attribute, memory as a binary quantity of the bytes. A
+    shareable device is allocated to several claims at once, each taking some of its
+    memory (``allowMultipleAllocations``, Kubernetes' consumable capacity)."""
+    cuda = int(nvml["cudaDriverVersion"])
+    device: dict[str, Any] = {
+        "name": name,
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": gpu_uuid},
+            "productName": {"string": str(gpu["productName"])},
+            "brand": {"string": str(gpu["brand"])},
+            "architecture": {"string": str(gpu["architecture"])},
+            "cudaComputeCapability": {"version": driver_version(gpu["cudaComputeCapability"])},
+            "driverVersion": {"version": driver_version(nvml["driverVersion"])},
+            "cudaDriverVersion": {"version": driver_version(f"{cuda // 1000}.{cuda % 1000 // 10}")},
+            "resource.kubernetes.io/pciBusID": {"string": pci_bus_id(gpu["pcieBusID"])},
+        },
+        "capacity": {"memory": {"value": binary_quantity(int(gpu["memoryBytes"]))}},
+    }
+    if shareable:
+        device["allowMultipleAllocations"] = True
+    return device
+
+
+def binary_quantity(n: int) -> str:
+    """A byte count as Kubernetes prints a BinarySI quantity: the largest power of 1024
+    that divides it (150754820096 -> 143771Mi)."""
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = 1024 ** ("KMGTPE".index(suffix[0]) + 1)
+        if n % unit == 0 and n >= unit:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
 def resource_slice(cluster: Cluster, info: NodeInfo) -> dict[str, Any]:
     """The ResourceSlice NVIDIA's DRA driver publishes for a node: one device per GPU,
     attributes as its kubelet plugin names them (productName is the NVML name, with
-    spaces, unlike the dashed node label)."""
+    spaces, unlike the dashed node label). A model of a real machine (``real``) has
+    that machine's devices, as the driver formats them (:func:`nvml_device`)."""
     group = _group(cluster.spec, info.group)
     model = cluster.spec["gpuModels"][group["gpu"]["model"]]
     devices = []
     for i in range(int(group["gpu"]["count"])):
         gpu_uuid = "GPU-" + str(uuid.uuid5(_UUID_NS, f"{info.name}/{i}"))
+        if "real" in model:
+            nvml = real_nvml(model)
+            gpus = nvml["gpus"]
+            real = gpus[i % len(gpus)]
+            # The first node is the real machine (its GPUs' UUIDs); others are copies.
+            own = str(real["uuid"]) if info.name.endswith("-0") and i < len(gpus) else gpu_uuid
+            devices.append(nvml_device(nvml, real, f"gpu-{i}", own,
+                                       bool(group.get("shareable"))))
+            continue
         devices.append({
             "name": f"gpu-{i}",
             "attributes": {

@@ -49,6 +49,8 @@ class Watcher:
             fn = client.ResourceV1Api(api).list_resource_claim_for_all_namespaces
         elif kind == "resourceclaimtemplates":
             fn = client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces
+        elif kind == "resourceslices":
+            fn = client.ResourceV1Api(api).list_resource_slice
         elif kind == "nodes":
             fn = core.list_node
         elif kind == "priorityclasses":
