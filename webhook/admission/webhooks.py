@@ -77,6 +77,9 @@ class Cluster:
     claims: ClaimLookup = no_claims  # DRA claims and templates seen (a watch cache)
     read_claim: ClaimReader | None = None  # None: an unseen claim is not read
     sights: Sights = no_sights  # GPU nodes and PriorityClasses seen (watch caches)
+    # The time a review is decided at (unix seconds): it chooses a tenant's quota window.
+    # Tests give their own (webhook.server.settings: test_clock_offset_file).
+    clock: Callable[[], float] = time.time
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
@@ -115,7 +118,7 @@ async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Clu
                     CLAIM_CONTROLLER_USERS, prepared)
     if again:
         return v.decision.adding(again)
-    return await with_quota(v, policy, cluster.store, budget)
+    return await with_quota(v, policy, cluster.store, budget, cluster.clock())
 
 
 async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
@@ -137,7 +140,7 @@ async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluste
                    name=up.name, error=str(exc))
         return unchecked_scale(up, policy, str(exc)).adding([], ["scale-unchecked"])
     return await with_quota(check_scale(up, workload, policy, cluster.labels), policy,
-                             cluster.store, budget)
+                             cluster.store, budget, cluster.clock())
 
 
 async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,

@@ -49,6 +49,7 @@ from webhook.engine.target import (
     prepare,
 )
 from webhook.engine.tolerations import tolerated_gpu_taints
+from webhook.engine.users import charged_user
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, replicas
@@ -109,7 +110,9 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     if req.operation == "UPDATE" and req.old_object is not None:
         with suppress(MalformedObject):  # an unreadable old object: count all pods
             added = max(0, pods - replicas(req.group, req.kind, req.old_object))
-    ask = Ask(tenant.name, req.namespace, cost, pods, target.template.is_pod, added, req.kind)
+    user = charged_user(req, tenant, target)
+    ask = Ask(tenant.name, req.namespace, cost, pods, target.template.is_pod, added, req.kind,
+              user=user)
     reservation = None
     if target.template.is_pod and not req.dry_run:  # a dry run must leave no trace
         meta = req.object.get("metadata") or {}
@@ -117,7 +120,7 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         key = str(meta.get("uid") or name)
         reservation = Reservation(
             key=key, charge=cost.charge(charged_to(tenant, req.object), req.namespace,
-                                        owner_of(req.object)),
+                                        owner_of(req.object), user=user),
             gangs=pod_ids(req.object), name=name)
     borrowed = charged_to(tenant, req.object) != tenant.name
     if borrowed and target.template.is_pod and tenant.cohort is not None:

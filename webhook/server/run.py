@@ -28,6 +28,7 @@ from webhook.quota.store import MemoryStore
 from webhook.server import heap, metrics
 from webhook.server.certs import selfcerts
 from webhook.server.certs.tls import CertReloader, ClientCertGate, ssl_context, tls_files
+from webhook.server.clock import clock
 from webhook.server.cluster import Cluster, attach, configured, ledger_namespace
 from webhook.server.leading import upkeep
 from webhook.server.settings import Settings
@@ -199,7 +200,8 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         sights=cluster.sights if cluster else no_sights,
         ready_checks=ready,
         max_inflight=settings.max_inflight,
-        request_timeout=settings.request_timeout)
+        request_timeout=settings.request_timeout,
+        clock=clock(settings.test_clock_offset_file))
 
 
 def _server(settings: Settings, runtime: Runtime, context: ssl.SSLContext) -> BoundedServer:

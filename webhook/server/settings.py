@@ -55,6 +55,7 @@ class Settings:
     cert_check_seconds: float = 3600.0
     quota_status_seconds: float = 10.0
     audit_seconds: float = 300.0
+    test_clock_offset_file: str | None = None
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -260,6 +261,9 @@ _DOCS = {
     "audit_seconds": "With a cluster: how often the leader replica audits the running GPU "
                      "pods and workloads and writes PolicyReports (wgpolicyk8s.io); 0: no "
                      "periodic audit.",
+    "test_clock_offset_file": "For tests only: a file holding seconds added to the clock "
+                              "that quota windows (quotaSchedule) are decided by, re-read "
+                              "when it changes. Never set where quota is enforced.",
 }
 
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True,
