@@ -231,7 +231,8 @@ async def _serve(settings: Settings, source: PolicySource, active: Active,
             renewer.keep_renewed(settings.cert_check_seconds)))
     kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
                         settings.quota_status_seconds,
-                        settings.audit_seconds) if cluster is not None else None
+                        settings.audit_seconds,
+                        clock(settings.test_clock_offset_file)) if cluster is not None else None
     # Out of the garbage collector's full passes: what start-up made, the caches'
     # first list, each new policy (webhook.server.heap).
     metrics.HEAP_FROZEN.set_function(heap.frozen)

@@ -85,7 +85,7 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
             if entry.expires > now and key not in uids:
                 held.put(key, entry.charge)
     tenants = _chosen(policy, cluster, namespace, tenant)
-    return quota_status.of(tenants, seen, held, namespace, cluster.unread, policy)
+    return quota_status.of(tenants, seen, held, namespace, cluster.unread, policy, now)
 
 
 def _from_object(policy: CompiledPolicy, cluster: Cluster, namespace: str,
@@ -102,10 +102,12 @@ def _from_object(policy: CompiledPolicy, cluster: Cluster, namespace: str,
     rows = [Row(name, str(c["scope"]), str(c["cap"]), float(c["used"]),
                 float(c["reserved"]), float(c["limit"])) for c in st.get("caps") or ()]
     top = [(str(c["owner"]), float(c["gpus"])) for c in st.get("topConsumers") or ()]
+    windows = {name: str(st["window"])} if isinstance(st.get("window"), str) else {}
     note = (f"numbers from the webhook's GPUQuota {namespace}/{meta['name']} (updated "
             f"{st.get('updated', '?')}): it counts the pods, namespaces and reservations "
             "this account may not read")
-    return Report(rows, {name: int(st.get("pods") or 0)}, {name: top}, [note])
+    return Report(rows, {name: int(st.get("pods") or 0)}, {name: top}, [note],
+                  windows=windows)
 
 
 def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
@@ -145,6 +147,9 @@ def table(r: Report) -> str:
         lines.append(f"{t}: {n} GPU {'pod' if n == 1 else 'pods'} running; "
                      f"top consumers: {top}")
     lines.extend(r.cohorts)
+    for t, w in r.windows.items():
+        lines.append(f"{t}: quota window {w} applies now" if w else
+                     f"{t}: outside its quota windows: its own caps apply")
     for what in r.unread:
         lines.append(f"note: {what}")
     return "\n".join(lines) + "\n"
