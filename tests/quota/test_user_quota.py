@@ -221,9 +221,9 @@ def test_a_ledger_entry_keeps_its_user_and_a_bad_one_is_dropped() -> None:
 
 
 def test_no_user_name_in_the_policy_is_needed_and_bad_fields_are_refused() -> None:
-    with pytest.raises(PolicyError, match="userQuota.*controllers"):
+    with pytest.raises(PolicyError, match=r"userQuota.*controllers"):
         policy(POLICY.replace("[kubeflow/training-operator]", "[not-an-account]"))
-    with pytest.raises(PolicyError, match="userQuota.*gpus"):
+    with pytest.raises(PolicyError, match=r"userQuota.*gpus"):
         policy(POLICY.replace("gpus: 4", "gpus: -1"))
 
 
