@@ -9,8 +9,8 @@ tests/e2e/test_e2e_quota_windows.py.
 from __future__ import annotations
 
 import asyncio
-import time
 import copy
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
