@@ -267,3 +267,40 @@ def test_an_unreachable_ledger_denies_a_users_pod(api: FakeAPI) -> None:
     assert not d.allowed
     assert "the GPU quota ledger cannot be reached (the API server failed (HTTP 503))" \
         in d.message
+
+
+def test_a_negative_entry_for_a_user_lifts_no_cap(api: FakeAPI) -> None:
+    p = policy()
+    full = _other("alice", 4, "full")
+    bad = _other("alice", 4, "bad")
+    bad["bad"]["gpus"] = -4
+    bad["bad"]["resources"] = {"nvidia.com/gpu": -4}
+    api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps({**full, **bad}).decode()})
+    store = ledger_replica(api, p)
+    d, _ = through(pod("mine"), "alice", store, p)
+    assert not d.allowed and "user alice holds 4 of their 4 GPUs" in d.message
+
+
+def test_a_retried_create_is_one_charge_to_its_user(api: FakeAPI) -> None:
+    p = policy()
+    store = ledger_replica(api, p)
+    first = pod("x", 2)
+    retry = pod("x", 2)
+    retry["metadata"]["uid"] = "uid-x-retry"
+    assert through(first, "alice", store, p)[0].allowed
+    assert through(retry, "alice", store, p)[0].allowed  # the same create again
+    assert through(pod("y", 2), "alice", store, p)[0].allowed  # 2 + 2 = 4, not 6
+    assert not through(pod("z"), "alice", store, p)[0].allowed
+
+
+def test_the_same_name_for_another_user_is_not_the_same_charge(api: FakeAPI) -> None:
+    # A pending reservation of alice's does not cover bob's create of that name: were it
+    # taken for a retry, bob's pod would count for no one's cap.
+    p = policy()
+    store = ledger_replica(api, p)
+    assert through(pod("x", 4), "alice", store, p)[0].allowed
+    other = pod("x", 4)
+    other["metadata"]["uid"] = "uid-x-bob"
+    assert through(other, "bob", store, p)[0].allowed
+    entries = orjson.loads(api.data(NS, LEDGER)["reservations"])
+    assert sorted(e["user"] for e in entries.values()) == ["alice", "bob"]
