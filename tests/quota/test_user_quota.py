@@ -304,3 +304,20 @@ def test_the_same_name_for_another_user_is_not_the_same_charge(api: FakeAPI) -> 
     assert through(other, "bob", store, p)[0].allowed
     entries = orjson.loads(api.data(NS, LEDGER)["reservations"])
     assert sorted(e["user"] for e in entries.values()) == ["alice", "bob"]
+
+
+def test_audit_charges_running_pods_to_their_recorded_users() -> None:
+    # After userQuota is set (or lowered), audit lists each user's newest pods beyond
+    # their cap; a controller's pod that records no one is charged to no user.
+    from webhook.admission.audit import audit
+
+    p = policy()
+    running = [pod(f"a{i}", user="alice", owner="web-1") for i in range(5)]
+    running += [pod(f"old{i}", owner="old-1") for i in range(3)]
+    running += [pod("bobs", 2, user="bob")]
+    for i, obj in enumerate(running):
+        obj["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:{i:02d}Z"
+    found = {f.subject: f for f in audit(p, running, [], lambda ns: None)
+             if f.verdict == "refused"}
+    assert sorted(found) == ["pod research/a4"]
+    assert "user alice holds 4 of their 4 GPUs" in found["pod research/a4"].detail
