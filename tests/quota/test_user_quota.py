@@ -9,6 +9,7 @@ tests/e2e/test_e2e_sim_users.py.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -321,3 +322,36 @@ def test_audit_charges_running_pods_to_their_recorded_users() -> None:
              if f.verdict == "refused"}
     assert sorted(found) == ["pod research/a4"]
     assert "user alice holds 4 of their 4 GPUs" in found["pod research/a4"].detail
+
+
+def test_a_pod_that_skipped_the_mutating_webhook_and_names_another_user_is_refused() -> None:
+    # failurePolicy Ignore while the mutating webhook was down: the pod reaches the
+    # validating webhook saying it is bob's. Admitted, the cache would charge it to bob.
+    p, store = policy(), MemoryStore()
+    d = validating(review(pod("forged", user="bob"), "alice"), p, store=store)
+    assert not d.allowed
+    assert "says it is bob's (annotation gpu-webhook.dev/requested-by), but alice " \
+           "creates it" in d.message
+    assert store.view().tenant("research").gpus == 0
+
+
+def test_kubectl_scale_is_checked_against_the_user_the_workload_records() -> None:
+    from test_scale import scale_review
+
+    from webhook.admission.webhooks import Cluster, scaling
+
+    p, store = policy(), MemoryStore()
+    _, created = through(deployment("web", 2), "alice", store, p)
+
+    async def read(resource: str, namespace: str, name: str, timeout: float
+                   ) -> dict[str, Any]:
+        return created
+
+    def scale(new: int, who: str) -> Decision:
+        req = scale_review(2, new, name="web", namespace="research", user=who)
+        return asyncio.run(scaling(req, p, Cluster(store=store, read_workload=read)))
+
+    # Scaled by bob, the pods are still alice's: 5 of them can never fit her 4.
+    d = scale(5, "bob")
+    assert not d.allowed and "user alice" in d.message
+    assert scale(4, "bob").allowed

@@ -256,6 +256,15 @@ def user_quota_exceeded(user: str, tenant: str, what: str, used: float, asked: f
             f"{num(asked)} more. {fits}.{hint}")
 
 
+def user_not_recorded(said: str | None, user: str) -> str:
+    """A pod created by a user that does not carry their name (the mutating webhook was
+    skipped): its GPUs would be counted for someone else."""
+    says = f"says it is {said}'s" if said else "records no user"
+    return (f"{says} (annotation gpu-webhook.dev/requested-by), but {user} creates it: "
+            "GPUs are charged to the user who creates a pod. Remove the annotation and "
+            "create the pod again; the webhook records the creator itself.")
+
+
 def in_window(what: str, window: str) -> str:
     """``GPUs in window working-hours``: a cap a quota window gives now."""
     return f"{what} in window {window}" if window else what

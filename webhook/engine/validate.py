@@ -49,7 +49,7 @@ from webhook.engine.target import (
     prepare,
 )
 from webhook.engine.tolerations import tolerated_gpu_taints
-from webhook.engine.users import charged_user
+from webhook.engine.users import charged_user, recorded
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, replicas
@@ -111,6 +111,14 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         with suppress(MalformedObject):  # an unreadable old object: count all pods
             added = max(0, pods - replicas(req.group, req.kind, req.old_object))
     user = charged_user(req, tenant, target)
+    if user is not None and target.template.is_pod:
+        said = recorded(target.template.metadata)
+        if said != user:
+            # The mutating webhook writes the creator's name on the pod; a pod that
+            # reaches this webhook saying someone else did not pass it (failurePolicy
+            # Ignore while it was down), and the cache would charge it to that name.
+            check.report(Rule.QUOTA, messages.user_not_recorded(said, user))
+            return None
     ask = Ask(tenant.name, req.namespace, cost, pods, target.template.is_pod, added, req.kind,
               user=user)
     reservation = None
