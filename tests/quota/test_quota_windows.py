@@ -191,3 +191,45 @@ def test_the_test_clock_follows_its_offset_file(tmp_path: Path) -> None:
     assert -3605 < clock() - time.time() < -3595
     f.write_text("soon")  # unreadable: the last offset is kept
     assert -3605 < clock() - time.time() < -3595
+
+
+def test_review_at_decides_as_at_that_time(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from kit import console_script
+
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    (tmp_path / "pods.yaml").write_text("---\n".join(
+        orjson.dumps(pod(f"p{i}", 3)).decode() + "\n" for i in range(2)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_WEBHOOK_")}
+
+    def review(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([console_script(), "review", "-f", "pods.yaml", "--policy",
+                               "policy.yaml", *extra], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path, env=env)
+
+    day = review("--at", "2026-03-02T09:00:00+01:00")  # 2 x 3 of the window's 8
+    assert day.returncode == 0, day.stdout + day.stderr
+    night = review("--at", "2026-03-02T20:00:00+01:00")  # the tenant's own 4
+    assert night.returncode == 1
+    assert "tenant notebooks would use 6 of its 4 GPUs" in night.stdout
+    bad = review("--at", "tomorrow")
+    assert bad.returncode == 2
+    assert "--at 'tomorrow' is not a time with its offset" in bad.stderr
+
+
+def test_status_prints_the_window_that_applies(tmp_path: Path) -> None:
+    from webhook.tools.status import Cluster as Read
+    from webhook.tools.status import report, table
+
+    running = pod("held", 2)
+    r = report(policy(), Read(pods=[running]), tenant="notebooks",
+               now=at("2026-03-02 09:00"))
+    text = table(r)
+    assert ("notebooks: quota window working-hours (Mon,Tue,Wed,Thu,Fri 08:00-18:00 "
+            "Europe/Berlin) applies now") in text
+    assert any(x.cap == "gpus" and (x.used, x.limit) == (2, 8) for x in r.rows)
+    later = table(report(policy(), Read(pods=[running]), tenant="notebooks",
+                         now=at("2026-03-02 19:00")))
+    assert "notebooks: outside its quota windows: its own caps apply" in later
