@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 import jsonpatch
 import orjson
 import pytest
+import yaml
 from fakeapi import FakeAPI
 from quotakit import ledger_replica
 
@@ -56,6 +57,7 @@ spec:
             quota: {gpus: 1}
 """
 BERLIN = ZoneInfo("Europe/Berlin")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def at(text: str) -> float:
@@ -162,6 +164,11 @@ def test_status_and_the_gpuquota_status_say_which_window_applies() -> None:
     assert (row.reserved, row.limit) == (3, 8)
     st = gpuquota_status(report, "notebooks", p.name)
     assert st["window"].startswith("working-hours") and st["limit"] == 8
+    # Declared in the CRD, or the API server would prune it.
+    crd = yaml.safe_load((ROOT / "deploy" / "base" / "crd-gpuquota.yaml").read_text())
+    [version] = crd["spec"]["versions"]
+    assert set(st) - {"updated"} <= set(
+        version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"])
     outside = of(p.tenants, store.pods, store.reserved, policy=p, now=at("2026-03-07 12:00"))
     assert outside.windows == {"notebooks": ""}
     assert gpuquota_status(outside, "notebooks", p.name)["limit"] == 4
