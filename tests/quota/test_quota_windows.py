@@ -240,3 +240,10 @@ def test_status_prints_the_window_that_applies(tmp_path: Path) -> None:
     later = table(report(policy(), Read(pods=[running]), tenant="notebooks",
                          now=at("2026-03-02 19:00")))
     assert "notebooks: outside its quota windows: its own caps apply" in later
+
+
+def test_a_cohort_tenant_cannot_have_a_schedule() -> None:
+    text = POLICY.replace("      quota: {gpus: 4, pods: 10}\n",
+                          "      quota: {gpus: 4, pods: 10}\n      cohort: {name: lab}\n")
+    with pytest.raises(PolicyError, match="a tenant in a cohort cannot have a quotaSchedule"):
+        policy(text)

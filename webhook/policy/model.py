@@ -626,6 +626,12 @@ class Tenant(_Strict):
             raise FieldProblem(("cohort",),
                 f"tenant {self.name!r}: a cohort shares quota.gpus, and this tenant has "
                 "none: set quota.gpus (0 to only borrow)")
+        if self.cohort is not None and self.quota_schedule is not None:
+            # What a cohort lends and borrows is computed from each member's quota.gpus;
+            # a window changing it is not part of that arithmetic.
+            raise FieldProblem(("quotaSchedule",),
+                f"tenant {self.name!r}: a tenant in a cohort cannot have a quotaSchedule: "
+                "remove one of them")
         p = self.priority
         if (p is not None and p.default_class is not None and p.allowed_classes is not None
                 and p.default_class not in p.allowed_classes):
