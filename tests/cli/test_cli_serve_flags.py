@@ -56,6 +56,7 @@ PARSE_CASES: list[tuple[list[str], str]] = [
     (["--cert-check-seconds", "inf"], "--cert-check-seconds must be a finite number"),
     (["--quota-status-seconds", "-1"], "--quota-status-seconds must be 0 (off) or more"),
     (["--audit-seconds", "often"], "--audit-seconds: invalid float value"),
+    (["--test-clock-offset-file", ""], "--test-clock-offset-file is empty"),
     (["--workers", "2"], "unrecognized arguments: --workers 2"),
 ]
 # Flags whose bad values only matter with --self-managed-certs, so need a kubeconfig.

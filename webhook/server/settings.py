@@ -172,7 +172,8 @@ class Settings:
             if not pattern.fullmatch(value):
                 raise SystemExit(f"--{_flag(name)} {value!r} is not a valid object name "
                                  "(lowercase letters, digits and '-')")
-        for name in ("cert_dir", "tls_cert", "tls_key", "client_ca", "policy", "kubeconfig"):
+        for name in ("cert_dir", "tls_cert", "tls_key", "client_ca", "policy", "kubeconfig",
+                     "test_clock_offset_file"):
             if getattr(self, name) == "":
                 raise SystemExit(f"--{_flag(name)} is empty: give a path, or leave it out")
 
