@@ -160,7 +160,8 @@ def _caps(limits: Limits, used: Totals, reserved: Totals
 def headline(rows: Sequence[Row]) -> Row | None:
     """The GPU cap that binds first: of the ``gpus`` caps (the tenant's, the namespace's
     own), the one with the least free; ties go to the tenant's."""
-    gpus = [r for r in rows if r.cap == "gpus"]
+    # A user's cap binds that user only: the object's columns are the tenant's.
+    gpus = [r for r in rows if r.cap == "gpus" and not r.scope.startswith("user ")]
     return min(gpus, key=lambda r: (r.free, r.scope != "tenant")) if gpus else None
 
 
