@@ -137,6 +137,10 @@ def _parser() -> argparse.ArgumentParser:
                         "not given: unknown, as to a webhook without a cluster; \"\": none)")
     r.add_argument("--user", default="developer", help="requesting user [developer]")
     r.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
+    r.add_argument("--at", metavar="TIME", default=None,
+                   help="decide as at this time, ISO 8601 with its offset "
+                        "(2026-03-02T09:00:00+01:00): chooses the quota windows of "
+                        "quotaSchedule [now]")
     r.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
     r.set_defaults(func=_review)
 
@@ -589,6 +593,18 @@ def _review(args: argparse.Namespace) -> int:
     except ValueError:
         print("gpu-webhook review: --namespace-labels takes k=v,k2=v2", file=sys.stderr)
         return 2
+    at = None
+    if args.at is not None:
+        from datetime import datetime
+        try:
+            moment = datetime.fromisoformat(args.at)
+        except ValueError:
+            moment = None
+        if moment is None or moment.tzinfo is None:
+            print(f"gpu-webhook review: --at {args.at!r} is not a time with its offset, e.g. "
+                  "2026-03-02T09:00:00+01:00 or 2026-03-02T08:00:00Z", file=sys.stderr)
+            return 2
+        at = moment.timestamp()
     results: list[dict[str, Any]] = []
     denied = False
     store = MemoryStore()
@@ -613,7 +629,7 @@ def _review(args: argparse.Namespace) -> int:
 
         # The documents of one file share an empty usage store: quota caps apply to each
         # object, and pods earlier in the file count against the ones after them.
-        out = through_both(req, policy, labels, store, claims)
+        out = through_both(req, policy, labels, store, claims, at)
         m = out.mutating
         skipped = next((d.skipped for d in out.decisions if d.skipped), None) \
             if all(d.skipped for d in out.decisions) else None

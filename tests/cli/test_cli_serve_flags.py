@@ -57,6 +57,7 @@ PARSE_CASES: list[tuple[list[str], str]] = [
     (["--quota-status-seconds", "-1"], "--quota-status-seconds must be 0 (off) or more"),
     (["--audit-seconds", "often"], "--audit-seconds: invalid float value"),
     (["--release-seconds", "-1"], "--release-seconds must be 0 (off) or more"),
+    (["--test-clock-offset-file", ""], "--test-clock-offset-file is empty"),
     (["--workers", "2"], "unrecognized arguments: --workers 2"),
 ]
 # Flags whose bad values only matter with --self-managed-certs, so need a kubeconfig.

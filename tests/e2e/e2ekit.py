@@ -243,6 +243,14 @@ class RoundRobinProxy:
         self.backends = [b for b in self.backends if b != port]
         self._next = itertools.cycle(self.backends)
 
+    def route(self, ports: list[int]) -> None:
+        """Send new connections to ``ports`` only (every backend again when given them
+        all), and close the open ones so the API server connects anew: a test decides
+        which replica answers next."""
+        self.backends = list(ports)
+        self._next = itertools.cycle(self.backends)
+        self.drop_connections()
+
     def drop_connections(self) -> None:
         """Close every open connection, so that callers must connect (and handshake)
         again, as when a Service's endpoints change."""

@@ -67,7 +67,9 @@ def test_every_status_field_is_in_the_crd_schema() -> None:
     st = gpuquota_status(report(policy(), Cluster(pods=[pod("a", "research", 4),
                                                         waiting("w", "research", 2)]),
                                 tenant="research"), "research", "p")
-    assert set(st) | {"updated"} == set(schema)
+    # "window" is written for a tenant with a quotaSchedule only (tests/quota/
+    # test_quota_windows.py writes one).
+    assert set(st) | {"updated", "window"} == set(schema)
     assert set(st["caps"][0]) == set(schema["caps"]["items"]["properties"])
     assert set(st["topConsumers"][0]) == set(schema["topConsumers"]["items"]["properties"])
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}

@@ -32,9 +32,11 @@ from webhook.admission.offline import Outcome, through_both
 from webhook.engine import routes
 from webhook.engine.charge import TERMINAL_PHASES
 from webhook.engine.target import NamespaceLabels
+from webhook.engine.users import recorded
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.users import CONTROLLER_MANAGER
 from webhook.quota.store import MemoryStore
 
 REPORT_GROUP = "wgpolicyk8s.io"
@@ -98,7 +100,8 @@ def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabel
                 "metadata": {k: meta[k] for k in ("name", "namespace", "labels",
                                                    "annotations", "ownerReferences")
                              if k in meta}}
-    req = parse_review(orjson.dumps(request_review(stripped, uid=str(meta.get("uid") or subject))))
+    req = parse_review(orjson.dumps(request_review(stripped, uid=str(meta.get("uid") or subject),
+                                                   username=_creator(meta))))
     o: Outcome = through_both(req, policy, labels, store)
     rules = tuple(RuleFinding(f.rule.value, f.mode.value, f.message)
                   for d in o.decisions for f in d.findings)
@@ -119,6 +122,19 @@ def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabel
                            + o.warnings + audited)
         return [Finding(subject, "changed", detail, ref, rules)]
     return []
+
+
+def _creator(meta: dict[str, Any]) -> str:
+    """Who the object is decided as created by: the user recorded on it (userQuota
+    charges it to them, as the cache does); for a controller's pod that records no one,
+    the controller manager (charged to no user, as the cache charges it)."""
+    user = recorded(meta)
+    if user is not None:
+        return user
+    owners = meta.get("ownerReferences") or ()
+    if any(isinstance(o, dict) and o.get("controller") for o in owners):
+        return CONTROLLER_MANAGER
+    return "developer"  # request_review's default: a bare pod's unknown creator
 
 
 def _held(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabels,

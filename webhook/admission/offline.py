@@ -114,7 +114,7 @@ class ClaimBook:
 
 def through_both(req: AdmissionRequest, policy: CompiledPolicy,
                  labels: NamespaceLabels = no_labels, store: MemoryStore | None = None,
-                 claims: ClaimBook | None = None) -> Outcome:
+                 claims: ClaimBook | None = None, now: float | None = None) -> Outcome:
     """Run a parsed AdmissionReview through the admission pipeline: mutating, the patch
     applied as the API server applies it, then validating (with quota). An admitted claim
     or template goes into ``claims``, for the objects after it. ``req`` is left as it
@@ -134,7 +134,11 @@ def through_both(req: AdmissionRequest, policy: CompiledPolicy,
         as_stored(final, req.uid)
     commits = store.commits
     vreq = replace(req, object=final)
-    v = asyncio.run(validating(vreq, policy, Cluster(labels, store, claims=book)))
+    # ``now``: the time the review is decided at (unix seconds; default the system's),
+    # which chooses a tenant's quota window.
+    cluster = (Cluster(labels, store, claims=book) if now is None else
+               Cluster(labels, store, claims=book, clock=lambda: now))
+    v = asyncio.run(validating(vreq, policy, cluster))
     if v.allowed and final is not None:
         book.add(vreq, final)
     return Outcome(m, v, patched, reserved=store.commits > commits)

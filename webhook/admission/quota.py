@@ -11,6 +11,7 @@ open on quota.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from webhook.engine import messages
 from webhook.engine.decision import Checker, Decision, Finding
@@ -26,12 +27,22 @@ from webhook.quota.waiting import ever_fits
 
 
 async def with_quota(v: Validation, policy: CompiledPolicy, store: UsageStore | None,
-                     budget: float) -> Decision:
-    """The engine's decision with its quota step's findings (none without a store)."""
+                     budget: float, now: float | None = None) -> Decision:
+    """The engine's decision with its quota step's findings (none without a store).
+    ``now`` (unix time, the pipeline's clock) chooses the caps of a tenant's quota
+    window; None: the tenant's caps outside every window."""
     if v.quota is None or store is None:
         return v.decision
-    findings, faults = await quota(v.quota, policy, store, budget)
+    findings, faults = await quota(at(v.quota, now), policy, store, budget)
     return v.decision.adding(findings, faults)
+
+
+def at(step: QuotaStep, now: float | None) -> QuotaStep:
+    """The step with its tenant's caps of the quota window open at ``now``: decided
+    once per review, so every attempt of a commit holds the pod to the same caps."""
+    if now is None or step.tenant.schedule is None:
+        return step
+    return replace(step, tenant=step.tenant.at(now))
 
 
 Found = tuple[list[Finding], list[str]]  # the quota step's findings, and its faults

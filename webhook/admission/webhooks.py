@@ -85,6 +85,9 @@ class Cluster:
     # The username the webhook's own API calls are made as: the only one that may remove
     # the quota gate from a waiting pod (None: unknown, so no one may).
     gatekeeper: str | None = None
+    # The time a review is decided at (unix seconds): it chooses a tenant's quota window.
+    # Tests give their own (webhook.server.settings: test_clock_offset_file).
+    clock: Callable[[], float] = time.time
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
@@ -138,7 +141,7 @@ async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Clu
             and is_gated(req.object)):
         # Waiting for quota: checked against the caps alone, charged when released.
         return v.decision.adding(*waiting(step, policy))
-    return await with_quota(v, policy, cluster.store, budget)
+    return await with_quota(v, policy, cluster.store, budget, cluster.clock())
 
 
 async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
@@ -160,7 +163,7 @@ async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluste
                    name=up.name, error=str(exc))
         return unchecked_scale(up, policy, str(exc)).adding([], ["scale-unchecked"])
     return await with_quota(check_scale(up, workload, policy, cluster.labels), policy,
-                             cluster.store, budget)
+                             cluster.store, budget, cluster.clock())
 
 
 async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,

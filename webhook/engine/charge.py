@@ -24,6 +24,7 @@ from webhook.engine.gpu import check_maximums, check_requests, weighted
 from webhook.engine.pinning import check_pinned
 from webhook.engine.placement import Placement
 from webhook.engine.target import Target, read_target
+from webhook.engine.users import recorded_on
 from webhook.engine.waiting import is_gated
 from webhook.k8s import claims as claims_wire
 from webhook.k8s.objects import MalformedObject, shown_name
@@ -137,7 +138,10 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
         bound = policy.product_name(value) if value is not None else None
         if bound is not None:
             cost = replace(cost, product=bound)
-    return cost.charge(charged_to(target.tenant, pod), namespace, owner_of(pod)), unknown
+    # The user recorded on the pod: its creator's, as admission wrote it (engine.users).
+    user = recorded_on(pod) if target.tenant.user_quota is not None else None
+    return (cost.charge(charged_to(target.tenant, pod), namespace, owner_of(pod), user=user),
+            unknown)
 
 
 def charge_of_claim(kind: str, claim: Mapping[str, Any], policy: CompiledPolicy,

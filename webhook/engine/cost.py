@@ -18,10 +18,12 @@ class Cost:
     gpus: float  # GPU-equivalents (weights applied)
     spot: float = 0.0  # GPU-equivalents held on spot nodes (before the tenant's spot weight)
 
-    def charge(self, tenant: str, namespace: str, owner: str, *, pods: int = 1) -> Charge:
-        """What a pod (or a claim: ``pods=0``) of this cost holds, charged to ``tenant``."""
+    def charge(self, tenant: str, namespace: str, owner: str, *, pods: int = 1,
+               user: str | None = None) -> Charge:
+        """What a pod (or a claim: ``pods=0``) of this cost holds, charged to ``tenant``
+        (and to ``user`` within it, where the tenant caps its users)."""
         return Charge(tenant, namespace, owner, self.product, dict(self.resources),
-                      self.gpus, pods=pods, spot=self.spot)
+                      self.gpus, pods=pods, spot=self.spot, user=user)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,7 @@ class Charge:
     gpus: float
     pods: int = 1  # GPU pods it counts as (a shared ResourceClaim: 0)
     spot: float = 0.0  # GPU-equivalents on spot nodes, for the tenant's spot cap
+    user: str | None = None  # the user it is charged to (tenants[].userQuota)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,7 @@ class Ask:
     pods_added: int  # pods this request adds (an UPDATE that scales 2 -> 5 adds 3)
     kind: str
     counts_pods: bool = True  # False for a ResourceClaim: not a pod, not under a pods cap
+    user: str | None = None  # whose pods they are (tenants[].userQuota); None: no one's
 
     @property
     def product(self) -> str | None:

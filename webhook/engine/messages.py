@@ -237,6 +237,39 @@ def quota_exceeded(scope: str, what: str, used: float, asked: float, cap: float,
             f"{fits[0].upper() + fits[1:]}{alt}.{hint}")
 
 
+def user_quota_exceeded(user: str, tenant: str, what: str, used: float, asked: float,
+                        cap: float, top: list[tuple[str, float]], asker: str,
+                        others: int = 0) -> str:
+    """``exceeded quota: user alice holds 4 of their 4 GPUs in tenant research (...), and
+    this pod asks 1 more.`` A user's cap (tenants[].userQuota): the pods of workloads
+    they created and the bare pods they created themselves."""
+    free = max(cap - used, 0)
+    held = f" ({owners(top)})" if top and used else ""
+    fits = (f"{num(free)} {'is' if free == 1 else 'are'} free for them now" if free
+            else "None is free for them now")
+    hint = (f" Ask for {num(free)} or fewer, wait for their running pods to finish, or ask "
+            "the platform team for more quota." if free else
+            " Wait for their running pods to finish, free some up, or ask the platform "
+            "team for more quota.")
+    return (f"{EXCEEDED_QUOTA}: user {user} holds {num(used)} of their {num(cap)} {what} "
+            f"in tenant {tenant}{tightest(others)}{held}, and {asker} "
+            f"{num(asked)} more. {fits}.{hint}")
+
+
+def user_not_recorded(said: str | None, user: str) -> str:
+    """A pod created by a user that does not carry their name (the mutating webhook was
+    skipped): its GPUs would be counted for someone else."""
+    says = f"says it is {said}'s" if said else "records no user"
+    return (f"{says} (annotation gpu-webhook.dev/requested-by), but {user} creates it: "
+            "GPUs are charged to the user who creates a pod. Remove the annotation and "
+            "create the pod again; the webhook records the creator itself.")
+
+
+def in_window(what: str, window: str) -> str:
+    """``GPUs in window working-hours``: a cap a quota window gives now."""
+    return f"{what} in window {window}" if window else what
+
+
 def _pods(n: int) -> str:
     return f"{n} pod" if n == 1 else f"{n} pods"
 

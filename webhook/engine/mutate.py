@@ -18,7 +18,7 @@ completed and pinned when they are created.
 from __future__ import annotations
 
 from webhook.engine import claims as claims_engine
-from webhook.engine import holding, messages, routes, spot
+from webhook.engine import holding, messages, routes, spot, users
 from webhook.engine.charge import unknown_templates
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import (
@@ -78,6 +78,8 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
             if target.has_gpu:
                 if rt.role.patchable:
                     _gpu_pod(check, policy, target, patch, changes)
+                    if users.record(req, target, patch):
+                        changes.append("requested-by")
                 else:
                     check_requests(check, target.containers, None)
             elif rt.role.patchable:

@@ -34,6 +34,7 @@ from webhook.engine.cost import Ask
 from webhook.engine.decision import Checker, Decision, Quiet, malformed
 from webhook.engine.handoff import PodQuota, Validation
 from webhook.engine.target import NamespaceLabels, read_target
+from webhook.engine.users import recorded
 from webhook.engine.validate import OWNED
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
@@ -127,7 +128,11 @@ def check_scale(up: ScaleUp, workload: dict[str, Any], policy: CompiledPolicy,
         # A stored object we cannot read: say so, do not deny.
         return Validation(unchecked_scale(
             up, policy, messages.malformed(exc.pointer, exc.expected).rstrip(".")))
-    ask = Ask(target.tenant.name, up.namespace, cost, up.new, False, up.new - up.old, up.kind)
+    # The user its CREATE recorded on its template: whose cap the pods added count to.
+    user = (recorded(target.template.metadata) if target.tenant.user_quota is not None
+            else None)
+    ask = Ask(target.tenant.name, up.namespace, cost, up.new, False, up.new - up.old, up.kind,
+              user=user)
     return Validation(Decision(tenant=target.tenant.name),
                       PodQuota(tenant=target.tenant, subject=up.subject, ask=ask))
 

@@ -48,6 +48,7 @@ from webhook.engine.target import (
     prepare,
 )
 from webhook.engine.tolerations import tolerated_gpu_taints
+from webhook.engine.users import charged_user, recorded
 from webhook.k8s.objects import MalformedObject, shown_name
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, replicas
@@ -123,7 +124,17 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     if req.operation == "UPDATE" and req.old_object is not None:
         with suppress(MalformedObject):  # an unreadable old object: count all pods
             added = max(0, pods - replicas(req.group, req.kind, req.old_object))
-    ask = Ask(tenant.name, req.namespace, cost, pods, target.template.is_pod, added, req.kind)
+    user = charged_user(req, tenant, target)
+    if user is not None and target.template.is_pod:
+        said = recorded(target.template.metadata)
+        if said != user:
+            # The mutating webhook writes the creator's name on the pod; a pod that
+            # reaches this webhook saying someone else did not pass it (failurePolicy
+            # Ignore while it was down), and the cache would charge it to that name.
+            check.report(Rule.QUOTA, messages.user_not_recorded(said, user))
+            return None
+    ask = Ask(tenant.name, req.namespace, cost, pods, target.template.is_pod, added, req.kind,
+              user=user)
     reservation = None
     if target.template.is_pod and not req.dry_run:  # a dry run must leave no trace
         meta = req.object.get("metadata") or {}
@@ -131,7 +142,7 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
         key = str(meta.get("uid") or name)
         reservation = Reservation(
             key=key, charge=cost.charge(charged_to(tenant, req.object), req.namespace,
-                                        owner_of(req.object)),
+                                        owner_of(req.object), user=user),
             gangs=pod_ids(req.object), name=name)
     borrowed = charged_to(tenant, req.object) != tenant.name
     if borrowed and target.template.is_pod and tenant.cohort is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from webhook.k8s.objects import parse_pointer
 from webhook.k8s.quantity import parse as parse_quantity
@@ -33,7 +33,9 @@ from webhook.policy.model import (
     WorkloadKind,
     pattern_regex,
 )
+from webhook.policy.schedule import Schedule, Window, compile_schedule
 from webhook.policy.spot import SpotRules, TenantSpotRules, compile_spot, compile_tenant_spot
+from webhook.policy.users import UserLimits, compile_users
 
 # Every DeviceClass is also requestable as this prefix + its name (KEP-5004).
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
@@ -52,6 +54,14 @@ class Limits:
     @classmethod
     def of(cls, q: QuotaLimits, spot: float | None = None) -> Limits:
         return cls(q.gpus, dict(q.resources), dict(q.products), q.pods, spot)
+
+    def over(self, q: QuotaLimits) -> Limits:
+        """These caps with the fields ``q`` sets (a quota window's) replacing them; in
+        ``resources`` and ``products``, each name it gives."""
+        given = q.model_fields_set
+        return Limits(q.gpus if "gpus" in given else self.gpus,
+                      {**self.resources, **q.resources}, {**self.products, **q.products},
+                      q.pods if "pods" in given else self.pods, self.spot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,11 +293,29 @@ class TenantRules:
     runtime: RuntimeRules | None = None  # maxRuntime
     ratios: ResourceRatioRules | None = None  # resourcesPerGpu (the tenant's or policy's)
     routing: RoutingRules | None = None
+    user_quota: UserLimits | None = None  # tenants[].userQuota
+    schedule: Schedule | None = None  # tenants[].quotaSchedule
+    window: Window | None = None  # the window whose caps these are (see at())
 
     @property
     def has_quota(self) -> bool:
         """Whether any cap counts this tenant's GPUs (tenant-wide or in a namespace)."""
-        return self.quota is not None or bool(self.namespace_quota)
+        return (self.quota is not None or bool(self.namespace_quota)
+                or self.user_quota is not None or self.schedule is not None)
+
+    def at(self, now: float) -> TenantRules:
+        """The tenant's rules with the caps of the quota window open at unix time
+        ``now`` (itself when it has no schedule or no window is open)."""
+        if self.schedule is None:
+            return self
+        w = self.schedule.open_at(now)
+        if w is None:
+            return self
+        base = self.quota or Limits(None, {}, {}, None)
+        users = self.user_quota
+        if w.user_quota is not None:
+            users = (users or UserLimits(None, None, frozenset())).over(w.user_quota)
+        return replace(self, quota=base.over(w.quota), user_quota=users, window=w)
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +511,8 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
             runtime=compile_runtime(t.max_runtime),
             ratios=compile_ratios(spec.resources_per_gpu, t.resources_per_gpu),
             routing=compile_routing(t.routing),
+            user_quota=compile_users(t.user_quota),
+            schedule=compile_schedule(t.quota_schedule),
         )
         tenants.append(rules)
         for ns in t.namespaces:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -291,6 +292,89 @@ class Quota(QuotaLimits):
         Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)], QuotaLimits
     ] = Field(default_factory=dict, max_length=1024)
     """Tighter caps for single namespaces of the tenant."""
+
+
+# --- per-user caps and caps by the clock -----------------------------------------------
+
+# The annotation that records who created a workload (or a bare pod), in the project's
+# domain: written by the mutating webhook, never trusted from a user.
+USER_ANNOTATION = "gpu-webhook.dev/requested-by"
+
+
+class UserQuota(_Strict):
+    """Caps on what each user of a tenant may hold at once (``tenants[].userQuota``)."""
+
+    gpus: Equivalents | None = None
+    """GPU-equivalents one user's pods may hold at once, over every GPU resource."""
+    pods: Count | None = None
+    """GPU pods one user may hold at once."""
+    controllers: list[Annotated[str, Field(pattern=_SERVICE_ACCOUNT)]] = Field(
+        default_factory=list, max_length=256)
+    """``namespace/name`` of service accounts, besides kube-system's, that create pods
+    from a workload's template (a training operator): the user recorded on their pods is
+    trusted. A pod anyone else creates is charged to its creator."""
+
+
+Day = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+_DAYS: tuple[Day, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_CLOCK = r"^([01][0-9]|2[0-3]):[0-5][0-9]$|^24:00$"
+
+
+class QuotaWindow(_Strict):
+    """Caps that apply while the clock is in a window (``tenants[].quotaSchedule``)."""
+
+    name: Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]
+    """Shown in messages, ``status`` and the GPUQuota status."""
+    days: list[Day] = Field(default_factory=lambda: list(_DAYS), min_length=1, max_length=7)
+    """Days of the week the window is open on (default: every day), in the schedule's
+    time zone. A window past midnight belongs to the day it starts on."""
+    start: Annotated[str, Field(pattern=_CLOCK)] = "00:00"
+    """Local time the window opens (HH:MM), inclusive."""
+    end: Annotated[str, Field(pattern=_CLOCK)] = "24:00"
+    """Local time the window closes (HH:MM), exclusive; earlier than ``start``: the
+    next day's."""
+    quota: QuotaLimits = Field(default_factory=QuotaLimits)
+    """The tenant-wide caps while the window is open: each field given replaces the
+    tenant's ``quota`` field of the same name."""
+    user_quota: UserQuota | None = None
+    """Per-user caps while the window is open (``gpus`` and ``pods`` replace
+    ``userQuota``'s)."""
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> QuotaWindow:
+        if self.start == self.end:
+            raise FieldProblem(("end",), f"window {self.name!r} opens and closes at "
+                               f"{self.start}: give a later end (24:00 for midnight)")
+        return self
+
+
+class QuotaSchedule(_Strict):
+    """Quota that changes with the clock: windows in a named time zone."""
+
+    time_zone: Annotated[str, Field(min_length=1, max_length=64)]
+    """An IANA time zone (``Europe/Berlin``, ``UTC``) the windows' days and hours are in."""
+    windows: list[QuotaWindow] = Field(min_length=1, max_length=64)
+    """The first window open now gives the caps; outside every window, ``quota``."""
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"time zone {value!r} is not an IANA time zone (e.g. "
+                             "Europe/Berlin, America/New_York, UTC)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> QuotaSchedule:
+        seen: set[str] = set()
+        for i, w in enumerate(self.windows):
+            if w.name in seen:
+                raise FieldProblem(("windows", i, "name"),
+                                   f"window name {w.name!r} is used twice")
+            seen.add(w.name)
+        return self
 
 
 # --- spot / preemptible capacity -------------------------------------------------------
@@ -708,6 +792,11 @@ class Tenant(_Strict):
     routing: Routing | None = None
     """The scheduler and queue every GPU pod of the tenant is sent to (rule
     queue-routing)."""
+    user_quota: UserQuota | None = None
+    """What each user of the tenant may hold at once (rule quota); the user is the one
+    who created the workload or the bare pod."""
+    quota_schedule: QuotaSchedule | None = None
+    """Caps that apply in time windows, for pods admitted while a window is open."""
 
     @model_validator(mode="after")
     def _selects_something(self) -> Tenant:
@@ -718,6 +807,12 @@ class Tenant(_Strict):
             raise FieldProblem(("cohort",),
                 f"tenant {self.name!r}: a cohort shares quota.gpus, and this tenant has "
                 "none: set quota.gpus (0 to only borrow)")
+        if self.cohort is not None and self.quota_schedule is not None:
+            # What a cohort lends and borrows is computed from each member's quota.gpus;
+            # a window changing it is not part of that arithmetic.
+            raise FieldProblem(("quotaSchedule",),
+                f"tenant {self.name!r}: a tenant in a cohort cannot have a quotaSchedule: "
+                "remove one of them")
         p = self.priority
         if (p is not None and p.default_class is not None and p.allowed_classes is not None
                 and p.default_class not in p.allowed_classes):
@@ -1010,6 +1105,9 @@ def _named_products(t: Tenant) -> list[tuple[tuple[str | int, ...], str]]:
     if t.resources_per_gpu:
         products.extend((("resourcesPerGpu", "products", p), p)
                         for p in t.resources_per_gpu.products)
+    for i, w in enumerate(t.quota_schedule.windows if t.quota_schedule else ()):
+        products.extend((("quotaSchedule", "windows", i, "quota", "products", p), p)
+                        for p in w.quota.products)
     return products
 
 

@@ -31,6 +31,7 @@ EPSILON = 1e-9
 class UsageView(Protocol):
     def tenant(self, name: str) -> Totals: ...
     def namespace(self, name: str) -> Totals: ...
+    def user(self, tenant: str, name: str) -> Totals: ...
     def top_owners(self, scope: tuple[str, ...], n: int = 3) -> list[tuple[str, float]]: ...
 
 
@@ -45,6 +46,8 @@ class Line:
     per_pod: float
     holders: tuple[str, ...]  # the usage scope whose biggest holders the message names
     product: str | None = None
+    user: str | None = None  # a user's cap (tenants[].userQuota): whose
+    window: str = ""  # the quota window that gives the cap now ("" for none)
 
     def free(self) -> float:
         return max(self.cap - self.used, 0.0)
@@ -59,27 +62,50 @@ def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
         (f"namespace {ask.namespace}", tenant.namespace_quota.get(ask.namespace),
          usage.namespace(ask.namespace), ("namespace", ask.namespace)),
     ]
+    window = tenant.window.name if tenant.window is not None else ""
     for scope, limits, totals, holders in scopes:
         if limits is None:
             continue
+        at = window if holders[0] == "tenant" else ""
         if limits.gpus is not None:
-            out.append(Line(scope, "GPUs", limits.gpus, totals.gpus, ask.gpus, holders))
+            out.append(Line(scope, "GPUs", limits.gpus, totals.gpus, ask.gpus, holders,
+                            window=at))
         for r, n in ask.resources.items():
             cap = limits.resources.get(r)
             if cap is not None:
-                out.append(Line(scope, r, cap, totals.resources.get(r, 0.0), n, holders))
+                out.append(Line(scope, r, cap, totals.resources.get(r, 0.0), n, holders,
+                                window=at))
         if ask.product is not None and ask.product in limits.products:
             product_holders = (("product", tenant.name, ask.product)
                                if holders[0] == "tenant" else holders)
             out.append(Line(scope, f"{ask.product} GPUs", limits.products[ask.product],
                             totals.products.get(ask.product, 0.0), ask.gpus,
-                            product_holders, ask.product))
+                            product_holders, ask.product, window=at))
         if limits.spot is not None and ask.cost.spot:
             out.append(Line(scope, messages.SPOT_GPUS, limits.spot, totals.spot,
                             ask.cost.spot, ("spot", tenant.name)))
         if limits.pods is not None and ask.counts_pods:
-            out.append(Line(scope, messages.PODS, limits.pods, totals.pods, 1.0, holders))
+            out.append(Line(scope, messages.PODS, limits.pods, totals.pods, 1.0, holders,
+                            window=at))
+    users = tenant.user_quota
+    if users is not None and ask.user is not None:
+        # Counted in the same totals as the tenant's: the ledger entry that reserves a
+        # pod names its user, so one compare-and-swap commits both counts.
+        held = usage.user(tenant.name, ask.user)
+        whose = ("user", tenant.name, ask.user)
+        at = window if tenant.window is not None and tenant.window.user_quota else ""
+        if users.gpus is not None:
+            out.append(Line(f"user {ask.user}", "GPUs", users.gpus, held.gpus, ask.gpus,
+                            whose, user=ask.user, window=at))
+        if users.pods is not None and ask.counts_pods:
+            out.append(Line(f"user {ask.user}", messages.PODS, users.pods, held.pods, 1.0,
+                            whose, user=ask.user, window=at))
     return out
+
+
+def _what(line: Line) -> str:
+    """What a cap counts, as the message says it: with the window that sets it now."""
+    return messages.in_window(line.what, line.window)
 
 
 def _alternatives(policy: CompiledPolicy, tenant: TenantRules, usage: UsageView,
@@ -137,8 +163,14 @@ def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -
     # it speaks in the units the pod was asked in, and its fix is the one to act on.
     line = min(reversed(broken), key=_room)
     top = usage.top_owners(line.holders)
+    if line.user is not None:
+        check.report(Rule.QUOTA, messages.user_quota_exceeded(
+            line.user, tenant.name, _what(line), line.used, line.per_pod, line.cap, top,
+            "this pod asks" if ask.counts_pods else f"this {ask.kind} asks",
+            len(broken) - 1))
+        return False
     check.report(Rule.QUOTA, messages.quota_exceeded(
-        line.scope, line.what, line.used, line.per_pod, line.cap, top,
+        line.scope, _what(line), line.used, line.per_pod, line.cap, top,
         "this pod asks" if ask.counts_pods else f"this {ask.kind} asks",
         _alternatives(check.policy, tenant, usage, ask),
         _asked_as(check, line, ask), len(broken) - 1))
@@ -176,7 +208,7 @@ def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageVi
                 len(never) - 1))
         else:
             check.report(Rule.QUOTA, messages.gang_never_fits(
-                line.scope, line.what, ask.pods, line.per_pod, line.cap, len(never) - 1))
+                line.scope, _what(line), ask.pods, line.per_pod, line.cap, len(never) - 1))
         return
     if borrows is not None and tenant.cohort is not None:
         check.report(Rule.QUOTA, messages.gang_borrows(
@@ -185,7 +217,7 @@ def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageVi
     elif not_now:
         line = min(not_now, key=lambda x: messages.most_pods(x.free(), x.per_pod))
         check.report(Rule.QUOTA, messages.gang_not_free(
-            line.scope, line.what, ask.pods_added, line.per_pod, line.free(), line.cap,
+            line.scope, _what(line), ask.pods_added, line.per_pod, line.free(), line.cap,
             ask.kind, len(not_now) - 1), at_most=Mode.WARN)
 
 
@@ -239,7 +271,7 @@ def check_gang(check: Checker, tenant: TenantRules, gang: GangAsk, usage: UsageV
             for r, per in roles:
                 if per > cap + EPSILON:
                     per_role.setdefault(r.name, []).append((cap / per, partial(
-                        messages.role_pod_never_fits, line.scope, line.what,
+                        messages.role_pod_never_fits, line.scope, _what(line),
                         gang.role_label(r), per, cap)))
             continue
         whole = sum(r.pods * per for r, per in roles)
@@ -254,17 +286,17 @@ def check_gang(check: Checker, tenant: TenantRules, gang: GangAsk, usage: UsageV
                                                                     strict=True)
                                         if members[i])
             never.append((cap / need, partial(
-                messages.roles_never_fit, line.scope, line.what, gang_parts, need,
+                messages.roles_never_fit, line.scope, _what(line), gang_parts, need,
                 sum(members), cap, gang.gang is not None)))
         elif whole > cap + EPSILON:
             whole_over.append((cap / whole, partial(
-                messages.roles_exceed_quota, line.scope, line.what, all_of, whole,
+                messages.roles_exceed_quota, line.scope, _what(line), all_of, whole,
                 gang.pods, cap, sum(members), need)))
         elif added and line.used + added > cap + EPSILON:
             added_of = messages.parts((gang.role_label(r), r.pods_added, per)
                                       for r, per in roles if r.pods_added)
             not_free.append((max(cap - line.used, 0.0) / added, partial(
-                messages.roles_not_free, line.scope, line.what, added_of, added,
+                messages.roles_not_free, line.scope, _what(line), added_of, added,
                 line.used, cap, sum(members) if gang.gang is not None else None, need,
                 reservable, gang.kind)))
     for found in per_role.values():

@@ -65,6 +65,8 @@ def encode(entries: dict[str, Entry], memo: dict[str, tuple[Entry, dict[str, Any
             item["spot"] = e.charge.spot  # GPU-equivalents on spot nodes
         if e.gang:
             item["gang"] = list(e.gang)
+        if e.charge.user is not None:
+            item["user"] = e.charge.user  # charged to this user too (userQuota)
         out[key] = item
         if memo is not None:
             memo[key] = (e, item)
@@ -113,7 +115,8 @@ def _entry(tenant: str, v: object, now: float) -> Entry:
                     product, {_text(r, "a resource name"): _amount(n, f"resources[{r!r}]")
                               for r, n in resources.items()},
                     _amount(v.get("gpus"), "gpus"), _pods(v.get("pods", 1)),
-                    _amount(v.get("spot", 0), "spot"))
+                    _amount(v.get("spot", 0), "spot"),
+                    _text(v["user"], "user") if v.get("user") is not None else None)
     if charge.resources and charge.gpus == 0:
         raise Corrupt("gpus is 0 for a pod with GPU resources")
     expires = v.get("expires")

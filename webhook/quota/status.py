@@ -58,19 +58,31 @@ class Report:
     # tenant -> (pods waiting behind the quota gate, GPU-equivalents they ask)
     waiting: dict[str, tuple[int, float]] = field(default_factory=dict)
     holding: list[str] = field(default_factory=list)  # how tenants' GPUs are held
+    # tenant -> the quota window whose caps apply now ("" outside every window), for the
+    # tenants with a quotaSchedule.
+    windows: dict[str, str] = field(default_factory=dict)
 
 
 def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,
        namespace: str | None = None, unread: Sequence[str] = (),
-       policy: CompiledPolicy | None = None) -> Report:
-    """The caps of ``tenants`` (each tenant's own, and its namespaces' or only
-    ``namespace``'s), with what ``seen`` pods and ``held`` reservations take of them;
-    given the ``policy``, a tenant-wide report also shows what each cohort tenant
+       policy: CompiledPolicy | None = None, now: float | None = None) -> Report:
+    """The caps of ``tenants`` (each tenant's own, its users' and its namespaces' or
+    only ``namespace``'s), with what ``seen`` pods and ``held`` reservations take of
+    them; at unix time ``now``, a tenant's caps are those of its quota window open then.
+    Given the ``policy``, a tenant-wide report also shows what each cohort tenant
     borrows and may borrow, and a line per cohort."""
     rows: list[Row] = []
+    windows: dict[str, str] = {}
     for t in tenants:
+        if now is not None and t.schedule is not None:
+            t = t.at(now)
+            windows[t.name] = window_named(t)
         scopes: list[tuple[str, Limits | None, Totals, Totals]] = [
             ("tenant", t.quota, seen.tenant(t.name), held.tenant(t.name))]
+        if t.user_quota is not None:
+            per_user = Limits(t.user_quota.gpus, {}, {}, t.user_quota.pods)
+            scopes += [(f"user {u}", per_user, seen.user(t.name, u), held.user(t.name, u))
+                       for u in sorted({*seen.users(t.name), *held.users(t.name)})]
         scopes += [(f"namespace {ns}", q, seen.namespace(ns), held.namespace(ns))
                    for ns, q in sorted(t.namespace_quota.items())
                    if namespace is None or ns == namespace]
@@ -84,7 +96,18 @@ def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,
     lines = _cohort_lines(policy, tenants, seen, held) if policy is not None else []
     return Report(rows, {t.name: seen.tenant(t.name).pods for t in tenants},
                   {t.name: seen.top_owners(("tenant", t.name), TOP) for t in tenants},
-                  list(unread), lines)
+                  list(unread), lines, windows=windows)
+
+
+def window_named(t: TenantRules) -> str:
+    """``working-hours (Mon-Fri 08:00-18:00 Europe/Berlin)``: the window whose caps
+    apply (``t`` as :meth:`TenantRules.at` made it), or "" outside every window."""
+    w = t.window
+    if w is None or t.schedule is None:
+        return ""
+    names = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+    days = ",".join(names[d] for d in sorted(w.days))
+    return f"{w.name} ({days} {w.hours()} {t.schedule.zone.key})"
 
 
 def _borrowing(policy: CompiledPolicy, t: TenantRules, seen: Usage, held: Usage) -> Row:
@@ -119,9 +142,10 @@ def seen_from(report: Report, namespace: str) -> Report:
     """``report`` (of whole tenants) as :func:`of` with ``namespace`` gives it: the
     tenants' own caps and that namespace's, the others' left out. For the GPUQuota
     objects: one report per tenant, then one view per namespace."""
-    rows = [r for r in report.rows if r.scope in ("tenant", f"namespace {namespace}")]
+    rows = [r for r in report.rows if r.scope in ("tenant", f"namespace {namespace}")
+            or r.scope.startswith("user ")]
     return Report(rows, report.pods, report.top, list(report.unread),
-                  waiting=dict(report.waiting))
+                  waiting=dict(report.waiting), windows=report.windows)
 
 
 def _caps(limits: Limits, used: Totals, reserved: Totals
@@ -141,7 +165,8 @@ def _caps(limits: Limits, used: Totals, reserved: Totals
 def headline(rows: Sequence[Row]) -> Row | None:
     """The GPU cap that binds first: of the ``gpus`` caps (the tenant's, the namespace's
     own), the one with the least free; ties go to the tenant's."""
-    gpus = [r for r in rows if r.cap == "gpus"]
+    # A user's cap binds that user only: the object's columns are the tenant's.
+    gpus = [r for r in rows if r.cap == "gpus" and not r.scope.startswith("user ")]
     return min(gpus, key=lambda r: (r.free, r.scope != "tenant")) if gpus else None
 
 
@@ -165,6 +190,9 @@ def gpuquota_status(report: Report, tenant: str, policy: str) -> dict[str, Any]:
                     "reserved": _n(r.reserved), "limit": _n(r.limit), "free": _n(r.free)}
                    for r in rows]
     out["topConsumers"] = [{"owner": o, "gpus": _n(g)} for o, g in report.top.get(tenant, [])]
+    if tenant in report.windows:
+        # "" outside every window: the tenant's own caps apply.
+        out["window"] = report.windows[tenant]
     if tenant in report.waiting:
         n, g = report.waiting[tenant]
         out.update(waitingPods=n, waitingGpus=_n(g))

@@ -129,6 +129,9 @@ class Combined:
     def namespace(self, name: str) -> Totals:
         return _sum(self.a.namespace(name), self.b.namespace(name))
 
+    def user(self, tenant: str, name: str) -> Totals:
+        return _sum(self.a.user(tenant, name), self.b.user(tenant, name))
+
     def top_owners(self, scope: tuple[str, ...], n: int = 3) -> list[tuple[str, float]]:
         if not self.b.owners_in(scope):  # the usual case: no reservation in this scope
             return self.a.top_owners(scope, n)
@@ -141,7 +144,7 @@ class Combined:
 def covers(a: Charge, b: Charge) -> bool:
     """Whether ``a`` counts at least as much as ``b`` in every scope a cap can name."""
     return (a.tenant == b.tenant and a.namespace == b.namespace and a.product == b.product
-            and a.gpus >= b.gpus and a.spot >= b.spot
+            and a.user == b.user and a.gpus >= b.gpus and a.spot >= b.spot
             and all(a.resources.get(r, 0.0) >= n for r, n in b.resources.items()))
 
 

@@ -42,12 +42,13 @@ class Totals:
 class Usage:
     """Running totals of charges keyed by pod (uid), per tenant and per namespace."""
 
-    __slots__ = ("_by_key", "_namespace", "_owners", "_tenant")
+    __slots__ = ("_by_key", "_namespace", "_owners", "_tenant", "_user")
 
     def __init__(self) -> None:
         self._by_key: dict[str, Charge] = {}
         self._tenant: dict[str, Totals] = {}
         self._namespace: dict[str, Totals] = {}
+        self._user: dict[tuple[str, str], Totals] = {}  # (tenant, user): userQuota
         # Who holds what, per scope a message may name: ("tenant", t), ("product", t, p),
         # ("namespace", ns), ("spot", t) -> owner -> GPU-equivalents.
         self._owners: dict[tuple[str, ...], dict[str, float]] = {}
@@ -72,6 +73,9 @@ class Usage:
         self._namespace.setdefault(c.namespace, Totals()).add(c, sign)
         scopes: list[tuple[tuple[str, ...], float]] = [
             (("tenant", c.tenant), c.gpus), (("namespace", c.namespace), c.gpus)]
+        if c.user is not None:
+            self._user.setdefault((c.tenant, c.user), Totals()).add(c, sign)
+            scopes.append((("user", c.tenant, c.user), c.gpus))
         if c.product is not None:
             scopes.append((("product", c.tenant, c.product), c.gpus))
         if c.spot:  # spot GPUs are held in full, whatever weight the other caps give them
@@ -89,6 +93,14 @@ class Usage:
 
     def namespace(self, name: str) -> Totals:
         return self._namespace.get(name) or Totals()
+
+    def user(self, tenant: str, name: str) -> Totals:
+        """What one user's pods hold in a tenant (charges that name the user)."""
+        return self._user.get((tenant, name)) or Totals()
+
+    def users(self, tenant: str) -> dict[str, Totals]:
+        """Every user holding something in a tenant: for ``status``."""
+        return {u: t for (tn, u), t in self._user.items() if tn == tenant and (t.pods or t.gpus)}
 
     def top_owners(self, scope: tuple[str, ...], n: int = 3) -> list[tuple[str, float]]:
         """The biggest holders in a scope: ("tenant", t), ("product", t, p) or

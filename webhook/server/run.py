@@ -28,6 +28,7 @@ from webhook.quota.store import MemoryStore
 from webhook.server import heap, metrics
 from webhook.server.certs import selfcerts
 from webhook.server.certs.tls import CertReloader, ClientCertGate, ssl_context, tls_files
+from webhook.server.clock import clock
 from webhook.server.cluster import Cluster, attach, configured, ledger_namespace
 from webhook.server.leading import upkeep
 from webhook.server.settings import Settings
@@ -200,7 +201,8 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         gatekeeper=cluster.identity if cluster else None,
         ready_checks=ready,
         max_inflight=settings.max_inflight,
-        request_timeout=settings.request_timeout)
+        request_timeout=settings.request_timeout,
+        clock=clock(settings.test_clock_offset_file))
 
 
 def _server(settings: Settings, runtime: Runtime, context: ssl.SSLContext) -> BoundedServer:
@@ -231,6 +233,7 @@ async def _serve(settings: Settings, source: PolicySource, active: Active,
     kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
                         settings.quota_status_seconds,
                         settings.audit_seconds,
+                        clock(settings.test_clock_offset_file),
                         release_seconds=settings.release_seconds) if cluster is not None else None
     # Out of the garbage collector's full passes: what start-up made, the caches'
     # first list, each new policy (webhook.server.heap).

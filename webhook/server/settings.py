@@ -56,6 +56,7 @@ class Settings:
     quota_status_seconds: float = 10.0
     audit_seconds: float = 300.0
     release_seconds: float = 1.0
+    test_clock_offset_file: str | None = None
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -172,7 +173,8 @@ class Settings:
             if not pattern.fullmatch(value):
                 raise SystemExit(f"--{_flag(name)} {value!r} is not a valid object name "
                                  "(lowercase letters, digits and '-')")
-        for name in ("cert_dir", "tls_cert", "tls_key", "client_ca", "policy", "kubeconfig"):
+        for name in ("cert_dir", "tls_cert", "tls_key", "client_ca", "policy", "kubeconfig",
+                     "test_clock_offset_file"):
             if getattr(self, name) == "":
                 raise SystemExit(f"--{_flag(name)} is empty: give a path, or leave it out")
 
@@ -264,6 +266,9 @@ _DOCS = {
     "release_seconds": "With a cluster: how often the leader replica releases the pods "
                        "waiting for quota (tenants' overQuota: wait) that fit; 0: none is "
                        "released.",
+    "test_clock_offset_file": "For tests only: a file holding seconds added to the clock "
+                              "that quota windows (quotaSchedule) are decided by, re-read "
+                              "when it changes. Never set where quota is enforced.",
 }
 
 _BOOLS = {"1": True, "true": True, "yes": True, "on": True,

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 import orjson
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from webhook.admission.offline import ClaimBook, through_both
@@ -37,7 +37,7 @@ from webhook.k8s.objects import escape, parse_pointer
 from webhook.k8s.review import AdmissionRequest, BadReview, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, Problem, load_document, load_file, read_file
-from webhook.policy.model import Rule
+from webhook.policy.model import USER_ANNOTATION, Rule
 from webhook.quota.store import MemoryStore
 
 KIND = "GPUPolicyTest"
@@ -113,6 +113,9 @@ class Case(_Strict):
     user: str = "developer"
     groups: list[str] = Field(default_factory=lambda: ["system:authenticated"])
     dry_run: bool = False
+    at: AwareDatetime | None = None
+    """The time the case is decided at, with its offset (``2026-03-02T09:00:00+01:00``):
+    it chooses the quota windows of a ``quotaSchedule`` (default: now)."""
     expect: Expect
 
     @model_validator(mode="after")
@@ -143,6 +146,8 @@ class RunningPod(_Strict):
     """Product short name (or node label value) the pod is pinned to."""
     owner: str | None = None
     """``job/pretrain``, ``deployment/web``: named in quota messages."""
+    user: str | None = None
+    """The user it is charged to (``userQuota``): who created it or its workload."""
     spot: bool = False
     """The pod runs on spot nodes (pinned there by a nodeSelector on the policy's spot
     label), so it holds spot GPUs."""
@@ -333,6 +338,8 @@ class _Runner:
             spec.setdefault("nodeSelector", {})[self.policy.spot.label] = \
                 self.policy.spot.values[0]
         meta: dict[str, Any] = {"name": name, "namespace": pod.namespace}
+        if pod.user is not None:
+            meta["annotations"] = {USER_ANNOTATION: pod.user}
         if pod.owner and "/" in pod.owner:
             kind, _, owner = pod.owner.partition("/")
             meta["ownerReferences"] = [{"kind": kind.capitalize(), "name": owner,
@@ -376,7 +383,8 @@ class _Runner:
             raise PolicyError(str(self.path), [Problem(
                 f"cases[{i}].resource", None, "a Kubernetes object with apiVersion and kind")])
         out = through_both(self._request(i, case, obj), self.policy, self.labels,
-                           self.store, self.claims)
+                           self.store, self.claims,
+                           case.at.timestamp() if case.at is not None else None)
         m, v = out.mutating, out.validating
         got = Got(outcome="", changes=list(m.mutations), rules=out.rules(),
                   warnings=out.warnings,

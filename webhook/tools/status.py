@@ -86,7 +86,7 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
                 held.put(key, entry.charge)
     tenants = _chosen(policy, cluster, namespace, tenant)
     out = _with_holding(quota_status.of(tenants, seen, held, namespace, cluster.unread,
-                                        policy), tenants)
+                                        policy, now), tenants)
     chosen = {t.name for t in tenants}
     out.waiting = {t: w for t, w in quota_status.waiting_of(
         cluster.pods, policy, cluster.namespaces.get).items() if t in chosen}
@@ -114,13 +114,14 @@ def _from_object(policy: CompiledPolicy, cluster: Cluster, namespace: str,
     rows = [Row(name, str(c["scope"]), str(c["cap"]), float(c["used"]),
                 float(c["reserved"]), float(c["limit"])) for c in st.get("caps") or ()]
     top = [(str(c["owner"]), float(c["gpus"])) for c in st.get("topConsumers") or ()]
+    windows = {name: str(st["window"])} if isinstance(st.get("window"), str) else {}
     note = (f"numbers from the webhook's GPUQuota {namespace}/{meta['name']} (updated "
             f"{st.get('updated', '?')}): it counts the pods, namespaces and reservations "
             "this account may not read")
     waiting = ({name: (int(st["waitingPods"]), float(st.get("waitingGpus") or 0))}
                if st.get("waitingPods") else {})
     return Report(rows, {name: int(st.get("pods") or 0)}, {name: top}, [note],
-                  waiting=waiting)
+                  waiting=waiting, windows=windows)
 
 
 def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
@@ -163,6 +164,9 @@ def table(r: Report) -> str:
         lines.append(f"{t}: {n} {'pod waits' if n == 1 else 'pods wait'} for GPU quota "
                      f"({messages.num(g)} GPUs asked), released in order as quota frees")
     lines.extend(r.cohorts)
+    for t, w in r.windows.items():
+        lines.append(f"{t}: quota window {w} applies now" if w else
+                     f"{t}: outside its quota windows: its own caps apply")
     lines.extend(r.holding)
     for what in r.unread:
         lines.append(f"note: {what}")

@@ -34,8 +34,8 @@ _SELECTOR = ",".join(f"{k}={v}" for k, v in status.MANAGED_BY.items())
 
 
 def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
-           fresh: dict[str, kube.StoredMap] | None = None) -> dict[tuple[str, str],
-                                                               dict[str, Any]]:
+           fresh: dict[str, kube.StoredMap] | None = None, now: float | None = None
+           ) -> dict[tuple[str, str], dict[str, Any]]:
     """(namespace, tenant) -> the GPUQuota status that namespace should show now."""
     held = store.reserved(fresh)
     out: dict[tuple[str, str], dict[str, Any]] = {}
@@ -47,7 +47,8 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
             continue
         whole = by_tenant.get(tenant.name)
         if whole is None:
-            whole = by_tenant[tenant.name] = status.of([tenant], state.pods, held)
+            whole = by_tenant[tenant.name] = status.of([tenant], state.pods, held,
+                                                        now=now)
             if tenant.name in waiting:
                 whole.waiting[tenant.name] = waiting[tenant.name]
         mine = status.seen_from(whole, ns)
@@ -70,10 +71,12 @@ class QuotaStatusWriter:
     def __init__(self, policy: Callable[[], CompiledPolicy], state: ClusterState,
                  store: LedgerStore, objects: kube.CustomObjects,
                  leading: Callable[[], bool], interval: float,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.time) -> None:
         self.policy, self.state, self.store = policy, state, store
         self.objects, self.leading = objects, leading
         self.interval, self.wall = interval, wall
+        self.clock = clock  # the admission pipeline's: it chooses the quota window shown
         self.writes = 0
 
     async def round(self) -> None:
@@ -83,7 +86,8 @@ class QuotaStatusWriter:
         # The objects first: without their CRD there is nothing to read the ledgers for.
         existing = await asyncio.to_thread(self.objects.list, _SELECTOR)
         fresh = await asyncio.to_thread(self._read_ledgers, tenants)
-        want = wanted(policy, self.state, self.store, fresh)  # on the loop, as commits
+        # On the loop, as commits.
+        want = wanted(policy, self.state, self.store, fresh, self.clock())
         now = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         have = {(str(o["metadata"]["namespace"]), str(o["metadata"]["name"])): o
                 for o in existing}

@@ -9,6 +9,8 @@ configured; every replica contends for the Lease, one writes.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from webhook.libs import kube, logs
@@ -37,7 +39,8 @@ class Upkeep:
 
 
 def start(cluster: Cluster, source: PolicySource, namespace: str,
-          status_seconds: float, audit_seconds: float, *, release_seconds: float = 1.0
+          status_seconds: float, audit_seconds: float,
+          clock: Callable[[], float] = time.time, *, release_seconds: float = 1.0
           ) -> Upkeep | None:
     """The Lease and the writers that are turned on (None when none is)."""
     if status_seconds <= 0 and audit_seconds <= 0 and release_seconds <= 0:
@@ -54,7 +57,7 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
         writer = QuotaStatusWriter(
             policy, cluster.state, cluster.store,
             kube.CustomObjects(cluster.api, status.GROUP, status.VERSION, status.PLURAL),
-            leadership.leading, status_seconds)
+            leadership.leading, status_seconds, clock=clock)
         up.tasks.append(asyncio.ensure_future(writer.run()))
     if audit_seconds > 0:
         auditor = BackgroundAudit(cluster.api, policy, cluster.state, reports(cluster.api),

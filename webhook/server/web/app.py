@@ -87,6 +87,7 @@ class Runtime:
     request_timeout: float = 8.0  # seconds from a request's first byte to its answer
     # Mutating decisions kept for pods of one shape (webhook.server.web.reuse); 0: none.
     reuse_size: int = 1024
+    clock: Callable[[], float] = time.time  # what quota windows are decided by
 
 
 _PATHS = {"/mutate": Phase.MUTATE, "/validate": Phase.VALIDATE}
@@ -99,7 +100,7 @@ class AdmissionApp:
         self.runtime = runtime
         self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload,
                                runtime.claims, runtime.read_claim, runtime.sights,
-                               gatekeeper=runtime.gatekeeper)
+                               clock=runtime.clock, gatekeeper=runtime.gatekeeper)
         # This app's quota gauges and store counters, read when Prometheus scrapes (a
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(

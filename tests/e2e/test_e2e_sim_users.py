@@ -1,0 +1,246 @@
+"""Per-user caps and quota windows on a simulated GPU cluster of its own: the real
+kube-apiserver (RBAC, impersonation), kube-controller-manager (Deployments' ReplicaSets
+creating the pods, as their service accounts), kube-scheduler and kwok nodes, with two
+webhook replicas behind a round-robin proxy sharing the ledger.
+
+- Two users of one tenant, each capped at 4 GPUs, create Deployments of one-GPU pods at
+  once (as themselves, by impersonation): their ReplicaSets race 8 pods each through both
+  replicas, and exactly 4 of each user's are admitted, each pod carrying its user.
+- A tenant's quota window switched by a clock the test holds: both replicas are given
+  one clock offset file (``serve --test-clock-offset-file``, for tests only), and each
+  replica in turn answers on each side of the boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import yaml
+from e2ekit import short_id, wait_until
+from gpucluster.fixtures import core_api, deployment, namespaces, pod, pods, running, started
+from gpucluster.sim import SimCluster
+from kubernetes import client as k8s
+
+pytestmark = pytest.mark.e2e
+
+USER = "gpu-webhook.dev/requested-by"
+
+CLUSTER = {
+    "apiVersion": "gpu-webhook.dev/v1alpha1", "kind": "SimulatedGPUCluster",
+    "metadata": {"name": "users-sim"},
+    "spec": {
+        "rackLabel": "topology.example.com/gpu-rack",
+        "gpuTaint": {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+        "nodeCapacity": {"cpu": "96", "memory": "1Ti", "pods": "110",
+                         "ephemeral-storage": "4Ti"},
+        "gpuModels": {"a100": {"product": "NVIDIA-A100-SXM4-80GB",
+                               "nvmlName": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920,
+                               "family": "ampere"}},
+        "nodeGroups": [{"name": "a100", "count": 2, "rack": "rack-a",
+                        "gpu": {"model": "a100", "count": 8}}],
+    },
+}
+
+POLICY = """\
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {name: users-sim}
+spec:
+  tolerations:
+    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+  exemptions:
+    namespaces: [kube-system, gpu-webhook]
+  tenants:
+    - name: research          # the e2e probe's namespace (e2ekit.wait_installed)
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: research}
+    - name: team
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: team}
+      quota: {gpus: 16}
+      userQuota: {gpus: 4}
+    - name: lab
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: lab}
+      quota: {gpus: 1}
+      quotaSchedule:
+        timeZone: Europe/Berlin
+        windows:
+          - name: working-hours
+            days: [Mon, Tue, Wed, Thu, Fri]
+            start: "08:00"
+            end: "18:00"
+            quota: {gpus: 3}
+"""
+
+
+@pytest.fixture(scope="module")
+def users_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+    work = tmp_path_factory.mktemp("users-sim")
+    (work / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
+    (work / "policy.yaml").write_text(POLICY)
+    (work / "clock-offset").write_text("0")
+    cluster = SimCluster(work, policy=work / "policy.yaml",
+                         description=work / "cluster.yaml", replicas=2, as_installed=True,
+                         webhook_args=["--test-clock-offset-file", str(work / "clock-offset"),
+                                       "--quota-status-seconds", "1", "--audit-seconds", "0"])
+    with started(cluster):
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def api(users_sim: SimCluster) -> k8s.CoreV1Api:
+    return core_api(users_sim)
+
+
+@pytest.fixture
+def tenant_ns(users_sim: SimCluster, api: k8s.CoreV1Api
+              ) -> Iterator[Callable[[str | None], str]]:
+    with namespaces(users_sim, api, lambda t: f"{t}-{short_id()}") as make:
+        yield make
+
+
+def as_user(sim: SimCluster, user: str, namespace: str, obj: dict[str, Any]) -> Any:
+    """``kubectl create`` as ``user`` (impersonated: the API server's userInfo is
+    theirs, as with their own credentials)."""
+    return sim.cp.kubectl("create", f"--as={user}", "-n", namespace, "-f", "-", check=False,
+                          input=yaml.safe_dump(obj))
+
+
+def test_two_users_racing_through_deployments_get_exactly_their_4_each(
+        users_sim: SimCluster, api: k8s.CoreV1Api, tenant_ns: Callable[[str], str]) -> None:
+    ns = tenant_ns("team")
+    for user in ("alice", "bob"):
+        users_sim.cp.kubectl("create", "rolebinding", f"{user}-edit", "-n", ns,
+                             "--clusterrole=edit", f"--user={user}")
+    # 4 Deployments of 2 one-GPU pods per user, created at once: 8 pods each, raced by
+    # their ReplicaSets through both webhook replicas.
+    work = [(u, f"{u}-{i}") for u in ("alice", "bob") for i in range(4)]
+    with ThreadPoolExecutor(len(work)) as pool:
+        done = list(pool.map(lambda w: as_user(users_sim, w[0], ns,
+                                               deployment(w[1], 2, 1)), work))
+    for d in done:
+        assert d.returncode == 0, d.stderr
+
+    def refused(user: str) -> set[str]:
+        """The ReplicaSets of ``user`` with a pod creation refused on their cap."""
+        out = set()
+        for e in api.list_namespaced_event(ns, field_selector="reason=FailedCreate").items:
+            if f"user {user} holds 4 of their 4 GPUs in tenant team" in (e.message or ""):
+                out.add(e.involved_object.name)
+        return out
+
+    def by_user() -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"alice": [], "bob": []}
+        for p in pods(api, ns):
+            out.setdefault((p.metadata.annotations or {}).get(USER, "?"), []).append(p)
+        return out
+
+    def settled() -> bool:
+        # Every Deployment's ReplicaSet has its 2 pods or has had a creation refused on
+        # its user's cap: all 16 pods were tried.
+        held = by_user()
+        for user in ("alice", "bob"):
+            per_rs = Counter(p.metadata.owner_references[0].name for p in held[user])
+            tried = {rs for rs, n in per_rs.items() if n >= 2} | refused(user)
+            if len({rs.rsplit("-", 1)[0] for rs in tried}) < 4:
+                return False
+        return True
+
+    wait_until("every ReplicaSet to have its pods or a refusal", settled, timeout=120,
+               every=0.5)
+    held = by_user()
+    assert sorted(held) == ["alice", "bob"], sorted(held)  # no pod of no one, or of "?"
+    assert (len(held["alice"]), len(held["bob"])) == (4, 4)
+    running(api, ns, 8)
+    # Both replicas took part, and the ledger charged each reservation to its user.
+    proxy = users_sim.webhook.proxy  # type: ignore[union-attr]
+    assert proxy is not None and all(n > 0 for n in proxy.connections.values())
+    ledger = json.loads(users_sim.cp.kubectl(
+        "get", "configmap", "-n", "gpu-webhook", "gpu-webhook-ledger-team", "-o",
+        "json").stdout)["data"]["reservations"]
+    users = {e["user"] for e in json.loads(ledger).values()}
+    assert users == {"alice", "bob"}
+    # The GPUQuota object (kubectl get gpuquota) counts each user's GPUs.
+
+    def per_user() -> dict[str, Any]:
+        obj = json.loads(users_sim.cp.kubectl("get", "gpuquota", "-n", ns, "team", "-o",
+                                              "json", check=False).stdout or "{}")
+        return {c["scope"]: c["used"] + c["reserved"]
+                for c in (obj.get("status") or {}).get("caps", ())}
+
+    wait_until("the GPUQuota status to count each user's 4", lambda: (
+        per_user().get("user alice"), per_user().get("user bob")) == (4, 4), timeout=30,
+        every=0.5)
+
+
+# ------------------------------------------------------------- quota windows by a clock
+
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def set_clock(sim: SimCluster, when: str) -> None:
+    """Both replicas' quota clock to ``when`` (Berlin time), by their offset file."""
+    target = datetime.fromisoformat(when).replace(tzinfo=BERLIN).timestamp()
+    (sim.work_dir / "clock-offset").write_text(f"{target - time.time():.3f}\n")
+
+
+def through(sim: SimCluster, index: int, namespace: str, name: str) -> Any:
+    """Create a 1-GPU pod with replica ``index`` answering."""
+    assert sim.webhook is not None and sim.webhook.proxy is not None
+    sim.webhook.proxy.route([sim.webhook.replicas[index].port])
+    return sim.cp.kubectl("create", "-n", namespace, "-f", "-", check=False,
+                          input=yaml.safe_dump(pod(name, 1)))
+
+
+def test_a_quota_window_switches_on_both_replicas_with_the_clock(
+        users_sim: SimCluster, api: k8s.CoreV1Api, tenant_ns: Callable[[str], str]) -> None:
+    ns = tenant_ns("lab")
+    assert users_sim.webhook is not None and users_sim.webhook.proxy is not None
+    both = [r.port for r in users_sim.webhook.replicas]
+    try:
+        set_clock(users_sim, "2026-03-02 07:59:00")  # a Monday, before the window
+        assert through(users_sim, 0, ns, "w0").returncode == 0
+        for i in (0, 1):
+            d = through(users_sim, i, ns, "w1")
+            assert d.returncode != 0
+            assert "tenant lab would use 2 of its 1 GPUs: 1 in use" in d.stderr, d.stderr
+        set_clock(users_sim, "2026-03-02 08:00:30")  # the window's 3, on each replica
+        for i, name in ((0, "w1"), (1, "w2")):
+            d = through(users_sim, i, ns, name)
+            assert d.returncode == 0, d.stderr
+        for i in (0, 1):
+            d = through(users_sim, i, ns, "w3")
+            assert d.returncode != 0
+            assert "would use 4 of its 3 GPUs in window working-hours" in d.stderr, d.stderr
+
+        def shown() -> str:
+            obj = json.loads(users_sim.cp.kubectl("get", "gpuquota", "-n", ns, "lab", "-o",
+                                                  "json", check=False).stdout or "{}")
+            return str((obj.get("status") or {}).get("window", ""))
+
+        wait_until("the GPUQuota status to show the window", lambda: shown().startswith(
+            "working-hours (Mon,Tue,Wed,Thu,Fri 08:00-18:00 Europe/Berlin)"), timeout=30,
+            every=0.5)
+        running(api, ns, 3)
+        set_clock(users_sim, "2026-03-02 18:00:30")  # after it: 1 again, for new pods
+        for i in (0, 1):
+            d = through(users_sim, i, ns, "w4")
+            assert d.returncode != 0
+            assert "tenant lab would use 4 of its 1 GPUs: 3 in use" in d.stderr, d.stderr
+        # The pods admitted in the window keep running.
+        assert sorted(p.metadata.name for p in pods(api, ns)
+                      if p.status.phase == "Running") == ["w0", "w1", "w2"]
+        wait_until("the GPUQuota status to leave the window", lambda: shown() == "",
+                   timeout=30, every=0.5)
+    finally:
+        users_sim.webhook.proxy.route(both)
+        (users_sim.work_dir / "clock-offset").write_text("0\n")
