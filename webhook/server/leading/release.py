@@ -34,6 +34,7 @@ from webhook.engine import messages
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Quiet
 from webhook.engine.handoff import PodQuota
+from webhook.engine.users import recorded
 from webhook.engine.validate import OWNED, validate
 from webhook.engine.waiting import ungate_ops, ungated
 from webhook.k8s.review import AdmissionRequest
@@ -154,9 +155,13 @@ class Releaser:
         when the policy refuses it now."""
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        # Decided as its creation by the user it records: its own CREATE wrote that name
+        # (a bare pod) or checked it against its creator (a controller's), so its
+        # per-user cap binds the release as it bound the admission.
+        user = recorded(meta) or ""
         req = AdmissionRequest(uid="release", group="", version="v1", kind="Pod",
                                operation="CREATE", namespace=ns, name=name,
-                               object=ungated(pod), resource="pods")
+                               object=ungated(pod), resource="pods", username=user)
         v = validate(req, policy, self.state.namespace_labels, self.state.claim_lookup)
         if not v.decision.allowed:
             logs.event("waiting pod refused by the policy now; it stays waiting",
@@ -165,7 +170,8 @@ class Releaser:
         step = v.quota
         if not isinstance(step, PodQuota) or step.reservation is None:
             return True
-        tenant, ask, res = step.tenant, step.ask, step.reservation
+        res = step.reservation
+        tenant, ask = step.tenant.at(self.wall()), step.ask  # the window open now
 
         def fits(view: UsageView) -> bool:
             return check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, view)

@@ -67,7 +67,7 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
     if release_seconds > 0:
         releaser = Releaser(policy, cluster.state, cluster.store,
                             kube.Pods(cluster.api, instance=leadership.me),
-                            leadership.leading, release_seconds)
+                            leadership.leading, release_seconds, wall=clock)
         up.tasks.append(asyncio.ensure_future(releaser.run()))
     logs.event("contending for the leader lease", identity=leadership.me,
                lease=f"{namespace}/{leadership.name}", quota_status_seconds=status_seconds,
