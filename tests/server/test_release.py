@@ -83,7 +83,7 @@ JOB = {"spec": {"parallelism": 3, "completions": 3}}
 
 
 def test_pods_are_released_in_order_each_after_its_charge_is_committed() -> None:
-    api, store = round_with([gated("b", "2026-01-01T00:00:02Z"),
+    api, _ = round_with([gated("b", "2026-01-01T00:00:02Z"),
                              gated("a", "2026-01-01T00:00:01Z"),
                              gated("c", "2026-01-01T00:00:03Z")], 2, {})
     # 2 of 4 GPUs free: a then b, by arrival; c stays, told its place.
