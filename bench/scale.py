@@ -70,6 +70,7 @@ RESULTS = ROOT / "bench" / "results"
 TENANT_LABEL = "gpu.example.com/tenant"
 MUTATED = "gpu-webhook.dev/mutated"
 GPU = "nvidia.com/gpu"
+QUOTA_GATE = "gpu-webhook.dev/quota"  # webhook.engine.waiting.GATE
 A100 = "NVIDIA-A100-SXM4-80GB"
 TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -229,6 +230,7 @@ class PodEvent:
     name: str
     phase: str
     gpus: int
+    gated: bool = False  # behind the quota gate (overQuota wait): holds no GPU yet
 
 
 class PodWatch:
@@ -266,8 +268,9 @@ class PodWatch:
         gpus = 0
         for c in obj["spec"].get("containers") or []:
             gpus += int(((c.get("resources") or {}).get("requests") or {}).get(GPU, 0))
+        gated = any(g.get("name") == QUOTA_GATE for g in obj["spec"].get("schedulingGates") or [])
         e = PodEvent(time.monotonic(), ev["type"], meta["namespace"], meta["name"],
-                     (obj.get("status") or {}).get("phase", ""), gpus)
+                     (obj.get("status") or {}).get("phase", ""), gpus, gated)
         with self.lock:
             self.events.append(e)
 
@@ -281,7 +284,8 @@ class PodWatch:
 
 def holding(events: list[PodEvent], key: Any) -> dict[str, int]:
     """Replay the events in order: the most GPUs held at once per ``key(namespace)``
-    (a pod holds from ADDED until it is Succeeded, Failed or DELETED)."""
+    (a pod holds from ADDED, or from the removal of its quota gate, until it is
+    Succeeded, Failed or DELETED)."""
     held: dict[str, int] = defaultdict(int)
     peak: dict[str, int] = defaultdict(int)
     live: dict[tuple[str, str], int] = {}
@@ -289,7 +293,7 @@ def holding(events: list[PodEvent], key: Any) -> dict[str, int]:
         k = key(e.namespace)
         pod = (e.namespace, e.name)
         ended = e.type == "DELETED" or e.phase in ("Succeeded", "Failed")
-        if pod not in live and not ended and e.type != "DELETED":
+        if pod not in live and not ended and not e.gated and e.type != "DELETED":
             live[pod] = e.gpus
             held[k] += e.gpus
             peak[k] = max(peak[k], held[k])
