@@ -70,6 +70,7 @@ RESULTS = ROOT / "bench" / "results"
 TENANT_LABEL = "gpu.example.com/tenant"
 MUTATED = "gpu-webhook.dev/mutated"
 GPU = "nvidia.com/gpu"
+QUOTA_GATE = "gpu-webhook.dev/quota"  # webhook.engine.waiting.GATE
 A100 = "NVIDIA-A100-SXM4-80GB"
 TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -82,8 +83,10 @@ APISERVER_ARGS = ["--max-requests-inflight=0", "--max-mutating-requests-inflight
 # --------------------------------------------------------------------------- policy
 
 
-def policy(tenants: int, tenant_gpus: int, race_gpus: int) -> dict[str, Any]:
-    """``tenants`` tenants t00.., each with a GPU quota and a tighter cap on t<NN>-race."""
+def policy(tenants: int, tenant_gpus: int, race_gpus: int, over_quota: str = "deny"
+           ) -> dict[str, Any]:
+    """``tenants`` tenants t00.., each with a GPU quota and a tighter cap on t<NN>-race;
+    ``over_quota`` ``wait``: their pods over quota wait behind the quota gate."""
     return {
         "apiVersion": "gpu-webhook.dev/v1alpha1",
         "kind": "GPUPolicy",
@@ -103,6 +106,7 @@ def policy(tenants: int, tenant_gpus: int, race_gpus: int) -> dict[str, Any]:
                 "maxGpusPerPod": 8,
                 "quota": {"gpus": tenant_gpus,
                           "namespaces": {f"{t}-race": {"gpus": race_gpus}}},
+                **({"overQuota": "wait"} if over_quota == "wait" else {}),
             } for t in tenant_names(tenants)],
         },
     }
@@ -226,6 +230,7 @@ class PodEvent:
     name: str
     phase: str
     gpus: int
+    gated: bool = False  # behind the quota gate (overQuota wait): holds no GPU yet
 
 
 class PodWatch:
@@ -263,8 +268,9 @@ class PodWatch:
         gpus = 0
         for c in obj["spec"].get("containers") or []:
             gpus += int(((c.get("resources") or {}).get("requests") or {}).get(GPU, 0))
+        gated = any(g.get("name") == QUOTA_GATE for g in obj["spec"].get("schedulingGates") or [])
         e = PodEvent(time.monotonic(), ev["type"], meta["namespace"], meta["name"],
-                     (obj.get("status") or {}).get("phase", ""), gpus)
+                     (obj.get("status") or {}).get("phase", ""), gpus, gated)
         with self.lock:
             self.events.append(e)
 
@@ -278,7 +284,8 @@ class PodWatch:
 
 def holding(events: list[PodEvent], key: Any) -> dict[str, int]:
     """Replay the events in order: the most GPUs held at once per ``key(namespace)``
-    (a pod holds from ADDED until it is Succeeded, Failed or DELETED)."""
+    (a pod holds from ADDED, or from the removal of its quota gate, until it is
+    Succeeded, Failed or DELETED)."""
     held: dict[str, int] = defaultdict(int)
     peak: dict[str, int] = defaultdict(int)
     live: dict[tuple[str, str], int] = {}
@@ -286,7 +293,7 @@ def holding(events: list[PodEvent], key: Any) -> dict[str, int]:
         k = key(e.namespace)
         pod = (e.namespace, e.name)
         ended = e.type == "DELETED" or e.phase in ("Succeeded", "Failed")
-        if pod not in live and not ended and e.type != "DELETED":
+        if pod not in live and not ended and not e.gated and e.type != "DELETED":
             live[pod] = e.gpus
             held[k] += e.gpus
             peak[k] = max(peak[k], held[k])
@@ -415,6 +422,10 @@ class Phase:
     # The machine's 1-minute load average at the end: the machine is shared, and a
     # load far above its 2 cores says the other jobs took much of the CPU.
     load_average: float = 0.0
+    # overQuota wait: pods the leader released, and seconds from a pod's creation to its
+    # release (gpu_webhook_release_wait_seconds, every replica's).
+    released: float = 0.0
+    release_wait_s: dict[str, float | str | None] = field(default_factory=dict)
 
 
 def make_namespaces(kube: Kube, names: dict[str, str]) -> None:
@@ -462,6 +473,15 @@ def measure(phase: Phase, before: Snapshot, after: Snapshot, events: list[PodEve
                             - total(b, "gpu_webhook_quota_reservation_conflicts_total"))
         phase.commits += (total(a, "gpu_webhook_quota_reservations_total")
                           - total(b, "gpu_webhook_quota_reservations_total"))
+    waited: dict[float, float] = defaultdict(float)
+    for b, a in zip(before.webhooks, after.webhooks, strict=True):
+        phase.released += (total(a, "gpu_webhook_released_pods_total")
+                           - total(b, "gpu_webhook_released_pods_total"))
+        for le, v in delta(buckets(a, "gpu_webhook_release_wait_seconds"),
+                           buckets(b, "gpu_webhook_release_wait_seconds")).items():
+            waited[le] += v
+    if waited.get(float("inf"), 0) > 0:
+        phase.release_wait_s = {"p50": quantile(0.5, waited), "p99": quantile(0.99, waited)}
     if own.get(float("inf"), 0) > 0:
         phase.webhook_latency_ms = {"p50": _ms(quantile(0.5, own), own),
                                     "p99": _ms(quantile(0.99, own), own)}
@@ -559,6 +579,11 @@ def report(results: dict[str, Any]) -> str:
             f"{pair(lat.get('admit')):>15} {pair(lat.get('validating')):>15} "
             f"{pair(p['webhook_latency_ms']):>12} {p['conflicts'] / p['seconds']:>11.2f} "
             f"{sum(p['over_admits'].values()):>11} {p.get('load_average', 0):>5}")
+    for p in results["phases"]:
+        if p.get("released"):
+            w = p.get("release_wait_s") or {}
+            lines.append(f"  {p['name']}: {p['released']:.0f} pods waited, then released; "
+                         f"creation to release p50/p99 {w.get('p50')}/{w.get('p99')} s")
     ratio = results.get("ratio_with_over_without")
     if ratio is not None:
         lines.append(f"pods/s with / without the webhook: {ratio:.3f}")
@@ -586,6 +611,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--run-for", default="1s", help="how long each pod runs (kwok)")
     ap.add_argument("--race-gpus", type=int, default=8, help="each race namespace's cap")
     ap.add_argument("--race-seconds", type=float, default=60.0)
+    ap.add_argument("--over-quota", choices=["deny", "wait"], default="deny",
+                    help="the tenants' overQuota: refused (deny) or waiting behind the gate")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1800.0, help="per phase")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -598,8 +625,8 @@ def main(argv: list[str]) -> int:
     tenant_gpus = int(jobs_per_tenant * args.parallelism * 1.2) + 1
     work = Path(tempfile.mkdtemp(prefix="gpu-webhook-scale-"))
     policy_file = work / "policy.yaml"
-    policy_file.write_text(yaml.safe_dump(policy(args.tenants, tenant_gpus, args.race_gpus),
-                                          sort_keys=False))
+    policy_file.write_text(yaml.safe_dump(policy(args.tenants, tenant_gpus, args.race_gpus,
+                                                 args.over_quota), sort_keys=False))
     t_start = time.monotonic()
     print(f"starting the simulated cluster ({args.gpu_nodes} GPU nodes) in {work} ...",
           flush=True)

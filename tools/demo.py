@@ -42,7 +42,7 @@ PRODUCT = "nvidia.com/gpu.product"
 RACK = "topology.example.com/gpu-rack"
 # Tenants of policy.yaml, each in a namespace named after it (plus the exempt one).
 NAMESPACES = {"research": "research", "vision": "vision", "inference": "inference",
-              "notebooks": "notebooks", "batch": "batch", "gang": "gang",
+              "notebooks": "notebooks", "batch": "batch", "gang": "gang", "waiting": "waiting",
               "sim-exempt": None}
 # Stop order: what talks to the API server first, etcd last.
 STOP_ORDER = ["kwok", "kube-scheduler", "kube-controller-manager"]
@@ -54,7 +54,8 @@ class Step:
 
     namespace: str
     obj: dict[str, Any]
-    expect: str          # "run", "pending", "denied", "queued" (a Job refused, then run)
+    expect: str          # "run", "pending", "denied", "queued" (a Job refused, then run),
+    #                      "waits" (a Job's pods gated until quota frees, then run)
     note: str
     product: str | None = None     # the product its pods must land on
     racks: tuple[str, ...] = ()    # the racks they may land in
@@ -117,6 +118,11 @@ def script() -> list[Step]:
         Step("batch", job("epoch-2", parallelism=1, count=4, run_for="15s"), "queued",
              "over quota now: refused in the Job's events, runs when epoch-1 completes",
              a100),
+        Step("waiting", job("sweep-1", parallelism=2, count=4, run_for="15s"), "run",
+             "holds tenant waiting's 8 GPUs for 15 s (overQuota: wait)", a100, pods=2),
+        Step("waiting", job("sweep-2", parallelism=2, count=4, run_for="15s"), "waits",
+             "over quota now: created behind the quota gate, no error, released whole "
+             "when sweep-1 completes", a100, pods=2),
         Step("sim-exempt", pod("no-webhook", 1), "pending",
              "control: a namespace the webhook skips gets no toleration"),
     ]
@@ -202,6 +208,18 @@ class Demo:
                             + refused()[0].split("denied the request: ", 1)[-1])
             # ... and once the Job before it completed, its pod is admitted and runs.
             timeout += 120
+        if step.expect == "waits":
+            def told() -> list[str]:
+                items = self.get("events", "-n", step.namespace)["items"]
+                return [str(e["message"]) for e in items if e["reason"] == "WaitingForQuota"
+                        and str(e["involvedObject"]["name"]).startswith(step.name + "-")]
+
+            if not wait(f"{step.workload}'s pods to wait for quota", lambda: bool(told()),
+                        timeout):
+                return
+            step.message = "WAITED (pod event): " + told()[0]
+            # ... and once the Job before it completed, its pods are released whole.
+            timeout += 120
         # A Job's pods may have completed already (kwok's run-for): they ran.
         step.ok = wait(f"{step.pods} running pods of {step.workload}", lambda: sum(
             p["status"].get("phase") in ("Running", "Succeeded")
@@ -226,7 +244,14 @@ class Demo:
             product, rack = labels.get(PRODUCT, "-"), labels.get(RACK, "-")
             step.ok &= product == step.product and (not step.racks or rack in step.racks)
             status = p["status"].get("phase", "?")
-            if after is not None:
+            if after is not None and step.expect == "waits":
+                # Created at once, behind the gate; started only once released.
+                created = p["metadata"]["creationTimestamp"]
+                started = str(p["status"].get("startTime") or "")
+                step.ok &= started >= done
+                status += (f" (created {created[11:19]}, started {started[11:19]}, after "
+                           f"{after.name} ended {done[11:19]})")
+            elif after is not None:
                 # RFC 3339 UTC timestamps of the API server compare as strings.
                 created = p["metadata"]["creationTimestamp"]
                 step.ok &= created >= done
@@ -306,7 +331,8 @@ def run(work_dir: Path, down_after: bool, timeout: float) -> int:
         print()
         rows: list[list[str]] = []
         for i, step in enumerate(steps):
-            rows += demo.rows(step, steps[i - 1] if step.expect == "queued" else None)
+            rows += demo.rows(step, steps[i - 1] if step.expect in ("queued", "waits")
+                              else None)
         print(table(rows))
         demo.seen(steps, timeout)
         failed = [s for s in steps if not s.ok]

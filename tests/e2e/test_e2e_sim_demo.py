@@ -55,13 +55,14 @@ def test_make_demo_runs_every_scripted_workload_and_the_readme_commands_after_it
         if (work / "demo.json").exists():  # the block failed before its make demo-down
             readmekit.run(tree, "make demo-down\n", env, timeout=180)
     out = done.stdout
-    assert "13 of 13 workloads behaved as expected" in out, out + done.stderr
+    assert "15 of 15 workloads behaved as expected" in out, out + done.stderr
     rows = {line.split()[0]: line for line in out.splitlines()
             if line.split() and "/" in line.split()[0] and line.count("  ") > 3}
     assert "NVIDIA-H100-80GB-HBM3" in rows["research/pod/trainer-h100"]
     assert "rack-b" in rows["vision/job/resnet"]
     assert "l4-shared-0" in rows["inference/deployment/chat"]
     assert "DENIED at apply: job gang/allreduce" in rows["gang/job/allreduce"]
+    assert "WAITED (pod event): waiting for GPU quota" in out  # then released, and run
     assert "untolerated taint" in rows["sim-exempt/pod/no-webhook"]
     assert "Stop it: make demo-down" in out
 

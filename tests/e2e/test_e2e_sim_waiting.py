@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2ekit import short_id, wait_until
+from e2ekit import gpu_webhook, short_id, wait_until
 from gpucluster.fixtures import SCHEDULE_TIMEOUT, core_api, job, namespaces, pod, pods, started
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
@@ -239,6 +239,23 @@ def test_killing_the_leader_while_pods_wait_loses_none_and_admits_no_extra(
         assert done.returncode == 0, done.stderr
         assert "waits for GPU quota" in done.stderr
     assert all(gated(p) for p in pods(api, ns) if p.metadata.name.startswith("waiter-"))
+    # A developer who may edit the namespace's pods cannot take the GPUs uncharged by
+    # removing the gate: only the webhook may.
+    cp = line_sim.cp
+    cp.kubectl("create", "rolebinding", "jane-edit", "-n", ns, "--clusterrole=edit",
+               "--user=jane")
+    wait_until("jane's RoleBinding to take effect", lambda: cp.kubectl(
+        "auth", "can-i", "patch", "pods", "-n", ns, "--as=jane", check=False
+    ).stdout.strip() == "yes", timeout=30, every=0.3)
+    removed = cp.kubectl("patch", "pod", "waiter-0", "-n", ns, "--as=jane", "--type=json",
+                         "-p", '[{"op": "remove", "path": "/spec/schedulingGates/0"}]',
+                         check=False)
+    assert removed.returncode != 0
+    assert "only the GPU webhook removes the scheduling gate" in removed.stderr
+    # The waiting work, as `gpu-webhook status` lists it.
+    status = gpu_webhook("status", "--kubeconfig", str(cp.kubeconfig), "--policy",
+                         str(line_sim.policy), "--tenant", "line")
+    assert f"line: {CAP} pods wait for GPU quota ({CAP} GPUs asked)" in status.stdout
     assert line_sim.webhook is not None and line_sim.webhook.proxy is not None
     leader = line_sim.webhook.replicas[_leader(line_sim)]
     leader.process.kill()

@@ -255,3 +255,12 @@ def test_a_jobs_pod_goes_through_the_line_even_when_it_fits_alone() -> None:
     d = mutating(req, waiting_policy(), store=_store_using(2))
     assert is_gated(req.object), d.patch
     assert any("releases the Job's pods together" in w for w in d.warnings)
+
+
+def test_our_gate_is_added_beside_someone_elses() -> None:
+    obj = _asked("queued", 2)
+    obj["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    d = mutating(_req(obj), waiting_policy(), store=_store_using(7))
+    patched = jsonpatch.apply_patch(obj, d.patch)
+    assert patched["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"},
+                                                  {"name": GATE}]

@@ -50,6 +50,7 @@ from webhook.server.leading import leader
 EVENT_SECONDS = 5.0  # a waiting pod's event is written again at most this often
 SKIP_SECONDS = 10.0  # a round with nothing changed is skipped at most this long
 RELEASED_SECONDS = 30.0  # a released pod is not released again while the watch catches up
+UNKNOWN_SIZE = 2**31  # a gang whose Job could not be read: never complete
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +192,14 @@ class Releaser:
             try:
                 obj = await asyncio.to_thread(self.pods.job, str(meta.get("namespace")), name)
             except kube.KubeError as exc:
-                logs.event("job of a waiting pod not read; its pods wait alone this round",
+                logs.event("job of a waiting pod not read; its pods keep waiting",
                            logging.WARNING, job=name, error=str(exc))
-                return None if known is None or known.size <= 1 else job
+                if known is None:
+                    # Its size unknown, none of it is released (a part could start and
+                    # hold GPUs the rest then waits for); read again next round.
+                    self._jobs[job] = _Gang(UNKNOWN_SIZE, time.monotonic() - SKIP_SECONDS)
+                    return job
+                return job if known.size > 1 else None
             known = self._jobs[job] = _Gang(gang_size(obj), time.monotonic())
         return job if known.size > 1 else None
 

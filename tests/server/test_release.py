@@ -1,0 +1,110 @@
+"""The leader's release round (``webhook.server.leading.release``) over a real cluster
+state and usage store, with the API calls recorded: a pod's gate is removed only after
+its charge is in the store, a Job's pods only together, and nothing of a Job whose size
+cannot be read."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from webhook.engine.cost import Charge
+from webhook.engine.waiting import GATE
+from webhook.libs import kube
+from webhook.policy.compiled import compile_policy
+from webhook.policy.load import load_text
+from webhook.quota.cache import ClusterState
+from webhook.quota.store import MemoryStore
+from webhook.server.leading.release import Releaser
+
+POLICY = """
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {name: release-test}
+spec:
+  tenants:
+    - name: team
+      namespaces: [team]
+      quota: {gpus: 4}
+      overQuota: wait
+"""
+
+
+def gated(name: str, at: str, job: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "team", "uid": f"u-{name}",
+                            "creationTimestamp": at}
+    if job:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": job,
+                                    "uid": f"job-{job}", "controller": True}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {
+        "schedulingGates": [{"name": GATE}],
+        "containers": [{"name": "main", "image": "x", "resources": {
+            "limits": {"nvidia.com/gpu": 1}, "requests": {"nvidia.com/gpu": 1}}}]}}
+
+
+class Recorded:
+    """The API calls a round makes; each gate removal notes what was charged then."""
+
+    def __init__(self, store: MemoryStore, jobs: dict[str, dict[str, Any]]) -> None:
+        self.store, self.jobs = store, jobs
+        self.removed: list[tuple[str, list[dict[str, Any]], float]] = []
+        self.events: list[tuple[str, str]] = []
+
+    def patch(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+        self.removed.append((name, ops, self.store.view().tenant("team").gpus))
+
+    def event(self, pod: dict[str, Any], reason: str, message: str) -> None:
+        self.events.append((pod["metadata"]["name"], message))
+
+    def job(self, namespace: str, name: str) -> dict[str, Any]:
+        if name not in self.jobs:
+            raise kube.Unreachable(f"read job {namespace}/{name}", "cannot connect")
+        return self.jobs[name]
+
+
+def round_with(pods: list[dict[str, Any]], used: float, jobs: dict[str, dict[str, Any]]
+               ) -> tuple[Recorded, MemoryStore]:
+    policy = compile_policy(load_text(POLICY))
+    state = ClusterState(lambda: policy)
+    for p in pods:
+        state.pod_event("ADDED", copy.deepcopy(p))
+    store = MemoryStore()
+    if used:
+        store.load([("running", Charge("team", "team", "pod/running", None,
+                                       {"nvidia.com/gpu": used}, used))])
+    api = Recorded(store, jobs)
+    releaser = Releaser(lambda: policy, state, store, api, lambda: True)  # type: ignore[arg-type]
+    asyncio.run(releaser.round_())
+    return api, store
+
+
+JOB = {"spec": {"parallelism": 3, "completions": 3}}
+
+
+def test_pods_are_released_in_order_each_after_its_charge_is_committed() -> None:
+    api, _ = round_with([gated("b", "2026-01-01T00:00:02Z"),
+                             gated("a", "2026-01-01T00:00:01Z"),
+                             gated("c", "2026-01-01T00:00:03Z")], 2, {})
+    # 2 of 4 GPUs free: a then b, by arrival; c stays, told its place.
+    assert [(n, charged) for n, _, charged in api.removed] == [("a", 4), ("b", 4)]
+    assert api.removed[0][1][:2] == [
+        {"op": "test", "path": "/metadata/uid", "value": "u-a"},
+        {"op": "test", "path": "/spec/schedulingGates/0", "value": {"name": GATE}}]
+    assert ("c", "waiting for GPU quota: 1 GPUs asked, 0 free; 1st in line in tenant team") \
+        in api.events
+
+
+def test_a_jobs_pods_go_together_or_not_at_all() -> None:
+    pods = [gated(f"g{i}", f"2026-01-01T00:00:0{i}Z", job="train") for i in range(3)]
+    api, store = round_with(pods, 2, {"train": JOB})
+    assert api.removed == [] and store.view().tenant("team").gpus == 2  # 3 do not fit in 2
+    api, store = round_with(pods, 1, {"train": JOB})
+    assert sorted(n for n, _, _ in api.removed) == ["g0", "g1", "g2"]
+    assert {charged for _, _, charged in api.removed} == {4}  # all three charged first
+
+
+def test_a_job_whose_size_cannot_be_read_releases_none_of_its_pods() -> None:
+    pods = [gated(f"g{i}", f"2026-01-01T00:00:0{i}Z", job="train") for i in range(2)]
+    api, _ = round_with(pods, 0, {})
+    assert api.removed == []
