@@ -28,7 +28,17 @@ from typing import Any
 import pytest
 import yaml
 from e2ekit import short_id, wait_until
-from gpucluster.fixtures import SCHEDULE_TIMEOUT, core_api, namespaces, pod, pods, running, started
+from gpucluster.fixtures import (
+    SCHEDULE_TIMEOUT,
+    a100_cluster,
+    core_api,
+    namespaces,
+    own_policy,
+    pod,
+    pods,
+    running,
+    started,
+)
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
 
@@ -37,35 +47,9 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 BORROWED = "gpu-webhook.dev/borrowed"
 
-CLUSTER = {
-    "apiVersion": "gpu-webhook.dev/v1alpha1", "kind": "SimulatedGPUCluster",
-    "metadata": {"name": "cohort-sim"},
-    "spec": {
-        "rackLabel": "topology.example.com/gpu-rack",
-        "gpuTaint": {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-        "nodeCapacity": {"cpu": "96", "memory": "1Ti", "pods": "110",
-                         "ephemeral-storage": "4Ti"},
-        "gpuModels": {"a100": {"product": "NVIDIA-A100-SXM4-80GB",
-                               "nvmlName": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920,
-                               "family": "ampere"}},
-        "nodeGroups": [{"name": "a100-lab", "count": 1, "rack": "rack-a",
-                        "gpu": {"model": "a100", "count": 8}}],
-    },
-}
+CLUSTER = a100_cluster("cohort-sim", "a100-lab", 1, 8)
 
-POLICY = """\
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: cohort-sim}
-spec:
-  tolerations:
-    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
-  exemptions:
-    namespaces: [kube-system, gpu-webhook]
-  tenants:
-    - name: research          # the e2e probe's namespace (e2ekit.wait_installed)
-      namespaceSelector:
-        matchLabels: {gpu.example.com/tenant: research}
+POLICY = own_policy("cohort-sim", """\
     - name: lab-a
       namespaceSelector:
         matchLabels: {gpu.example.com/tenant: lab-a}
@@ -76,7 +60,7 @@ spec:
         matchLabels: {gpu.example.com/tenant: lab-b}
       quota: {gpus: 4}
       cohort: {name: lab}
-"""
+""")
 
 
 @pytest.fixture(scope="module")

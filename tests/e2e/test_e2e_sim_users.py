@@ -25,7 +25,17 @@ from zoneinfo import ZoneInfo
 import pytest
 import yaml
 from e2ekit import short_id, wait_until
-from gpucluster.fixtures import core_api, deployment, namespaces, pod, pods, running, started
+from gpucluster.fixtures import (
+    a100_cluster,
+    core_api,
+    deployment,
+    namespaces,
+    own_policy,
+    pod,
+    pods,
+    running,
+    started,
+)
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
 
@@ -33,35 +43,9 @@ pytestmark = pytest.mark.e2e
 
 USER = "gpu-webhook.dev/requested-by"
 
-CLUSTER = {
-    "apiVersion": "gpu-webhook.dev/v1alpha1", "kind": "SimulatedGPUCluster",
-    "metadata": {"name": "users-sim"},
-    "spec": {
-        "rackLabel": "topology.example.com/gpu-rack",
-        "gpuTaint": {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-        "nodeCapacity": {"cpu": "96", "memory": "1Ti", "pods": "110",
-                         "ephemeral-storage": "4Ti"},
-        "gpuModels": {"a100": {"product": "NVIDIA-A100-SXM4-80GB",
-                               "nvmlName": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920,
-                               "family": "ampere"}},
-        "nodeGroups": [{"name": "a100", "count": 2, "rack": "rack-a",
-                        "gpu": {"model": "a100", "count": 8}}],
-    },
-}
+CLUSTER = a100_cluster("users-sim", "a100", 2, 8)
 
-POLICY = """\
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: users-sim}
-spec:
-  tolerations:
-    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
-  exemptions:
-    namespaces: [kube-system, gpu-webhook]
-  tenants:
-    - name: research          # the e2e probe's namespace (e2ekit.wait_installed)
-      namespaceSelector:
-        matchLabels: {gpu.example.com/tenant: research}
+POLICY = own_policy("users-sim", """\
     - name: team
       namespaceSelector:
         matchLabels: {gpu.example.com/tenant: team}
@@ -79,7 +63,7 @@ spec:
             start: "08:00"
             end: "18:00"
             quota: {gpus: 3}
-"""
+""")
 
 
 @pytest.fixture(scope="module")

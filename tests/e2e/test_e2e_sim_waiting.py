@@ -20,7 +20,17 @@ from typing import Any
 import pytest
 import yaml
 from e2ekit import gpu_webhook, short_id, wait_until
-from gpucluster.fixtures import SCHEDULE_TIMEOUT, core_api, job, namespaces, pod, pods, started
+from gpucluster.fixtures import (
+    SCHEDULE_TIMEOUT,
+    a100_cluster,
+    core_api,
+    job,
+    namespaces,
+    own_policy,
+    pod,
+    pods,
+    started,
+)
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
 
@@ -29,41 +39,15 @@ pytestmark = pytest.mark.e2e
 GATE = "gpu-webhook.dev/quota"
 CAP = 4
 
-CLUSTER = {
-    "apiVersion": "gpu-webhook.dev/v1alpha1", "kind": "SimulatedGPUCluster",
-    "metadata": {"name": "waiting-sim"},
-    "spec": {
-        "rackLabel": "topology.example.com/gpu-rack",
-        "gpuTaint": {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-        "nodeCapacity": {"cpu": "96", "memory": "1Ti", "pods": "110",
-                         "ephemeral-storage": "4Ti"},
-        "gpuModels": {"a100": {"product": "NVIDIA-A100-SXM4-80GB",
-                               "nvmlName": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920,
-                               "family": "ampere"}},
-        "nodeGroups": [{"name": "a100-line", "count": 1, "rack": "rack-a",
-                        "gpu": {"model": "a100", "count": CAP}}],
-    },
-}
+CLUSTER = a100_cluster("waiting-sim", "a100-line", 1, CAP)
 
-POLICY = f"""\
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {{name: waiting-sim}}
-spec:
-  tolerations:
-    - {{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}
-  exemptions:
-    namespaces: [kube-system, gpu-webhook]
-  tenants:
-    - name: research          # the e2e probe's namespace (e2ekit.wait_installed)
-      namespaceSelector:
-        matchLabels: {{gpu.example.com/tenant: research}}
+POLICY = own_policy("waiting-sim", f"""\
     - name: line
       namespaceSelector:
         matchLabels: {{gpu.example.com/tenant: line}}
       quota: {{gpus: {CAP}}}
       overQuota: wait
-"""
+""")
 
 
 @pytest.fixture(scope="module")

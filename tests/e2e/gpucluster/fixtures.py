@@ -69,6 +69,49 @@ def namespaces(cluster: SimCluster, core: k8s.CoreV1Api, name: Callable[[str | N
                    lambda n=ns: not pods(core, n), timeout=SCHEDULE_TIMEOUT, every=0.3)
 
 
+# ------------------------------------------------------------ a cluster of a module's own
+
+
+def a100_cluster(name: str, group: str, nodes: int, gpus: int) -> dict[str, Any]:
+    """A simulated cluster of one group of A100 nodes in rack-a (``nodes`` of ``gpus``
+    GPUs each), for a module that needs a cluster and policy of its own."""
+    return {
+        "apiVersion": "gpu-webhook.dev/v1alpha1", "kind": "SimulatedGPUCluster",
+        "metadata": {"name": name},
+        "spec": {
+            "rackLabel": "topology.example.com/gpu-rack",
+            "gpuTaint": {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            "nodeCapacity": {"cpu": "96", "memory": "1Ti", "pods": "110",
+                             "ephemeral-storage": "4Ti"},
+            "gpuModels": {"a100": {"product": "NVIDIA-A100-SXM4-80GB",
+                                   "nvmlName": "NVIDIA A100-SXM4-80GB", "memoryMiB": 81920,
+                                   "family": "ampere"}},
+            "nodeGroups": [{"name": group, "count": nodes, "rack": "rack-a",
+                            "gpu": {"model": "a100", "count": gpus}}],
+        },
+    }
+
+
+def own_policy(name: str, tenants: str) -> str:
+    """The GPUPolicy of such a module: the GPU taint tolerated, the control plane's
+    namespaces exempt, the e2e probe's tenant ``research``, then ``tenants`` (YAML list
+    items indented as under ``tenants:``)."""
+    return f"""\
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {{name: {name}}}
+spec:
+  tolerations:
+    - {{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}
+  exemptions:
+    namespaces: [kube-system, gpu-webhook]
+  tenants:
+    - name: research          # the e2e probe's namespace (e2ekit.wait_installed)
+      namespaceSelector:
+        matchLabels: {{gpu.example.com/tenant: research}}
+""" + tenants
+
+
 @pytest.fixture(scope="session")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
     """The simulated GPU cluster with the webhook installed, for the whole session."""
