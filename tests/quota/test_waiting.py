@@ -264,3 +264,23 @@ def test_our_gate_is_added_beside_someone_elses() -> None:
     patched = jsonpatch.apply_patch(obj, d.patch)
     assert patched["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"},
                                                   {"name": GATE}]
+
+
+def test_a_waiting_tenant_in_a_quota_window_is_gated_at_the_windows_caps() -> None:
+    # The validating webhook holds a pod to the caps of the window open now: the gate
+    # must be decided at the same caps, or a pod over the window's cap but under the
+    # tenant's own would be refused at every retry instead of waiting.
+    text = WAIT.replace("""      overQuota: wait
+""", """      overQuota: wait
+      quotaSchedule:
+        timeZone: UTC
+        windows:
+          - {name: day, start: "08:00", end: "18:00", quota: {gpus: 4}}
+""")
+    assert text != WAIT
+    p = compile_policy(load_text(text))
+    noon, night = 1_800_007_200.0, 1_800_043_200.0  # 2027-01-15 10:00 and 20:00 UTC
+    for at, gated in ((noon, True), (night, False)):
+        d = mutating(_req(_asked("big", 2)), p, store=_store_using(3), now=at)
+        assert d.allowed
+        assert ("waiting" in d.mutations) is gated, at

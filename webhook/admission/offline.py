@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -123,7 +124,10 @@ def through_both(req: AdmissionRequest, policy: CompiledPolicy,
     req = replace(req, object=copy.deepcopy(original))  # the mutating webhook edits it
     book = claims if claims is not None else ClaimBook()
     store = store if store is not None else MemoryStore()
-    m = mutating(req, policy, labels, book, store)
+    # ``now``: the time the review is decided at (unix seconds; default the system's),
+    # which chooses a tenant's quota window, for both webhooks alike.
+    at = time.time() if now is None else now
+    m = mutating(req, policy, labels, book, store, now=at)
     if not m.allowed:
         return Outcome(m, None, None)
     patched = (jsonpatch.apply_patch(original, m.patch) if m.patch
@@ -134,10 +138,7 @@ def through_both(req: AdmissionRequest, policy: CompiledPolicy,
         as_stored(final, req.uid)
     commits = store.commits
     vreq = replace(req, object=final)
-    # ``now``: the time the review is decided at (unix seconds; default the system's),
-    # which chooses a tenant's quota window.
-    cluster = (Cluster(labels, store, claims=book) if now is None else
-               Cluster(labels, store, claims=book, clock=lambda: now))
+    cluster = Cluster(labels, store, claims=book, clock=lambda: at)
     v = asyncio.run(validating(vreq, policy, cluster))
     if v.allowed and final is not None:
         book.add(vreq, final)

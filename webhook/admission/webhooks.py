@@ -92,10 +92,13 @@ class Cluster:
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
              labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims,
-             store: UsageStore | None = None, sights: Sights = no_sights) -> Decision:
+             store: UsageStore | None = None, sights: Sights = no_sights,
+             now: float | None = None) -> Decision:
     """The mutating webhook. The request's object is edited in place while the patch is
     recorded: pass a copy to keep the original. With a usage store, a cohort tenant's pod
-    that fits only on GPUs its cohort leaves idle is marked as borrowed."""
+    that fits only on GPUs its cohort leaves idle is marked as borrowed, and a waiting
+    tenant's pod that does not fit now is gated (at the caps of the quota window open at
+    ``now``, as the validating webhook will count it)."""
     d = mutate(req, policy, labels, claims, sights)
     if store is None:
         return d
@@ -103,7 +106,8 @@ def mutating(req: AdmissionRequest, policy: CompiledPolicy,
         d = borrow_on_mutate(req, policy, d, store.view(), labels, claims)
     if policy.waiting:
         d = wait_on_mutate(req, policy, d, store.view(), labels, claims,
-                           store.has_slot if isinstance(store, ReleaseStore) else _no_slot)
+                           store.has_slot if isinstance(store, ReleaseStore) else _no_slot,
+                           now)
     return d
 
 
@@ -177,7 +181,7 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
             budget = max(budget - (time.monotonic() - started), 0.0)
     if phase is Phase.MUTATE:
         return mutating(req, policy, cluster.labels, cluster.claims, cluster.store,
-                        cluster.sights)
+                        cluster.sights, cluster.clock())
     if req.sub_resource:
         return await scaling(req, policy, cluster, budget)
     if req.operation == "DELETE":

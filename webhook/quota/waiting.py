@@ -58,9 +58,10 @@ def nothing_used() -> UsageView:
 
 def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
                    usage: UsageView, labels: NamespaceLabels, claims: ClaimLookup,
-                   has_slot: SlotLookup = _no_slots) -> Decision:
+                   has_slot: SlotLookup = _no_slots, now: float | None = None) -> Decision:
     """The mutating webhook's decision ``d``, with the pod gated (and a warning saying
-    why) when its tenant waits and it does not fit now but can."""
+    why) when its tenant waits and it does not fit now but can, at the caps of the quota
+    window open at ``now`` (the validating webhook's, so a pod it would refuse waits)."""
     obj = req.object
     if (not d.allowed or req.kind != "Pod" or req.operation != "CREATE" or req.sub_resource
             or req.dry_run or not isinstance(obj, dict)):
@@ -73,7 +74,7 @@ def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
     step = validate(req, policy, labels, claims).quota  # on the mutated pod
     if not isinstance(step, PodQuota) or not step.ask.is_pod or step.borrowing is not None:
         return d
-    tenant, ask = step.tenant, step.ask
+    tenant, ask = (step.tenant if now is None else step.tenant.at(now)), step.ask
     # A Job's pod cannot tell how many pods its Job runs at once: it goes through the
     # line, where the leader releases its Job's pods together when they all fit, so no
     # part of a gang takes GPUs the rest of it then waits for.

@@ -216,7 +216,7 @@ class AdmissionApp:
         labels = self.cluster.labels(req.namespace)
         if not reusable(req, policy, labels):
             return mutating(req, policy, self.cluster.labels, self.cluster.claims,
-                            self.cluster.store, self.cluster.sights)
+                            self.cluster.store, self.cluster.sights, self.cluster.clock())
         key = self.reuse.key(req, labels, generation)
         if key is not None:
             reused = self.reuse.get(key)
