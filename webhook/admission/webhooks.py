@@ -36,7 +36,7 @@ from webhook.engine.claims import CLAIM_CONTROLLER_USERS, is_claim
 from webhook.engine.cost import Charge
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
-from webhook.engine.handoff import PodQuota
+from webhook.engine.handoff import PodAsk, PodQuota
 from webhook.engine.mutate import mutate
 from webhook.engine.routes import Sights, no_sights, recheck
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
@@ -100,15 +100,35 @@ def mutating(req: AdmissionRequest, policy: CompiledPolicy,
     tenant's pod that does not fit now is gated (at the caps of the quota window open at
     ``now``, as the validating webhook will count it)."""
     d = mutate(req, policy, labels, claims, sights)
-    if store is None:
+    if store is None or not (policy.cohorts or policy.waiting):
         return d
+    asked = _asked(req, policy, labels, claims, now)
     if policy.cohorts:
-        d = borrow_on_mutate(req, policy, d, store.view(), labels, claims)
+        d = borrow_on_mutate(req, policy, d, store.view(), labels, asked)
     if policy.waiting:
-        d = wait_on_mutate(req, policy, d, store.view(), labels, claims,
-                           store.has_slot if isinstance(store, ReleaseStore) else _no_slot,
-                           now)
+        d = wait_on_mutate(req, policy, d, store.view(), labels, asked,
+                           store.has_slot if isinstance(store, ReleaseStore) else _no_slot)
     return d
+
+
+def _asked(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabels,
+           claims: ClaimLookup, now: float | None) -> PodAsk:
+    """What the pod asks of its tenant's quota: the validating engine's quota step on the
+    pod as mutated when first asked for (after a hand-set borrowed mark is made good), at
+    the caps of the quota window open at ``now``. Computed once, only if a forecast needs
+    it."""
+    memo: list[PodQuota | None] = []
+
+    def asked() -> PodQuota | None:
+        if not memo:
+            step = validate(req, policy, labels, claims).quota
+            if not isinstance(step, PodQuota) or not step.ask.is_pod:
+                memo.append(None)
+            else:
+                memo.append(step if now is None else replace(step, tenant=step.tenant.at(now)))
+        return memo[0]
+
+    return asked
 
 
 def _no_slot(gangs: tuple[str, ...], charge: Charge) -> bool:

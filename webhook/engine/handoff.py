@@ -20,6 +20,7 @@ record, with no field left unset behind an assertion.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from webhook.engine.cost import Ask, Charge
@@ -82,6 +83,11 @@ class ClaimQuota:
 
 
 QuotaStep = PodQuota | GangQuota | ClaimQuota
+
+# What a pod creation asks of its tenant's quota, as the validating webhook will count it
+# (None: nothing, or not a pod's ask), asked by the mutating webhook's forecasts
+# (borrowing, waiting) and computed once per review by the pipeline.
+PodAsk = Callable[[], "PodQuota | None"]
 
 
 @dataclass(frozen=True, slots=True)

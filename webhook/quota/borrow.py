@@ -25,10 +25,9 @@ from webhook.engine import messages
 from webhook.engine.borrowed import account, is_marked, mark
 from webhook.engine.cost import Ask
 from webhook.engine.decision import Checker, Decision, Quiet
-from webhook.engine.devices import ClaimLookup
-from webhook.engine.handoff import PodQuota
+from webhook.engine.handoff import PodAsk
 from webhook.engine.target import NamespaceLabels
-from webhook.engine.validate import OWNED, validate
+from webhook.engine.validate import OWNED
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy, TenantRules
@@ -88,10 +87,10 @@ def why_not_borrowed(check: Checker, policy: CompiledPolicy, tenant: TenantRules
 
 
 def borrow_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
-                     usage: UsageView, labels: NamespaceLabels, claims: ClaimLookup
-                     ) -> Decision:
+                     usage: UsageView, labels: NamespaceLabels, asked: PodAsk) -> Decision:
     """The mutating webhook's decision ``d``, with the pod marked as borrowed when it
-    fits only on its cohort's idle GPUs (or was marked already), and a warning saying so."""
+    fits only on its cohort's idle GPUs (or was marked already), and a warning saying so.
+    ``asked``: what the pod asks of its tenant's quota (the pipeline's, computed once)."""
     obj = req.object
     if (not d.allowed or req.kind != "Pod" or req.operation != "CREATE" or req.sub_resource
             or not isinstance(obj, dict)):
@@ -103,8 +102,8 @@ def borrow_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
     marked = is_marked(obj)
     if marked:  # labelled by hand (or a reinvocation): its priority is the class's
         mark(obj, owner.cohort.priority, patch)
-    step = validate(req, policy, labels, claims).quota  # on the mutated pod
-    if not isinstance(step, PodQuota) or not step.ask.is_pod:
+    step = asked()  # on the pod as mutated, marked included
+    if step is None:
         return d if not patch else replace(d, patch=[*d.patch, *patch.ops])
     tenant, ask = step.tenant, step.ask
     if tenant.cohort is None or tenant.quota is None or tenant.quota.gpus is None:

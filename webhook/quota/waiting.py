@@ -29,10 +29,9 @@ from webhook.engine import messages
 from webhook.engine.borrowed import is_marked
 from webhook.engine.cost import Charge
 from webhook.engine.decision import Checker, Decision, Quiet
-from webhook.engine.devices import ClaimLookup
-from webhook.engine.handoff import PodQuota
+from webhook.engine.handoff import PodAsk, PodQuota
 from webhook.engine.target import NamespaceLabels
-from webhook.engine.validate import OWNED, validate
+from webhook.engine.validate import OWNED
 from webhook.engine.waiting import REASON, gate, is_gated
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
@@ -57,11 +56,12 @@ def nothing_used() -> UsageView:
 
 
 def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
-                   usage: UsageView, labels: NamespaceLabels, claims: ClaimLookup,
-                   has_slot: SlotLookup = _no_slots, now: float | None = None) -> Decision:
+                   usage: UsageView, labels: NamespaceLabels, asked: PodAsk,
+                   has_slot: SlotLookup = _no_slots) -> Decision:
     """The mutating webhook's decision ``d``, with the pod gated (and a warning saying
-    why) when its tenant waits and it does not fit now but can, at the caps of the quota
-    window open at ``now`` (the validating webhook's, so a pod it would refuse waits)."""
+    why) when its tenant waits and it does not fit now but can. ``asked``: what the pod
+    asks of its tenant's quota, at the caps of the quota window open now (the validating
+    webhook's, so a pod it would refuse waits), computed once by the pipeline."""
     obj = req.object
     if (not d.allowed or req.kind != "Pod" or req.operation != "CREATE" or req.sub_resource
             or req.dry_run or not isinstance(obj, dict)):
@@ -71,10 +71,10 @@ def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
         return d  # the usual case, decided without looking further
     if "borrowed" in d.mutations or is_marked(obj) or is_gated(obj):
         return d
-    step = validate(req, policy, labels, claims).quota  # on the mutated pod
-    if not isinstance(step, PodQuota) or not step.ask.is_pod or step.borrowing is not None:
+    step = asked()  # on the mutated pod
+    if step is None or step.borrowing is not None:
         return d
-    tenant, ask = (step.tenant if now is None else step.tenant.at(now)), step.ask
+    tenant, ask = step.tenant, step.ask
     # A Job's pod cannot tell how many pods its Job runs at once: it goes through the
     # line, where the leader releases its Job's pods together when they all fit, so no
     # part of a gang takes GPUs the rest of it then waits for.
