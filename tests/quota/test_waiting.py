@@ -284,3 +284,16 @@ def test_a_waiting_tenant_in_a_quota_window_is_gated_at_the_windows_caps() -> No
         d = mutating(_req(_asked("big", 2)), p, store=_store_using(3), now=at)
         assert d.allowed
         assert ("waiting" in d.mutations) is gated, at
+
+
+def test_a_volcano_jobs_pod_is_not_taken_for_a_batch_jobs() -> None:
+    # A Volcano Job is a "Job" too, of another API group: read as a batch Job, its size
+    # would never be found and its pods would wait for ever. Its gang is reserved whole
+    # when it is created; a pod of it that fits now is admitted as any pod.
+    obj = _asked("vc-pod-0", 1)
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": "batch.volcano.sh/v1alpha1",
+                                           "kind": "Job", "name": "train", "uid": "vcjob-1",
+                                           "controller": True}]
+    req = _req(obj)
+    d = mutating(req, waiting_policy(), store=_store_using(2))
+    assert d.allowed and not is_gated(req.object), d.patch

@@ -93,11 +93,14 @@ def released(units: list[Unit], fits: Iterable[bool]) -> list[Unit]:
     return out
 
 
-def owner_uid(pod: Mapping[str, Any], kind: str = "Job") -> str | None:
-    """The uid of the pod's controller when it is of ``kind``."""
+def owner_uid(pod: Mapping[str, Any], kind: str = "Job",
+              api_version: str = "batch/v1") -> str | None:
+    """The uid of the pod's controller when it is of ``kind`` in ``api_version`` (a
+    Volcano Job is a ``Job`` too, of ``batch.volcano.sh``: not a batch Job's pod)."""
     meta = pod.get("metadata")
     for ref in (meta.get("ownerReferences") or ()) if isinstance(meta, dict) else ():
-        if isinstance(ref, dict) and ref.get("controller") and ref.get("kind") == kind:
+        if (isinstance(ref, dict) and ref.get("controller") and ref.get("kind") == kind
+                and ref.get("apiVersion") == api_version):
             uid = ref.get("uid")
             return uid if isinstance(uid, str) else None
     return None
