@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from webhook.admission import webhooks
@@ -122,6 +124,19 @@ def listening(port: int) -> Callable[[], bool]:
     def check() -> bool:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
         return True
+
+    return check
+
+
+def answering(url: str, ca: Path, path: str = "/healthz") -> Callable[[], bool]:
+    """Whether the server at ``url`` answers ``path`` with 200 over TLS verified against
+    ``ca`` (not yet while the server has not written its CA)."""
+
+    def check() -> bool:
+        if not ca.exists():
+            return False
+        ctx = ssl.create_default_context(cafile=str(ca))
+        return httpx.get(url + path, verify=ctx, timeout=2.0).status_code == 200
 
     return check
 

@@ -31,7 +31,7 @@ import httpx
 import orjson
 import yaml
 from controlplane.cluster import ControlPlane
-from kit import await_serving, console_script, free_port, serve
+from kit import answering, await_serving, console_script, free_port, serve
 
 from webhook.k8s.review import request_review
 
@@ -171,12 +171,9 @@ def start_replica(workdir: Path, cert_dir: Path, policy: Path, kubeconfig: Path,
 
 def wait_ready(replica: Replica, ca_file: Path) -> None:
     """Poll /readyz until the policy is loaded and the pod/namespace caches synced."""
-    with httpx.Client(verify=ssl.create_default_context(cafile=str(ca_file)),
-                      timeout=2.0) as client:
-        await_serving(replica.process,
-                      lambda: client.get(f"https://localhost:{replica.port}/readyz"
-                                         ).status_code == 200,
-                      lambda: replica.log()[-3000:], "ready", START_TIMEOUT)
+    await_serving(replica.process,
+                  answering(f"https://localhost:{replica.port}", ca_file, "/readyz"),
+                  lambda: replica.log()[-3000:], "ready", START_TIMEOUT)
 
 
 async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter,

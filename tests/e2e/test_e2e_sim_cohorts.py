@@ -34,6 +34,7 @@ from gpucluster.fixtures import (
     core_api,
     namespaces,
     own_policy,
+    own_sim,
     pod,
     pods,
     running,
@@ -66,11 +67,7 @@ POLICY = own_policy("cohort-sim", """\
 @pytest.fixture(scope="module")
 def cohort_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
     work = tmp_path_factory.mktemp("cohort-sim")
-    (work / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
-    (work / "policy.yaml").write_text(POLICY)
-    cluster = SimCluster(work, policy=work / "policy.yaml",
-                         description=work / "cluster.yaml", replicas=2)
-    with started(cluster):
+    with started(own_sim(work, CLUSTER, POLICY, replicas=2)) as cluster:
         # The shipped PriorityClass the policy's default borrowedPriorityClass names.
         cluster.cp.kubectl("apply", "-f", str(ROOT / "deploy/base/priority-borrowed.yaml"))
         yield cluster

@@ -31,6 +31,7 @@ from gpucluster.fixtures import (
     deployment,
     namespaces,
     own_policy,
+    own_sim,
     pod,
     pods,
     running,
@@ -69,14 +70,11 @@ POLICY = own_policy("users-sim", """\
 @pytest.fixture(scope="module")
 def users_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
     work = tmp_path_factory.mktemp("users-sim")
-    (work / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
-    (work / "policy.yaml").write_text(POLICY)
     (work / "clock-offset").write_text("0")
-    cluster = SimCluster(work, policy=work / "policy.yaml",
-                         description=work / "cluster.yaml", replicas=2, as_installed=True,
-                         webhook_args=["--test-clock-offset-file", str(work / "clock-offset"),
-                                       "--quota-status-seconds", "1", "--audit-seconds", "0"])
-    with started(cluster):
+    args = ["--test-clock-offset-file", str(work / "clock-offset"),
+            "--quota-status-seconds", "1", "--audit-seconds", "0"]
+    with started(own_sim(work, CLUSTER, POLICY, replicas=2, as_installed=True,
+                         webhook_args=args)) as cluster:
         yield cluster
 
 

@@ -27,6 +27,7 @@ from gpucluster.fixtures import (
     job,
     namespaces,
     own_policy,
+    own_sim,
     pod,
     pods,
     started,
@@ -53,11 +54,7 @@ POLICY = own_policy("waiting-sim", f"""\
 @pytest.fixture(scope="module")
 def line_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
     work = tmp_path_factory.mktemp("waiting-sim")
-    (work / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
-    (work / "policy.yaml").write_text(POLICY)
-    cluster = SimCluster(work, policy=work / "policy.yaml",
-                         description=work / "cluster.yaml", replicas=2)
-    with started(cluster):
+    with started(own_sim(work, CLUSTER, POLICY, replicas=2)) as cluster:
         yield cluster
 
 

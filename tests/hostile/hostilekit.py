@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import orjson
-from kit import await_serving, free_port, serve, stop_process
+from kit import answering, await_serving, free_port, serve, stop_process
 
 from webhook.quota.store import MemoryStore
 from webhook.server.sources.reload import PolicySource
@@ -70,12 +70,9 @@ def start(tmp: Path, *flags: str, policy: Path | None = POLICY,
     proc = serve(port, cert_dir, log_path, *flags, *policy_flags, env=env, cwd=tmp)
     server = Server(proc, port, cert_dir, log_path)
 
-    def healthy() -> bool:
-        return httpx.get(server.url + "/healthz", verify=server.context(),
-                         timeout=2).status_code == 200
-
     try:
-        await_serving(proc, healthy, server.log, timeout=START_TIMEOUT)
+        await_serving(proc, answering(server.url, server.ca), server.log,
+                      timeout=START_TIMEOUT)
     except AssertionError:
         stop(server)
         raise

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from kit import await_serving, free_port, serve, stop_process
+from kit import answering, await_serving, free_port, serve, stop_process
 
 from webhook.k8s.review import request_review
 
@@ -62,13 +62,9 @@ def start_server(tmp: Path, *extra: str, ca: Path | None = None) -> Server:
     proc = serve(port, cert_dir, tmp / "server.log", *extra, cwd=tmp)
     server = Server(proc, port, cert_dir, tmp / "server.log", ca)
 
-    def healthy() -> bool:
-        ctx = ssl.create_default_context(cafile=str(server.ca))
-        return httpx.get(server.base_url + "/healthz", verify=ctx,
-                         timeout=2.0).status_code == 200
-
     try:
-        await_serving(proc, healthy, server.log, timeout=START_TIMEOUT)
+        await_serving(proc, answering(server.base_url, server.ca), server.log,
+                      timeout=START_TIMEOUT)
     except AssertionError:
         stop_server(server)
         raise

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from e2ekit import short_id, wait_until
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
@@ -110,6 +112,16 @@ spec:
       namespaceSelector:
         matchLabels: {{gpu.example.com/tenant: research}}
 """ + tenants
+
+
+def own_sim(work: Path, cluster: dict[str, Any], policy: str, **options: Any) -> SimCluster:
+    """Such a module's simulated cluster in ``work``: its description and policy written
+    there (``options`` as SimCluster takes them); started by the caller
+    (``with started(own_sim(...))``)."""
+    (work / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    (work / "policy.yaml").write_text(policy)
+    return SimCluster(work, policy=work / "policy.yaml", description=work / "cluster.yaml",
+                      **options)
 
 
 @pytest.fixture(scope="session")
