@@ -383,6 +383,8 @@ class CompiledPolicy:
     cohorts: Mapping[str, tuple[TenantRules, ...]] = field(default_factory=dict)
     waiting: bool = False  # some tenant has overQuota: wait
     capabilities: CapabilityRules | None = None  # spec.gpuCapabilities
+    # gpuResources.timeSlicing: resource -> the device plugin's replicas per GPU.
+    time_sliced: Mapping[str, int] = field(default_factory=dict)
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -390,13 +392,19 @@ class CompiledPolicy:
         (``deviceclass.resource.kubernetes.io/gpu.nvidia.com``) is one."""
         hit = self._is_gpu.get(resource)
         if hit is None:
-            hit = (resource in self.gpu_names or any(p.match(resource) for p in self.gpu_patterns)
+            hit = (resource in self.gpu_names or resource in self.time_sliced
+                   or any(p.match(resource) for p in self.gpu_patterns)
                    or self.implicit_class(resource) is not None)
             if len(self._is_gpu) < 4096:  # bound the memo against hostile resource names
                 self._is_gpu[resource] = hit
         return hit
 
     def weight(self, resource: str) -> float:
+        replicas = self.time_sliced.get(resource)
+        if replicas is not None:
+            # A time-sliced unit is one of ``replicas`` shares of a device of the
+            # resource: a time-sliced MIG slice weighs its slice's weight over replicas.
+            return self.weights.get(resource, 1.0) / replicas
         w = self.weights.get(resource)
         if w is not None:
             return w
@@ -556,6 +564,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         cohorts=_cohorts(tenants),
         waiting=any(t.waits for t in tenants),
         capabilities=compile_capabilities(spec.gpu_capabilities),
+        time_sliced=dict(spec.gpu_resources.time_slicing),
     )
 
 

@@ -139,6 +139,14 @@ class GPUResources(_Strict):
     )
     """GPU-equivalents per device of a resource (a MIG 1g slice of 7 -> 0.142857).
     Resources not listed weigh 1."""
+    time_slicing: dict[
+        Annotated[str, Field(pattern=_QUALIFIED, max_length=253)],
+        Annotated[int, Field(ge=1, le=1024)],
+    ] = Field(default_factory=dict, max_length=256)
+    """Resources the NVIDIA device plugin time-slices, with the plugin's
+    ``sharing.timeSlicing.resources[].replicas`` (``nvidia.com/gpu.shared: 4`` where
+    ``renameByDefault`` renames it): each is a GPU resource, and one unit of it weighs
+    1/replicas of its weight (``weights``, else 1)."""
 
 
 class DeviceClass(_Strict):

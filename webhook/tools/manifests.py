@@ -295,7 +295,10 @@ class _Rendering:
         self.options = options
         # A pod asking through DRA claims is sent too: whether a claim is a GPU's is known
         # only to the webhook (its watch of claims and templates).
-        self.gpu = (gpu_pod_expression(spec.gpu_resources.names, [
+        # Time-sliced resources (gpuResources.timeSlicing) are GPU resources too.
+        self.gpu = (gpu_pod_expression([*spec.gpu_resources.names, *(
+            r for r in sorted(spec.gpu_resources.time_slicing)
+            if r not in spec.gpu_resources.names)], [
             *spec.gpu_resources.patterns,
             *(f"deviceclass.resource.kubernetes.io/{c}" for c in sorted(spec.device_classes))])
             + f" || {claims_expression()}")
