@@ -70,3 +70,61 @@ def test_without_time_slicing_the_resource_is_no_gpu() -> None:
 def test_replicas_out_of_range_are_refused(replicas: object) -> None:
     with pytest.raises(PolicyError, match="timeSlicing"):
         shares_policy(f"    timeSlicing: {{nvidia.com/gpu.shared: {replicas}}}\n")
+
+
+# --- HAMi -----------------------------------------------------------------------------
+
+HAMI = shares_policy("    hami: {deviceMemory: 81920}\n",
+                     "      maxGpusPerPod: 1\n      quota: {gpus: 2}\n")
+
+
+def hami_pod(vgpus: int = 1, **shares: int) -> dict[str, object]:
+    names = {"memory": "nvidia.com/gpumem", "percent": "nvidia.com/gpumem-percentage",
+             "cores": "nvidia.com/gpucores"}
+    limits = {"nvidia.com/gpu": vgpus, **{names[k]: v for k, v in shares.items()}}
+    return pod(container(limits=limits))
+
+
+@pytest.mark.parametrize(("vgpus", "shares", "charged"), [
+    (1, {"memory": 20480, "cores": 10}, 0.25),       # 20Gi of 80Gi is the larger share
+    (1, {"memory": 8192, "cores": 30}, 0.3),         # 30% of the cores is
+    (2, {"memory": 20480}, 0.5),                     # per vGPU, each on its own device
+    (1, {"percent": 50, "cores": 20}, 0.5),
+    (1, {"memory": 163840}, 1.0),                    # never more than the device
+    (1, {"cores": 30}, 1.0),                         # no memory named: HAMi gives it all
+    (1, {}, 1.0),                                    # a plain vGPU: a whole device
+])
+def test_a_hami_vgpu_is_charged_its_larger_share_of_a_device(
+        vgpus: int, shares: dict[str, int], charged: float) -> None:
+    assert gpus_charged(hami_pod(vgpus, **shares), HAMI) == pytest.approx(charged)
+
+
+def test_without_hami_the_same_pod_is_charged_whole_gpus() -> None:
+    plain = shares_policy("    names: [nvidia.com/gpu]\n")
+    assert gpus_charged(hami_pod(2, memory=20480), plain) == 2.0
+
+
+def test_hami_memory_without_the_device_memory_is_charged_a_whole_device() -> None:
+    p = shares_policy("    hami: {}\n")
+    assert gpus_charged(hami_pod(1, memory=20480), p) == 1.0
+    assert gpus_charged(hami_pod(1, percent=25), p) == 0.25
+
+
+def test_maximums_count_hami_vgpus_by_their_share() -> None:
+    # Four vGPUs of a quarter each are one GPU-equivalent: within maxGpusPerPod 1.
+    assert validated(hami_pod(4, memory=20480), HAMI).allowed
+    over = validated(hami_pod(4, memory=24576), HAMI)
+    assert not over.allowed
+    assert Rule.MAX_PER_POD in {f.rule for f in over.findings}
+
+
+def test_a_bad_hami_share_is_refused_with_its_name() -> None:
+    d = validated(hami_pod(1, memory="lots"), HAMI)  # type: ignore[arg-type]
+    assert not d.allowed
+    assert any(f.rule is Rule.GPU_QUANTITY and "nvidia.com/gpumem" in f.message
+               for f in d.findings)
+
+
+def test_hami_resource_must_be_a_gpu_resource() -> None:
+    with pytest.raises(PolicyError, match=r"hami\.resource"):
+        shares_policy("    names: [nvidia.com/gpu]\n    hami: {resource: nvidia.com/vgpu}\n")

@@ -53,6 +53,11 @@ def bad_quantity(resource: str, field: str, reason: str) -> str:
     )
 
 
+def bad_share(resource: str, reason: str) -> str:
+    return (f"{resource} {reason}. It is a share of each GPU (MiB of memory, or percent): "
+            f'ask for a whole number, e.g. "4096" or "25".')
+
+
 def request_differs(resource: str, request: int, limit: int) -> str:
     return (
         f"{resource} request {request} differs from limit {limit}. GPU requests must equal "

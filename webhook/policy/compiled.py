@@ -20,6 +20,7 @@ from webhook.policy.model import (
     GPUCapabilities,
     GPUPolicy,
     GPURoutes,
+    HAMi,
     LabelSelector,
     MaxRuntime,
     Mode,
@@ -385,6 +386,7 @@ class CompiledPolicy:
     capabilities: CapabilityRules | None = None  # spec.gpuCapabilities
     # gpuResources.timeSlicing: resource -> the device plugin's replicas per GPU.
     time_sliced: Mapping[str, int] = field(default_factory=dict)
+    hami: HAMi | None = None  # gpuResources.hami: None when HAMi shares no GPU resource
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -565,6 +567,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         waiting=any(t.waits for t in tenants),
         capabilities=compile_capabilities(spec.gpu_capabilities),
         time_sliced=dict(spec.gpu_resources.time_slicing),
+        hami=spec.gpu_resources.hami,
     )
 
 

@@ -147,6 +147,42 @@ class GPUResources(_Strict):
     ``sharing.timeSlicing.resources[].replicas`` (``nvidia.com/gpu.shared: 4`` where
     ``renameByDefault`` renames it): each is a GPU resource, and one unit of it weighs
     1/replicas of its weight (``weights``, else 1)."""
+    hami: HAMi | None = None
+    """The GPU resource HAMi shares, and its share resources: a vGPU is charged the
+    larger of its memory and cores shares of a device (at most 1). Off when absent."""
+
+    @model_validator(mode="after")
+    def _hami_resource_is_a_gpu(self) -> GPUResources:
+        if self.hami is not None and self.hami.resource not in self.names:
+            raise FieldProblem(("hami", "resource"),
+                f"hami.resource {self.hami.resource!r} must be one of gpuResources.names")
+        return self
+
+
+class HAMi(_Strict):
+    """GPUs shared by HAMi (Project-HAMi/HAMi): its count resource asks for vGPUs, each a
+    share of one device given by HAMi's memory and cores resources."""
+
+    resource: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = "nvidia.com/gpu"
+    """HAMi's ``resourceName``: the number of vGPUs, each on a different device."""
+    memory: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = "nvidia.com/gpumem"
+    """HAMi's ``resourceMem``: device memory per vGPU, in MiB."""
+    memory_percentage: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = (
+        "nvidia.com/gpumem-percentage")
+    """HAMi's ``resourceMemPercentage``: device memory per vGPU, in percent of the device."""
+    cores: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = "nvidia.com/gpucores"
+    """HAMi's ``resourceCores``: compute per vGPU, in percent of the device's cores."""
+    device_memory: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    """MiB of memory of one device (the smallest of the cluster's HAMi GPUs), to turn
+    ``memory`` into a share; without it a vGPU asking memory is charged a whole device."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> HAMi:
+        names = [self.resource, self.memory, self.memory_percentage, self.cores]
+        if len(set(names)) != len(names):
+            raise ValueError("resource, memory, memoryPercentage and cores must be four "
+                             "different resource names")
+        return self
 
 
 class DeviceClass(_Strict):
