@@ -8,7 +8,21 @@ one unit is charged 1/replicas of a GPU, against the caps whole GPUs count again
 from __future__ import annotations
 
 import pytest
-from enginekit import container, gpus, gpus_charged, mutate_checked, pod, validated
+from enginekit import (
+    GPU_TOLERATION,
+    PRODUCT_LABEL,
+    RACK_LABEL,
+    VOID_ENTRY,
+    container,
+    example_policy,
+    example_variant,
+    gpus,
+    gpus_charged,
+    mutate_checked,
+    node_terms,
+    pod,
+    validated,
+)
 
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, load_text
@@ -128,3 +142,86 @@ def test_a_bad_hami_share_is_refused_with_its_name() -> None:
 def test_hami_resource_must_be_a_gpu_resource() -> None:
     with pytest.raises(PolicyError, match=r"hami\.resource"):
         shares_policy("    names: [nvidia.com/gpu]\n    hami: {resource: nvidia.com/vgpu}\n")
+
+
+# --- KAI-Scheduler --------------------------------------------------------------------
+
+# The example policy (research: defaultProduct a100, racks, the void routes rule) with
+# KAI fractions on, an A100 80GB's memory for gpu-memory.
+KAI_ON = ("    patterns: [\"nvidia.com/mig-*\"]\n",
+          "    patterns: [\"nvidia.com/mig-*\"]\n    kai: {deviceMemory: 81920}\n")
+
+
+def kai_policy() -> CompiledPolicy:
+    return example_variant(KAI_ON)
+
+
+def kai_pod(*containers: dict[str, object], **annotations: str) -> dict[str, object]:
+    return pod(*(containers or (container("vllm"),)), annotations=annotations)
+
+
+@pytest.mark.parametrize(("annotations", "charged"), [
+    ({"gpu-fraction": "0.5"}, 0.5),
+    ({"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"}, 0.5),
+    ({"gpu-memory": "20480"}, 0.25),                 # 20Gi of an 80Gi device
+    ({"gpu-memory": "20480", "gpu-fraction-num-devices": "4"}, 1.0),
+    ({"gpu-memory": "163840"}, 1.0),                 # never more than the device
+])
+def test_a_kai_fraction_is_charged_its_share_of_a_gpu(annotations: dict[str, str],
+                                                      charged: float) -> None:
+    assert gpus_charged(kai_pod(**annotations), kai_policy()) == pytest.approx(charged)
+
+
+def test_without_kai_a_fraction_is_no_gpu_pod() -> None:
+    assert gpus_charged(kai_pod(**{"gpu-fraction": "0.5"}), example_policy()) == 0.0
+
+
+def test_a_kai_fraction_pod_is_placed_as_the_tenants_gpu_pods() -> None:
+    m = mutate_checked(kai_pod(**{"gpu-fraction": "0.5"}), kai_policy())
+    assert m.decision.allowed
+    # Pinned to the tenant's default product and racks, given the GPU toleration...
+    assert {"gpu-tolerations", "gpu-node-affinity"} <= set(m.decision.mutations)
+    assert GPU_TOLERATION in m.patched["spec"]["tolerations"]
+    keys = {e["key"] for t in node_terms(m.patched) for e in t["matchExpressions"]}
+    assert {PRODUCT_LABEL, RACK_LABEL} <= keys
+    # ...and its container, the one KAI gives the fraction, keeps the GPU: not void.
+    assert VOID_ENTRY not in m.patched["spec"]["containers"][0].get("env", [])
+    assert validated(m.patched, kai_policy()).allowed
+
+
+def test_only_the_container_kai_gives_the_fraction_keeps_the_gpu() -> None:
+    p = kai_pod(container("proxy"), container("vllm"),
+                **{"gpu-fraction": "0.5", "gpu-fraction-container-name": "vllm"})
+    m = mutate_checked(p, kai_policy())
+    proxy, vllm = m.patched["spec"]["containers"]
+    assert proxy.get("env") == [VOID_ENTRY]
+    assert VOID_ENTRY not in vllm.get("env", [])
+    first = mutate_checked(kai_pod(container("vllm"), container("proxy"),
+                                   **{"gpu-memory": "4096"}), kai_policy())
+    vllm, proxy = first.patched["spec"]["containers"]
+    assert VOID_ENTRY not in vllm.get("env", [])
+    assert proxy.get("env") == [VOID_ENTRY]
+
+
+def test_kai_fractions_count_towards_the_per_pod_cap() -> None:
+    # research: maxGpusPerPod 8; 9 devices of 0.5 each are 4.5 GPUs, 17 x 0.5 are 8.5.
+    fine = kai_pod(**{"gpu-fraction": "0.5", "gpu-fraction-num-devices": "9"})
+    over = kai_pod(**{"gpu-fraction": "0.5", "gpu-fraction-num-devices": "17"})
+    assert validated(mutate_checked(fine, kai_policy()).patched, kai_policy()).allowed
+    d = validated(mutate_checked(over, kai_policy()).patched, kai_policy())
+    assert not d.allowed
+    assert Rule.MAX_PER_POD in {f.rule for f in d.findings}
+
+
+@pytest.mark.parametrize("annotations", [
+    {"gpu-fraction": "1.5"}, {"gpu-fraction": "half"}, {"gpu-memory": "-1"},
+    {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "0"},
+])
+def test_an_unreadable_kai_fraction_is_refused_and_charged_whole(
+        annotations: dict[str, str]) -> None:
+    p = kai_pod(**annotations)
+    d = validated(mutate_checked(p, kai_policy()).patched, kai_policy())
+    assert not d.allowed
+    assert any(f.rule is Rule.GPU_QUANTITY and "KAI-Scheduler" in f.message
+               for f in d.findings)
+    assert gpus_charged(p, kai_policy()) >= 1.0

@@ -52,6 +52,16 @@ def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
             claimed[r] = claimed.get(r, 0.0) + n
         claimed_gpus += dc.gpus
         products.add(dc.product)
+    kai = target.kai
+    if kai is not None:
+        # A KAI-Scheduler fraction (annotations): the share of a device it asks, counted
+        # as the policy's KAI resource, towards the per-pod cap as a claim's devices are.
+        if kai.problem is not None:
+            check.report(Rule.GPU_QUANTITY, messages.bad_kai_fraction(kai.problem))
+        assert policy.kai is not None
+        weight = policy.weight(policy.kai.resource)
+        claimed[policy.kai.resource] = claimed.get(policy.kai.resource, 0.0) + kai.gpus
+        claimed_gpus += kai.gpus * weight
     effective = check_maximums(check, policy, target.containers, counts, claimed_gpus)
     product = check_pinned(check, policy, target.template, target.gpu_containers)
     gpus = weighted(policy, effective) + claimed_gpus

@@ -53,6 +53,11 @@ def bad_quantity(resource: str, field: str, reason: str) -> str:
     )
 
 
+def bad_kai_fraction(problem: str) -> str:
+    return (f"KAI-Scheduler GPU share: {problem}. It is charged a whole GPU per device "
+            "until it says a share the webhook can read.")
+
+
 def bad_share(resource: str, reason: str) -> str:
     return (f"{resource} {reason}. It is a share of each GPU (MiB of memory, or percent): "
             f'ask for a whole number, e.g. "4096" or "25".')

@@ -21,6 +21,7 @@ from webhook.policy.model import (
     GPUPolicy,
     GPURoutes,
     HAMi,
+    KAIFractions,
     LabelSelector,
     MaxRuntime,
     Mode,
@@ -387,6 +388,7 @@ class CompiledPolicy:
     # gpuResources.timeSlicing: resource -> the device plugin's replicas per GPU.
     time_sliced: Mapping[str, int] = field(default_factory=dict)
     hami: HAMi | None = None  # gpuResources.hami: None when HAMi shares no GPU resource
+    kai: KAIFractions | None = None  # gpuResources.kai: None when KAI fractions are off
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -568,6 +570,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         capabilities=compile_capabilities(spec.gpu_capabilities),
         time_sliced=dict(spec.gpu_resources.time_slicing),
         hami=spec.gpu_resources.hami,
+        kai=spec.gpu_resources.kai,
     )
 
 

@@ -151,6 +151,11 @@ class GPUResources(_Strict):
     """The GPU resource HAMi shares, and its share resources: a vGPU is charged the
     larger of its memory and cores shares of a device (at most 1). Off when absent."""
 
+    kai: KAIFractions | None = None
+    """Charge pods asking KAI-Scheduler's GPU fractions by annotation as GPU pods: the
+    fraction of a device (``gpu-fraction``, or ``gpu-memory`` over ``deviceMemory``) times
+    ``gpu-fraction-num-devices``. Off when absent."""
+
     @model_validator(mode="after")
     def _hami_resource_is_a_gpu(self) -> GPUResources:
         if self.hami is not None and self.hami.resource not in self.names:
@@ -183,6 +188,19 @@ class HAMi(_Strict):
             raise ValueError("resource, memory, memoryPercentage and cores must be four "
                              "different resource names")
         return self
+
+
+class KAIFractions(_Strict):
+    """GPUs shared by KAI-Scheduler (NVIDIA/KAI-Scheduler): a pod asks a fraction of a
+    device by annotation (``gpu-fraction``, ``gpu-memory``, ``gpu-fraction-num-devices``)
+    and no GPU resource."""
+
+    device_memory: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    """MiB of memory of one device (the smallest of the cluster's shared GPUs), to turn
+    ``gpu-memory`` into a share; without it such a pod is charged a whole device each."""
+    resource: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = "nvidia.com/gpu"
+    """The GPU resource the share counts as (for ``quota.resources`` and ``weights``):
+    the one KAI's reservation pods hold."""
 
 
 class DeviceClass(_Strict):
