@@ -109,6 +109,14 @@ def weighted(policy: CompiledPolicy, counts: dict[str, float]) -> float:
     return sum(n * policy.weight(r) for r, n in counts.items())
 
 
+def shared_part(policy: CompiledPolicy, counts: dict[str, float]) -> float:
+    """The GPU-equivalents of ``counts`` held as shares of devices (``quota.sharedGpus``):
+    time-sliced units and HAMi vGPUs."""
+    hami = policy.hami.resource if policy.hami is not None else None
+    return sum(n * policy.weight(r) for r, n in counts.items()
+               if r in policy.time_sliced or r == hami)
+
+
 def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[ContainerGPUs],
                    counts: Counts, claimed: float = 0.0) -> dict[str, float]:
     """Per-container and per-pod caps (GPU-equivalents; ``claimed``: the pod's own DRA

@@ -286,6 +286,7 @@ def _pods(n: int) -> str:
 
 PODS = "GPU pods"  # what a pod-count cap counts (quota.check's Line.what)
 SPOT_GPUS = "spot GPUs"  # what a tenant's spot cap counts (tenants[].spot.gpus)
+SHARED_GPUS = "shared GPUs"  # what quota.sharedGpus counts: shares of devices
 
 
 def most_pods(cap: float, per_pod: float) -> int:

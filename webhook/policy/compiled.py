@@ -52,10 +52,12 @@ class Limits:
     products: Mapping[str, float]
     pods: int | None
     spot: float | None = None  # GPU-equivalents on spot (tenants[].spot.gpus)
+    shared: float | None = None  # GPU-equivalents held as shares (quota.sharedGpus)
 
     @classmethod
     def of(cls, q: QuotaLimits, spot: float | None = None) -> Limits:
-        return cls(q.gpus, dict(q.resources), dict(q.products), q.pods, spot)
+        return cls(q.gpus, dict(q.resources), dict(q.products), q.pods, spot,
+                   q.shared_gpus)
 
     def over(self, q: QuotaLimits) -> Limits:
         """These caps with the fields ``q`` sets (a quota window's) replacing them; in
@@ -63,7 +65,8 @@ class Limits:
         given = q.model_fields_set
         return Limits(q.gpus if "gpus" in given else self.gpus,
                       {**self.resources, **q.resources}, {**self.products, **q.products},
-                      q.pods if "pods" in given else self.pods, self.spot)
+                      q.pods if "pods" in given else self.pods, self.spot,
+                      q.shared_gpus if "shared_gpus" in given else self.shared)
 
 
 @dataclass(frozen=True, slots=True)

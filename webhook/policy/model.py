@@ -347,6 +347,9 @@ class QuotaLimits(_Strict):
     """Per product short name, in GPU-equivalents."""
     pods: Count | None = None
     """GPU pods at once."""
+    shared_gpus: Equivalents | None = None
+    """GPU-equivalents held as shares of devices (time-sliced units, HAMi vGPUs, KAI
+    fractions), apart from whole GPUs; they count towards ``gpus`` too."""
 
 
 class Quota(QuotaLimits):
