@@ -225,3 +225,17 @@ def test_an_unreadable_kai_fraction_is_refused_and_charged_whole(
     assert any(f.rule is Rule.GPU_QUANTITY and "KAI-Scheduler" in f.message
                for f in d.findings)
     assert gpus_charged(p, kai_policy()) >= 1.0
+
+
+def test_hami_shares_only_the_gpus_of_the_tenants_it_names() -> None:
+    text = ("apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicy\nmetadata: {name: s}\n"
+            "spec:\n  gpuResources:\n    hami: {deviceMemory: 81920, tenants: [inference]}\n"
+            "  tenants:\n    - {name: inference, namespaces: [inference]}\n"
+            "    - {name: research, namespaces: [research]}\n")
+    p = compile_policy(load_text(text, "s"))
+    shared = hami_pod(1, memory=20480)
+    assert gpus_charged(shared, p) == 1.0  # research: its nvidia.com/gpu are whole GPUs
+    inference = {**shared, "metadata": {"name": "v", "namespace": "inference"}}
+    assert gpus_charged(inference, p) == 0.25
+    with pytest.raises(PolicyError, match="tenant 'serving' is not defined"):
+        load_text(text.replace("tenants: [inference]", "tenants: [serving]"), "s")

@@ -65,7 +65,8 @@ def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
     effective = check_maximums(check, policy, target.containers, counts, claimed_gpus)
     product = check_pinned(check, policy, target.template, target.gpu_containers)
     gpus = weighted(policy, effective) + claimed_gpus
-    shared = shared_part(policy, effective) + (
+    shared = shared_part(policy, effective,
+                         check.tenant.name if check.tenant is not None else None) + (
         kai.gpus * policy.weight(policy.kai.resource)
         if kai is not None and policy.kai is not None else 0.0)
     if not target.gpu_containers and len(products) == 1:

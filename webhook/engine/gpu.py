@@ -58,7 +58,9 @@ def check_requests(check: Checker, containers: list[ContainerGPUs], patch: Patch
                 _complete(c, res, req_raw, lim_raw, patch)
             counts[res] = float(lim if lim is not None else req or 0)
         hami = check.policy.hami
-        if hami is not None and counts.get(hami.resource):
+        if hami is not None and counts.get(hami.resource) and (
+                hami.tenants is None
+                or (check.tenant is not None and check.tenant.name in hami.tenants)):
             # HAMi's vGPUs are shares of devices: count them as the share they take.
             counts[hami.resource] *= hami_share(check, c, hami)
         out.append((c.kind, counts))
@@ -109,10 +111,13 @@ def weighted(policy: CompiledPolicy, counts: dict[str, float]) -> float:
     return sum(n * policy.weight(r) for r, n in counts.items())
 
 
-def shared_part(policy: CompiledPolicy, counts: dict[str, float]) -> float:
+def shared_part(policy: CompiledPolicy, counts: dict[str, float],
+                tenant: str | None = None) -> float:
     """The GPU-equivalents of ``counts`` held as shares of devices (``quota.sharedGpus``):
-    time-sliced units and HAMi vGPUs."""
-    hami = policy.hami.resource if policy.hami is not None else None
+    time-sliced units and HAMi vGPUs (of ``tenant``, where HAMi shares its GPUs)."""
+    h = policy.hami
+    hami = h.resource if h is not None and (
+        h.tenants is None or (tenant is not None and tenant in h.tenants)) else None
     return sum(n * policy.weight(r) for r, n in counts.items()
                if r in policy.time_sliced or r == hami)
 

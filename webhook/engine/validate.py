@@ -255,4 +255,5 @@ def _unpinned_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Co
     product = tenant.default_product if tenant is not None and tenant.capped_products \
         else None
     return Cost(product, effective, weighted(policy, effective),
-                shared=shared_part(policy, effective))
+                shared=shared_part(policy, effective,
+                                   tenant.name if tenant is not None else None))

@@ -180,6 +180,10 @@ class HAMi(_Strict):
     device_memory: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
     """MiB of memory of one device (the smallest of the cluster's HAMi GPUs), to turn
     ``memory`` into a share; without it a vGPU asking memory is charged a whole device."""
+    tenants: list[Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]] | None = Field(
+        default=None, max_length=4096)
+    """The tenants whose ``resource`` HAMi shares (their namespaces' nodes run HAMi);
+    absent: every tenant's, and pods outside tenants."""
 
     @model_validator(mode="after")
     def _distinct(self) -> HAMi:
@@ -1078,6 +1082,16 @@ class Spec(_Strict):
                         f"unknown rule {key!r}; the rules are: {', '.join(sorted(known))}"
                     )
         return value
+
+    @model_validator(mode="after")
+    def _hami_tenants_exist(self) -> Spec:
+        hami = self.gpu_resources.hami
+        names = {t.name for t in self.tenants}
+        for i, name in enumerate(hami.tenants or () if hami is not None else ()):
+            if name not in names:
+                raise FieldProblem(("gpuResources", "hami", "tenants", i),
+                    f"tenant {name!r} is not defined in spec.tenants")
+        return self
 
     @model_validator(mode="after")
     def _per_gpu_products(self) -> Spec:
