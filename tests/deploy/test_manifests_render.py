@@ -532,3 +532,34 @@ def test_gpupolicy_objects_go_to_the_policy_loader(failure):
     # The caBundle reaches it with the others: same configuration, same CA.
     assert render(url="https://127.0.0.1:9443")[1]["webhooks"][-1]["clientConfig"] == {
         "url": "https://127.0.0.1:9443/validate-policy"}
+
+
+def test_time_sliced_resources_are_sent_as_the_policy_counts_them():
+    # gpuResources.timeSlicing names GPU resources of its own: a pod asking only for one
+    # must reach the webhooks, or it would go uncharged.
+    p = policy("  gpuResources:\n    names: [nvidia.com/gpu]\n"
+               "    timeSlicing: {nvidia.com/gpu.shared: 4}\n")
+    compiled = compile_policy(p)
+    for hook in (o["webhooks"][0] for o in manifests.render(p)[:2]):
+        for name, gpu in [("nvidia.com/gpu.shared", True), ("nvidia.com/gpu", True),
+                          ("nvidia.com/gpu.sharedx", False)]:
+            obj = wrap("Pod", pod_spec(container(limits={name: 1})))
+            assert sent(hook, obj) is gpu is compiled.is_gpu(name), name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kai_fraction_pods_are_sent_when_the_policy_charges_them(kind):
+    # A KAI-Scheduler fraction asks no GPU resource: only its annotation says it.
+    on = policy("  gpuResources:\n    kai: {deviceMemory: 81920}\n")
+    off = policy("  gpuResources:\n    names: [nvidia.com/gpu]\n")
+    obj = wrap(kind, pod_spec(container(limits={"cpu": "1"})))
+    holder = obj if kind == "Pod" else (
+        obj["spec"]["jobTemplate"]["spec"]["template"] if kind == "CronJob"
+        else obj["spec"]["template"])
+    holder.setdefault("metadata", {})["annotations"] = {"gpu-fraction": "0.5"}
+    for p, expected in ((on, True), (off, False)):
+        for hook in (o["webhooks"][0] for o in manifests.render(p)[:2]):
+            assert sent(hook, obj) is expected, (kind, expected)
+    plain = wrap(kind, pod_spec(container(limits={"cpu": "1"})))
+    for hook in (o["webhooks"][0] for o in manifests.render(on)[:2]):
+        assert not sent(hook, plain)

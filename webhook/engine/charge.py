@@ -20,7 +20,7 @@ from webhook.engine.borrowed import charged_to
 from webhook.engine.cost import Charge, Cost
 from webhook.engine.decision import Checker, Quiet
 from webhook.engine.devices import ClaimLookup, no_claims
-from webhook.engine.gpu import check_maximums, check_requests, weighted
+from webhook.engine.gpu import check_maximums, check_requests, shared_part, weighted
 from webhook.engine.pinning import check_pinned
 from webhook.engine.placement import Placement
 from webhook.engine.target import Target, read_target
@@ -52,9 +52,23 @@ def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
             claimed[r] = claimed.get(r, 0.0) + n
         claimed_gpus += dc.gpus
         products.add(dc.product)
+    kai = target.kai
+    if kai is not None:
+        # A KAI-Scheduler fraction (annotations): the share of a device it asks, counted
+        # as the policy's KAI resource, towards the per-pod cap as a claim's devices are.
+        if kai.problem is not None:
+            check.report(Rule.GPU_QUANTITY, messages.bad_kai_fraction(kai.problem))
+        assert policy.kai is not None
+        weight = policy.weight(policy.kai.resource)
+        claimed[policy.kai.resource] = claimed.get(policy.kai.resource, 0.0) + kai.gpus
+        claimed_gpus += kai.gpus * weight
     effective = check_maximums(check, policy, target.containers, counts, claimed_gpus)
     product = check_pinned(check, policy, target.template, target.gpu_containers)
     gpus = weighted(policy, effective) + claimed_gpus
+    shared = shared_part(policy, effective,
+                         check.tenant.name if check.tenant is not None else None) + (
+        kai.gpus * policy.weight(policy.kai.resource)
+        if kai is not None and policy.kai is not None else 0.0)
     if not target.gpu_containers and len(products) == 1:
         product = products.pop()  # DRA alone: the product its claims are pinned to
     for r, n in claimed.items():
@@ -69,7 +83,7 @@ def pod_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Cost:
         tenant = check.tenant
         if tenant is not None and tenant.spot is not None:
             gpus *= tenant.spot.weight
-    return Cost(product, effective, gpus, on_spot)
+    return Cost(product, effective, gpus, on_spot, shared)
 
 
 def unknown_templates(check: Checker, target: Target) -> None:

@@ -17,13 +17,14 @@ class Cost:
     resources: Mapping[str, float]  # effective request, devices per GPU resource
     gpus: float  # GPU-equivalents (weights applied)
     spot: float = 0.0  # GPU-equivalents held on spot nodes (before the tenant's spot weight)
+    shared: float = 0.0  # GPU-equivalents held as shares of devices (quota.sharedGpus)
 
     def charge(self, tenant: str, namespace: str, owner: str, *, pods: int = 1,
                user: str | None = None) -> Charge:
         """What a pod (or a claim: ``pods=0``) of this cost holds, charged to ``tenant``
         (and to ``user`` within it, where the tenant caps its users)."""
         return Charge(tenant, namespace, owner, self.product, dict(self.resources),
-                      self.gpus, pods=pods, spot=self.spot, user=user)
+                      self.gpus, pods=pods, spot=self.spot, user=user, shared=self.shared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class Charge:
     pods: int = 1  # GPU pods it counts as (a shared ResourceClaim: 0)
     spot: float = 0.0  # GPU-equivalents on spot nodes, for the tenant's spot cap
     user: str | None = None  # the user it is charged to (tenants[].userQuota)
+    shared: float = 0.0  # GPU-equivalents held as shares of devices (quota.sharedGpus)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from webhook.k8s.patch import Patch
 from webhook.k8s.quantity import QuantityError, gpu_count
 from webhook.k8s.resources import ContainerGPUs, ContainerKind, effective_request
 from webhook.policy.compiled import CompiledPolicy
-from webhook.policy.model import Rule
+from webhook.policy.model import HAMi, Rule
 
 Counts = list[tuple[ContainerKind, dict[str, float]]]
 
@@ -57,8 +57,44 @@ def check_requests(check: Checker, containers: list[ContainerGPUs], patch: Patch
             if patch is not None:
                 _complete(c, res, req_raw, lim_raw, patch)
             counts[res] = float(lim if lim is not None else req or 0)
+        hami = check.policy.hami
+        if hami is not None and counts.get(hami.resource) and (
+                hami.tenants is None
+                or (check.tenant is not None and check.tenant.name in hami.tenants)):
+            # HAMi's vGPUs are shares of devices: count them as the share they take.
+            counts[hami.resource] *= hami_share(check, c, hami)
         out.append((c.kind, counts))
     return out
+
+
+def hami_share(check: Checker, c: ContainerGPUs, hami: HAMi) -> float:
+    """The share of one device each of the container's HAMi vGPUs takes: the larger of
+    its memory share (``memory`` MiB over ``deviceMemory``, or ``memoryPercentage``) and
+    its cores share (percent), at most 1. A vGPU that names no memory gets the whole
+    device's memory from HAMi (its chart's ``defaultMemory: 0``), and one naming MiB
+    without the device's memory known may be given a device that small: both are
+    charged a whole device."""
+    asked: dict[str, int] = {}
+    for res in (hami.memory, hami.memory_percentage, hami.cores):
+        raw = c.limits.get(res) if c.limits else None
+        if raw is None and c.requests:
+            raw = c.requests.get(res)
+        if raw is None:
+            continue
+        try:
+            asked[res] = gpu_count(raw)
+        except QuantityError as exc:
+            check.report(Rule.GPU_QUANTITY, messages.bad_share(res, str(exc)), c.describe())
+            return 1.0
+    if hami.memory in asked:
+        memory = (asked[hami.memory] / hami.device_memory if hami.device_memory is not None
+                  else 1.0)
+    elif hami.memory_percentage in asked:
+        memory = asked[hami.memory_percentage] / 100
+    else:
+        memory = 1.0
+    cores = asked.get(hami.cores, 0) / 100
+    return min(1.0, max(memory, cores))
 
 
 def _complete(c: ContainerGPUs, res: str, req_raw: object, lim_raw: object, patch: Patch) -> None:
@@ -73,6 +109,17 @@ def _complete(c: ContainerGPUs, res: str, req_raw: object, lim_raw: object, patc
 
 def weighted(policy: CompiledPolicy, counts: dict[str, float]) -> float:
     return sum(n * policy.weight(r) for r, n in counts.items())
+
+
+def shared_part(policy: CompiledPolicy, counts: dict[str, float],
+                tenant: str | None = None) -> float:
+    """The GPU-equivalents of ``counts`` held as shares of devices (``quota.sharedGpus``):
+    time-sliced units and HAMi vGPUs (of ``tenant``, where HAMi shares its GPUs)."""
+    h = policy.hami
+    hami = h.resource if h is not None and (
+        h.tenants is None or (tenant is not None and tenant in h.tenants)) else None
+    return sum(n * policy.weight(r) for r, n in counts.items()
+               if r in policy.time_sliced or r == hami)
 
 
 def check_maximums(check: Checker, policy: CompiledPolicy, containers: list[ContainerGPUs],

@@ -53,6 +53,16 @@ def bad_quantity(resource: str, field: str, reason: str) -> str:
     )
 
 
+def bad_kai_fraction(problem: str) -> str:
+    return (f"KAI-Scheduler GPU share: {problem}. It is charged a whole GPU per device "
+            "until it says a share the webhook can read.")
+
+
+def bad_share(resource: str, reason: str) -> str:
+    return (f"{resource} {reason}. It is a share of each GPU (MiB of memory, or percent): "
+            f'ask for a whole number, e.g. "4096" or "25".')
+
+
 def request_differs(resource: str, request: int, limit: int) -> str:
     return (
         f"{resource} request {request} differs from limit {limit}. GPU requests must equal "
@@ -276,6 +286,7 @@ def _pods(n: int) -> str:
 
 PODS = "GPU pods"  # what a pod-count cap counts (quota.check's Line.what)
 SPOT_GPUS = "spot GPUs"  # what a tenant's spot cap counts (tenants[].spot.gpus)
+SHARED_GPUS = "shared GPUs"  # what quota.sharedGpus counts: shares of devices
 
 
 def most_pods(cap: float, per_pod: float) -> int:

@@ -155,6 +155,13 @@ def _charged(target: Target) -> frozenset[str]:
         named = _claim_names(c.container)
         if c.names or named & gpu_claims:
             out.add(c.pointer.removeprefix(prefix))
+    if target.kai is not None:
+        # KAI gives its fraction to the container its annotation names, else the first.
+        app = [c for c in target.containers if c.kind == "container"]
+        given = next((c for c in app if c.name == target.kai.container), None) \
+            if target.kai.container is not None else (app[0] if app else None)
+        if given is not None:
+            out.add(given.pointer.removeprefix(prefix))
     return frozenset(out)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from webhook.engine import messages
 from webhook.engine.decision import Decision, malformed, subject_of
 from webhook.engine.devices import ClaimLookup, is_gpu_request, no_claims, unseen_reason
+from webhook.engine.shares import KAIAsk, kai_ask
 from webhook.k8s.claims import (
     CLAIM,
     TEMPLATE,
@@ -70,6 +71,7 @@ class Target:
     claims: tuple[ClaimUse, ...] = ()
     gpu_containers: bool = False  # GPUs by container resources (the device plugin)
     seen: ClaimLookup = no_claims  # what the watches hold (slices: shares of devices)
+    kai: KAIAsk | None = None  # a KAI-Scheduler fraction by annotation (gpuResources.kai)
 
     @property
     def gpu_claims(self) -> list[ClaimUse]:
@@ -177,12 +179,14 @@ def template_target(template: PodTemplate, subject: str, tenant: TenantRules | N
                     claims: ClaimLookup = no_claims) -> Target:
     """One pod template's GPU containers and DRA claims. Raises MalformedObject."""
     containers = gpu_containers(template.spec, template.spec_pointer, policy.is_gpu)
-    by_containers = any(c.names for c in containers)
+    kai = kai_ask(policy, template.metadata)
+    # A KAI fraction is a share of a node's device-plugin GPU: placed as those are.
+    by_containers = any(c.names for c in containers) or kai is not None
     uses = tuple(_claim_use(e, namespace, policy, claims)
                  for e in pod_claims(template.spec, template.spec_pointer))
     has_gpu = by_containers or any(u.gpu for u in uses)
     return Target(template, containers, has_gpu, tenant, subject, uses, by_containers,
-                  claims)
+                  claims, kai)
 
 
 def _claim_use(entry: PodClaim, namespace: str, policy: CompiledPolicy,

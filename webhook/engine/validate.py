@@ -31,7 +31,7 @@ from webhook.engine.cost import Ask, Cost
 from webhook.engine.decision import Checker, Decision, Finding, malformed
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gang import GangAsk, RoleAsk, pod_ids, workload_ids
-from webhook.engine.gpu import check_maximums, check_requests, weighted
+from webhook.engine.gpu import check_maximums, check_requests, shared_part, weighted
 from webhook.engine.handoff import (
     GangQuota,
     GangReservation,
@@ -254,4 +254,6 @@ def _unpinned_cost(check: Checker, policy: CompiledPolicy, target: Target) -> Co
     tenant = target.tenant
     product = tenant.default_product if tenant is not None and tenant.capped_products \
         else None
-    return Cost(product, effective, weighted(policy, effective))
+    return Cost(product, effective, weighted(policy, effective),
+                shared=shared_part(policy, effective,
+                                   tenant.name if tenant is not None else None))

@@ -20,6 +20,8 @@ from webhook.policy.model import (
     GPUCapabilities,
     GPUPolicy,
     GPURoutes,
+    HAMi,
+    KAIFractions,
     LabelSelector,
     MaxRuntime,
     Mode,
@@ -50,10 +52,12 @@ class Limits:
     products: Mapping[str, float]
     pods: int | None
     spot: float | None = None  # GPU-equivalents on spot (tenants[].spot.gpus)
+    shared: float | None = None  # GPU-equivalents held as shares (quota.sharedGpus)
 
     @classmethod
     def of(cls, q: QuotaLimits, spot: float | None = None) -> Limits:
-        return cls(q.gpus, dict(q.resources), dict(q.products), q.pods, spot)
+        return cls(q.gpus, dict(q.resources), dict(q.products), q.pods, spot,
+                   q.shared_gpus)
 
     def over(self, q: QuotaLimits) -> Limits:
         """These caps with the fields ``q`` sets (a quota window's) replacing them; in
@@ -61,7 +65,8 @@ class Limits:
         given = q.model_fields_set
         return Limits(q.gpus if "gpus" in given else self.gpus,
                       {**self.resources, **q.resources}, {**self.products, **q.products},
-                      q.pods if "pods" in given else self.pods, self.spot)
+                      q.pods if "pods" in given else self.pods, self.spot,
+                      q.shared_gpus if "shared_gpus" in given else self.shared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +388,10 @@ class CompiledPolicy:
     cohorts: Mapping[str, tuple[TenantRules, ...]] = field(default_factory=dict)
     waiting: bool = False  # some tenant has overQuota: wait
     capabilities: CapabilityRules | None = None  # spec.gpuCapabilities
+    # gpuResources.timeSlicing: resource -> the device plugin's replicas per GPU.
+    time_sliced: Mapping[str, int] = field(default_factory=dict)
+    hami: HAMi | None = None  # gpuResources.hami: None when HAMi shares no GPU resource
+    kai: KAIFractions | None = None  # gpuResources.kai: None when KAI fractions are off
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -390,13 +399,19 @@ class CompiledPolicy:
         (``deviceclass.resource.kubernetes.io/gpu.nvidia.com``) is one."""
         hit = self._is_gpu.get(resource)
         if hit is None:
-            hit = (resource in self.gpu_names or any(p.match(resource) for p in self.gpu_patterns)
+            hit = (resource in self.gpu_names or resource in self.time_sliced
+                   or any(p.match(resource) for p in self.gpu_patterns)
                    or self.implicit_class(resource) is not None)
             if len(self._is_gpu) < 4096:  # bound the memo against hostile resource names
                 self._is_gpu[resource] = hit
         return hit
 
     def weight(self, resource: str) -> float:
+        replicas = self.time_sliced.get(resource)
+        if replicas is not None:
+            # A time-sliced unit is one of ``replicas`` shares of a device of the
+            # resource: a time-sliced MIG slice weighs its slice's weight over replicas.
+            return self.weights.get(resource, 1.0) / replicas
         w = self.weights.get(resource)
         if w is not None:
             return w
@@ -556,6 +571,9 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         cohorts=_cohorts(tenants),
         waiting=any(t.waits for t in tenants),
         capabilities=compile_capabilities(spec.gpu_capabilities),
+        time_sliced=dict(spec.gpu_resources.time_slicing),
+        hami=spec.gpu_resources.hami,
+        kai=spec.gpu_resources.kai,
     )
 
 

@@ -139,6 +139,72 @@ class GPUResources(_Strict):
     )
     """GPU-equivalents per device of a resource (a MIG 1g slice of 7 -> 0.142857).
     Resources not listed weigh 1."""
+    time_slicing: dict[
+        Annotated[str, Field(pattern=_QUALIFIED, max_length=253)],
+        Annotated[int, Field(ge=1, le=1024)],
+    ] = Field(default_factory=dict, max_length=256)
+    """Resources the NVIDIA device plugin time-slices, with the plugin's
+    ``sharing.timeSlicing.resources[].replicas`` (``nvidia.com/gpu.shared: 4`` where
+    ``renameByDefault`` renames it): each is a GPU resource, and one unit of it weighs
+    1/replicas of its weight (``weights``, else 1)."""
+    hami: HAMi | None = None
+    """The GPU resource HAMi shares, and its share resources: a vGPU is charged the
+    larger of its memory and cores shares of a device (at most 1). Off when absent."""
+
+    kai: KAIFractions | None = None
+    """Charge pods asking KAI-Scheduler's GPU fractions by annotation as GPU pods: the
+    fraction of a device (``gpu-fraction``, or ``gpu-memory`` over ``deviceMemory``) times
+    ``gpu-fraction-num-devices``. Off when absent."""
+
+    @model_validator(mode="after")
+    def _hami_resource_is_a_gpu(self) -> GPUResources:
+        if self.hami is not None and self.hami.resource not in self.names:
+            raise FieldProblem(("hami", "resource"),
+                f"hami.resource {self.hami.resource!r} must be one of gpuResources.names")
+        return self
+
+
+class HAMi(_Strict):
+    """GPUs shared by HAMi (Project-HAMi/HAMi): its count resource asks for vGPUs, each a
+    share of one device given by HAMi's memory and cores resources."""
+
+    resource: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = "nvidia.com/gpu"
+    """HAMi's ``resourceName``: the number of vGPUs, each on a different device."""
+    memory: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = "nvidia.com/gpumem"
+    """HAMi's ``resourceMem``: device memory per vGPU, in MiB."""
+    memory_percentage: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = (
+        "nvidia.com/gpumem-percentage")
+    """HAMi's ``resourceMemPercentage``: device memory per vGPU, in percent of the device."""
+    cores: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = "nvidia.com/gpucores"
+    """HAMi's ``resourceCores``: compute per vGPU, in percent of the device's cores."""
+    device_memory: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    """MiB of memory of one device (the smallest of the cluster's HAMi GPUs), to turn
+    ``memory`` into a share; without it a vGPU asking memory is charged a whole device."""
+    tenants: list[Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)]] | None = Field(
+        default=None, max_length=4096)
+    """The tenants whose ``resource`` HAMi shares (their namespaces' nodes run HAMi);
+    absent: every tenant's, and pods outside tenants."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> HAMi:
+        names = [self.resource, self.memory, self.memory_percentage, self.cores]
+        if len(set(names)) != len(names):
+            raise ValueError("resource, memory, memoryPercentage and cores must be four "
+                             "different resource names")
+        return self
+
+
+class KAIFractions(_Strict):
+    """GPUs shared by KAI-Scheduler (NVIDIA/KAI-Scheduler): a pod asks a fraction of a
+    device by annotation (``gpu-fraction``, ``gpu-memory``, ``gpu-fraction-num-devices``)
+    and no GPU resource."""
+
+    device_memory: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    """MiB of memory of one device (the smallest of the cluster's shared GPUs), to turn
+    ``gpu-memory`` into a share; without it such a pod is charged a whole device each."""
+    resource: Annotated[str, Field(pattern=_QUALIFIED, max_length=253)] = "nvidia.com/gpu"
+    """The GPU resource the share counts as (for ``quota.resources`` and ``weights``):
+    the one KAI's reservation pods hold."""
 
 
 class DeviceClass(_Strict):
@@ -285,6 +351,9 @@ class QuotaLimits(_Strict):
     """Per product short name, in GPU-equivalents."""
     pods: Count | None = None
     """GPU pods at once."""
+    shared_gpus: Equivalents | None = None
+    """GPU-equivalents held as shares of devices (time-sliced units, HAMi vGPUs, KAI
+    fractions), apart from whole GPUs; they count towards ``gpus`` too."""
 
 
 class Quota(QuotaLimits):
@@ -1013,6 +1082,16 @@ class Spec(_Strict):
                         f"unknown rule {key!r}; the rules are: {', '.join(sorted(known))}"
                     )
         return value
+
+    @model_validator(mode="after")
+    def _hami_tenants_exist(self) -> Spec:
+        hami = self.gpu_resources.hami
+        names = {t.name for t in self.tenants}
+        for i, name in enumerate(hami.tenants or () if hami is not None else ()):
+            if name not in names:
+                raise FieldProblem(("gpuResources", "hami", "tenants", i),
+                    f"tenant {name!r} is not defined in spec.tenants")
+        return self
 
     @model_validator(mode="after")
     def _per_gpu_products(self) -> Spec:

@@ -84,6 +84,10 @@ def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
         if limits.spot is not None and ask.cost.spot:
             out.append(Line(scope, messages.SPOT_GPUS, limits.spot, totals.spot,
                             ask.cost.spot, ("spot", tenant.name)))
+        if limits.shared is not None and ask.cost.shared:
+            shared_holders = ("shared", tenant.name) if holders[0] == "tenant" else holders
+            out.append(Line(scope, messages.SHARED_GPUS, limits.shared, totals.shared,
+                            ask.cost.shared, shared_holders, window=at))
         if limits.pods is not None and ask.counts_pods:
             out.append(Line(scope, messages.PODS, limits.pods, totals.pods, 1.0, holders,
                             window=at))

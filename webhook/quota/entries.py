@@ -63,6 +63,8 @@ def encode(entries: dict[str, Entry], memo: dict[str, tuple[Entry, dict[str, Any
             item["pods"] = e.charge.pods  # a DRA claim counts no GPU pod
         if e.charge.spot:
             item["spot"] = e.charge.spot  # GPU-equivalents on spot nodes
+        if e.charge.shared:
+            item["shared"] = e.charge.shared  # GPU-equivalents held as shares of devices
         if e.gang:
             item["gang"] = list(e.gang)
         if e.charge.user is not None:
@@ -116,9 +118,12 @@ def _entry(tenant: str, v: object, now: float) -> Entry:
                               for r, n in resources.items()},
                     _amount(v.get("gpus"), "gpus"), _pods(v.get("pods", 1)),
                     _amount(v.get("spot", 0), "spot"),
-                    _text(v["user"], "user") if v.get("user") is not None else None)
+                    _text(v["user"], "user") if v.get("user") is not None else None,
+                    _amount(v.get("shared", 0), "shared"))
     if charge.resources and charge.gpus == 0:
         raise Corrupt("gpus is 0 for a pod with GPU resources")
+    if charge.shared > charge.gpus + 1e-9 and not charge.spot:
+        raise Corrupt(f"shared is {charge.shared!r}: more than its {charge.gpus!r} GPUs")
     expires = v.get("expires")
     if isinstance(expires, bool) or not isinstance(expires, (int, float)) \
             or not math.isfinite(expires):

@@ -158,6 +158,8 @@ def _caps(limits: Limits, used: Totals, reserved: Totals
         yield (f"product:{p}", n, used.products.get(p, 0.0), reserved.products.get(p, 0.0))
     if limits.spot is not None:
         yield "spot", limits.spot, used.spot, reserved.spot
+    if limits.shared is not None:
+        yield "shared", limits.shared, used.shared, reserved.shared
     if limits.pods is not None:
         yield "pods", float(limits.pods), float(used.pods), float(reserved.pods)
 

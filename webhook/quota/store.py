@@ -145,6 +145,7 @@ def covers(a: Charge, b: Charge) -> bool:
     """Whether ``a`` counts at least as much as ``b`` in every scope a cap can name."""
     return (a.tenant == b.tenant and a.namespace == b.namespace and a.product == b.product
             and a.user == b.user and a.gpus >= b.gpus and a.spot >= b.spot
+            and a.shared >= b.shared
             and all(a.resources.get(r, 0.0) >= n for r, n in b.resources.items()))
 
 
@@ -155,6 +156,7 @@ def _sum(x: Totals, y: Totals) -> Totals:
     out.gpus += y.gpus
     out.pods += y.pods
     out.spot += y.spot
+    out.shared += y.shared
     for r, n in y.resources.items():
         out.resources[r] = out.resources.get(r, 0.0) + n
     for p, n in y.products.items():

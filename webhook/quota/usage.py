@@ -24,11 +24,13 @@ class Totals:
     resources: dict[str, float] = field(default_factory=dict)
     products: dict[str, float] = field(default_factory=dict)
     spot: float = 0.0  # GPU-equivalents on spot nodes
+    shared: float = 0.0  # GPU-equivalents held as shares of devices (quota.sharedGpus)
 
     def add(self, c: Charge, sign: int = 1) -> None:
         self.gpus += sign * c.gpus
         self.pods += sign * c.pods
         self.spot += sign * c.spot
+        self.shared += sign * c.shared
         for r, n in c.resources.items():
             self.resources[r] = self.resources.get(r, 0.0) + sign * n
         if c.product is not None:
@@ -36,7 +38,7 @@ class Totals:
 
     def copy(self) -> Totals:
         return Totals(self.gpus, self.pods, dict(self.resources), dict(self.products),
-                      self.spot)
+                      self.spot, self.shared)
 
 
 class Usage:
@@ -80,6 +82,8 @@ class Usage:
             scopes.append((("product", c.tenant, c.product), c.gpus))
         if c.spot:  # spot GPUs are held in full, whatever weight the other caps give them
             scopes.append((("spot", c.tenant), c.spot))
+        if c.shared:
+            scopes.append((("shared", c.tenant), c.shared))
         for scope, amount in scopes:
             owners = self._owners.setdefault(scope, {})
             left = owners.get(c.owner, 0.0) + sign * amount

@@ -325,6 +325,8 @@ def _caps(caps: Limits, totals: Totals) -> Iterator[tuple[str, float, float]]:
         yield f"product:{p}", equivalents, totals.products.get(p, 0.0)
     if caps.spot is not None:
         yield "spot", caps.spot, totals.spot
+    if caps.shared is not None:
+        yield "shared", caps.shared, totals.shared
     if caps.pods is not None:
         yield "pods", caps.pods, totals.pods
 

@@ -295,10 +295,15 @@ class _Rendering:
         self.options = options
         # A pod asking through DRA claims is sent too: whether a claim is a GPU's is known
         # only to the webhook (its watch of claims and templates).
-        self.gpu = (gpu_pod_expression(spec.gpu_resources.names, [
+        # Time-sliced resources (gpuResources.timeSlicing) are GPU resources too.
+        self.gpu = (gpu_pod_expression([*spec.gpu_resources.names, *(
+            r for r in sorted(spec.gpu_resources.time_slicing)
+            if r not in spec.gpu_resources.names)], [
             *spec.gpu_resources.patterns,
             *(f"deviceclass.resource.kubernetes.io/{c}" for c in sorted(spec.device_classes))])
             + f" || {claims_expression()}")
+        # KAI-Scheduler fractions are asked by annotation, not in the pod spec.
+        self.kai = kai_expression() if spec.gpu_resources.kai is not None else None
         keys = sorted({t.key for t in spec.tolerations if t.key})
         tolerating = tolerates_expression(keys) if keys else None
         choice = spec.non_gpu_pods_tolerating_gpu_taints
@@ -349,6 +354,8 @@ class _Rendering:
                        else "gpu-pods-or-gpu-tolerations",
                        "expression": for_pod_spec(lambda s: _or_terms(wanted, s),
                                                   self.spec.workload_kinds)}]
+        if self.kai is not None:
+            conditions[0]["expression"] += f" || {self.kai}"
         # Another mutating webhook may add a GPU container after ours ran.
         return self._hook(kind, kind, [*RULES, *workload_rules(self.spec.workload_kinds)],
                           # quota reservations are skipped for dry runs
@@ -391,6 +398,8 @@ class _Rendering:
         on its own), and every ephemeral container added there: its pod may be a GPU
         pod. It only mutates."""
         sent = _or_terms(self.wanted["mutate"], "object.spec")
+        if self.kai is not None:
+            sent = f"{sent} || {self.kai}"
         test = (f"(has(request.subResource) && request.subResource == 'ephemeralcontainers')"
                 f" || !(has(object.spec) && ({sent}))")
         conditions = [{"name": "pods-not-sent-as-gpu-pods", "expression": test}]
@@ -466,6 +475,18 @@ def gpu_pod_expression(names: Iterable[str], patterns: Iterable[str]) -> str:
                  f"(has(c.resources.requests) && c.resources.requests.exists(r, {gpu})))")
     return (f"(has({_SPEC}.containers) && {_SPEC}.containers.exists(c, {container})) || "
             f"(has({_SPEC}.initContainers) && {_SPEC}.initContainers.exists(c, {container}))")
+
+
+def kai_expression() -> str:
+    """CEL: the pod (or a built-in kind's pod template) carries a KAI-Scheduler GPU
+    fraction annotation (``gpu-fraction``, ``gpu-memory``)."""
+    def annotated(meta: str) -> str:
+        a = f"{meta}.annotations"
+        return f"({_has(a)} && ('gpu-fraction' in {a} || 'gpu-memory' in {a}))"
+    return (f"(request.kind.kind == 'Pod' ? {annotated('object.metadata')} : "
+            f"request.kind.kind == 'CronJob' ? "
+            f"{annotated('object.spec.jobTemplate.spec.template.metadata')} : "
+            f"{annotated('object.spec.template.metadata')})")
 
 
 def claims_expression() -> str:
