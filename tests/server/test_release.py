@@ -63,9 +63,9 @@ class Recorded:
         return self.jobs[name]
 
 
-def round_with(pods: list[dict[str, Any]], used: float, jobs: dict[str, dict[str, Any]]
-               ) -> tuple[Recorded, MemoryStore]:
-    policy = compile_policy(load_text(POLICY))
+def round_with(pods: list[dict[str, Any]], used: float, jobs: dict[str, dict[str, Any]],
+               text: str = POLICY) -> tuple[Recorded, MemoryStore]:
+    policy = compile_policy(load_text(text))
     state = ClusterState(lambda: policy)
     for p in pods:
         state.pod_event("ADDED", copy.deepcopy(p))
@@ -108,3 +108,19 @@ def test_a_job_whose_size_cannot_be_read_releases_none_of_its_pods() -> None:
     pods = [gated(f"g{i}", f"2026-01-01T00:00:0{i}Z", job="train") for i in range(2)]
     api, _ = round_with(pods, 0, {})
     assert api.removed == []
+
+
+def test_a_release_holds_each_pod_to_the_cap_of_the_user_it_records() -> None:
+    # Released as its creation would be admitted: by the user its CREATE recorded, so
+    # alice's second pod is not released past her cap of 1 (the tenant's 4 would let it),
+    # and the line stops there, bob's pod behind it included (a line keeps its order).
+    text = POLICY.replace("      overQuota: wait\n",
+                          "      overQuota: wait\n      userQuota: {gpus: 1}\n")
+    assert text != POLICY
+    pods = [gated("a1", "2026-01-01T00:00:01Z"), gated("a2", "2026-01-01T00:00:02Z"),
+            gated("b1", "2026-01-01T00:00:03Z")]
+    for p, user in zip(pods, ("alice", "alice", "bob"), strict=True):
+        p["metadata"]["annotations"] = {"gpu-webhook.dev/requested-by": user}
+    api, store = round_with(pods, 0, {}, text)
+    assert [n for n, _, _ in api.removed] == ["a1"]
+    assert store.view().tenant("team").gpus == 1
