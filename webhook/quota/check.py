@@ -91,19 +91,26 @@ def lines(tenant: TenantRules, ask: Ask, usage: UsageView) -> list[Line]:
         if limits.pods is not None and ask.counts_pods:
             out.append(Line(scope, messages.PODS, limits.pods, totals.pods, 1.0, holders,
                             window=at))
+    return out + _user_lines(tenant, ask, usage, window)
+
+
+def _user_lines(tenant: TenantRules, ask: Ask, usage: UsageView, window: str) -> list[Line]:
+    """The caps of the ask's user in the tenant (``tenants[].userQuota``), if any. Counted
+    in the same totals as the tenant's: the ledger entry that reserves a pod names its
+    user, so one compare-and-swap commits both counts."""
     users = tenant.user_quota
-    if users is not None and ask.user is not None:
-        # Counted in the same totals as the tenant's: the ledger entry that reserves a
-        # pod names its user, so one compare-and-swap commits both counts.
-        held = usage.user(tenant.name, ask.user)
-        whose = ("user", tenant.name, ask.user)
-        at = window if tenant.window is not None and tenant.window.user_quota else ""
-        if users.gpus is not None:
-            out.append(Line(f"user {ask.user}", "GPUs", users.gpus, held.gpus, ask.gpus,
-                            whose, user=ask.user, window=at))
-        if users.pods is not None and ask.counts_pods:
-            out.append(Line(f"user {ask.user}", messages.PODS, users.pods, held.pods, 1.0,
-                            whose, user=ask.user, window=at))
+    if users is None or ask.user is None:
+        return []
+    held = usage.user(tenant.name, ask.user)
+    whose = ("user", tenant.name, ask.user)
+    at = window if tenant.window is not None and tenant.window.user_quota else ""
+    out: list[Line] = []
+    if users.gpus is not None:
+        out.append(Line(f"user {ask.user}", "GPUs", users.gpus, held.gpus, ask.gpus,
+                        whose, user=ask.user, window=at))
+    if users.pods is not None and ask.counts_pods:
+        out.append(Line(f"user {ask.user}", messages.PODS, users.pods, held.pods, 1.0,
+                        whose, user=ask.user, window=at))
     return out
 
 
