@@ -55,7 +55,8 @@ def test_a_cuda_pod_asking_no_gpu_lands_on_a_gpu_node_with_the_variable_void(
         sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory,
         exempt: list[str]) -> None:
     ns = sim_namespace("research")
-    done = apply(sim, ns, cuda_pod("prep"))
+    # Sent to a GPU node by its selector: tolerating every taint, it could land anywhere.
+    done = apply(sim, ns, cuda_pod("prep", nodeSelector={"nvidia.com/gpu.present": "true"}))
     assert done.returncode == 0, done.stderr
     (p,) = running(core, ns, 1)
     assert node_labels(core, p.spec.node_name).get("nvidia.com/gpu.present") == "true"

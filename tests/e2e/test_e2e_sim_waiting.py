@@ -187,6 +187,9 @@ def test_a_gang_starts_whole_only_once_the_pods_before_it_end(
                            if p.status.phase == "Running") == 4,
                timeout=SCHEDULE_TIMEOUT, every=0.3)
     gang = [p.metadata.name for p in pods(api, ns, "job-name=gang")]
+    # The sampler lists every 0.2 s: it may not have seen the last gate go yet.
+    wait_until("the sampler to see every gang pod ungated",
+               lambda: all(n in watch.ungated for n in gang), timeout=30, every=0.1)
     # Never part of the gang beside a holder: each sample with a holder running shows
     # every gang pod still gated.
     for _, seen in watch.samples:
