@@ -10,7 +10,8 @@ within a test. The faults, each with the cap of 8 GPUs:
   through replica 1 and their reservations expire. 0 over-admits, and replica 0
   reports not ready while its watch is not known live;
 - a ledger entry edited by hand to a negative amount: it lifts no cap;
-- re-creating a pod name that exists: AlreadyExists each time, and no GPUs held;
+- re-creating a pod name that exists: refused at admission (it would fail
+  AlreadyExists), nothing recorded, and no GPUs held once that pod goes;
 - the API server unreachable from a replica: its denial says so in the product's words.
 """
 
@@ -290,9 +291,22 @@ def test_re_creating_an_existing_pod_name_holds_no_gpus(faulty: tuple[Deployment
     d, _ = faulty
     ns = tenant_namespace(d, namespace, "rename")
     assert [create(core, ns, f"r{i}") for i in range(7)] == [201] * 7
-    assert [create(core, ns, "r0") for _ in range(3)] == [409, 409, 409]  # AlreadyExists
+    # Each would fail AlreadyExists after admission: refused at admission instead, in
+    # words that say why, and nothing recorded that could hold a GPU once r0 goes.
+    assert [create(core, ns, "r0") for _ in range(3)] == [403, 403, 403]
+    assert "a pod named 'r0' already exists in namespace" in REFUSALS[-1], REFUSALS[-1]
+    holder = core.read_namespaced_pod("r0", ns).metadata.uid
+    cm = core.read_namespaced_config_map("gpu-webhook-ledger-rename", LEDGER_NAMESPACE)
+    named = [k for k, e in orjson.loads(cm.data["reservations"]).items()
+             if e.get("name") == f"{ns}/r0"]
+    assert set(named) <= {holder}, named  # r0's own reservation at most
     assert create(core, ns, "r7") == 201  # the 8th GPU was not held by the failed creates
     assert create(core, ns, "r8") == 403
+    core.delete_namespaced_pod("r0", ns, grace_period_seconds=0)
+    wait_until("both replicas to see r0's GPU free", lambda: sees_free_gpus(d, ns, 1),
+               timeout=60, every=0.2)
+    assert create(core, ns, "r8") == 201
+    assert create(core, ns, "r9") == 403
     assert gpus_admitted(core, ns) == CAP
 
 

@@ -70,7 +70,7 @@ LEDGERS = ["gpu-webhook-ledger-research", "gpu-webhook-ledger-inference",
 
 @pytest.mark.parametrize(("verb", "resource", "namespace"), [
     # the watch caches
-    ("list", "pods", None), ("watch", "pods", None),
+    ("list", "pods", None), ("watch", "pods", None), ("get", "pods", None),
     ("list", "namespaces", None), ("watch", "namespaces", None),
     # which nodes carry GPUs, and the PriorityClasses' values (the GPU routes)
     ("list", "nodes", None), ("watch", "nodes", None),
@@ -124,7 +124,7 @@ def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resourc
     # the base install has no certificate duties (cert-manager's overlay), and no writes
     ("get", "secrets/gpu-webhook-tls", NS), ("create", "secrets", NS),
     ("patch", "mutatingwebhookconfigurations.admissionregistration.k8s.io/gpu-webhook", None),
-    ("update", "pods", None), ("delete", "pods", None), ("get", "pods", None),
+    ("update", "pods", None), ("delete", "pods", None), ("create", "pods", None),
     ("update", "nodes", None), ("create", "priorityclasses.scheduling.k8s.io", None),
     ("watch", "deployments.apps", "team-a"), ("update", "deployments.apps", "team-a"),
     ("get", "daemonsets.apps", "team-a"),

@@ -20,7 +20,7 @@ import pytest
 from fakeapi import FakeAPI
 from quotakit import POLICY, admit, pod, policy
 
-from webhook.libs.kube import ConfigMaps
+from webhook.libs.kube import ConfigMaps, Unreachable
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.cache import ClusterState
@@ -260,6 +260,69 @@ def test_re_creating_a_name_another_pod_holds_needs_no_room(api: FakeAPI) -> Non
     assert [admit(store, policy(), p).allowed for p in retries] == [True, True, True]
     assert admit(store, policy(), pod("free", gpus=1)).allowed  # the 6th is still free
     assert not admit(store, policy(), pod("over", gpus=1)).allowed
+
+
+def _asking(api: FakeAPI, stored: dict[str, str | Exception]
+            ) -> tuple[LedgerStore, ClusterState, list[str]]:
+    """A replica's store whose reads of "who holds this name now" answer from
+    ``stored`` (namespace/name to uid, or the failure the read meets), the API server's
+    pods as the server's store reads them (kube.Pods.holder; shown through a real API
+    server in tests/e2e/test_e2e_faults.py)."""
+    store, state, _ = make_store(api)
+    asked: list[str] = []
+
+    def holder(name: str) -> str | None:
+        asked.append(name)
+        got = stored.get(name)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    store.holder = holder
+    return store, state, asked
+
+
+def test_a_create_of_a_name_another_pod_holds_is_refused_and_keeps_nothing(
+        api: FakeAPI) -> None:
+    # The API server would answer AlreadyExists after admission; refused here instead,
+    # nothing is recorded, so once that pod goes no entry holds its GPUs for a TTL.
+    store, state, _ = _asking(api, {"team-a/x": "uid-x"})
+    state.pod_event("ADDED", pod("a", gpus=4))
+    state.pod_event("ADDED", pod("x", gpus=1))
+    retries = [admit(store, policy(), pod("x", gpus=1, uid=f"uid-x-retry-{i}"))
+               for i in range(3)]
+    assert [d.allowed for d in retries] == [False] * 3
+    assert "a pod named 'x' already exists in namespace 'team-a'" in retries[0].message
+    assert "kubectl delete pod x -n team-a" in retries[0].message
+    assert (NS, LEDGER) not in api.configmaps  # nothing was written
+    state.pod_event("DELETED", pod("x", gpus=1))
+    assert admit(store, policy(), pod("y", gpus=2)).allowed  # 4 + 2 = 6: x's GPU is free
+    assert not admit(store, policy(), pod("z", gpus=1)).allowed
+    assert sorted(entries(api)) == ["uid-y"]
+
+
+def test_only_a_create_of_a_name_the_cache_shows_held_asks_the_api_server(
+        api: FakeAPI) -> None:
+    store, state, asked = _asking(api, {})
+    assert admit(store, policy(), pod("fresh", gpus=1)).allowed
+    state.pod_event("ADDED", pod("x", gpus=2))
+    # The cache still shows x, but the API server holds no pod of that name now (its
+    # deletion not seen yet): decided as a new pod, counted, and x's stale 2 with it.
+    assert admit(store, policy(), pod("x", gpus=2, uid="uid-x-new")).allowed
+    assert asked == ["team-a/x"]
+    assert sorted(entries(api)) == ["uid-fresh", "uid-x-new"]
+
+
+def test_a_name_whose_holder_cannot_be_read_is_recorded_as_before(api: FakeAPI) -> None:
+    store, state, _ = _asking(api, {"team-a/x": Unreachable(
+        "read pod team-a/x", "the API server did not answer within 2.0s", "timeout")})
+    state.pod_event("ADDED", pod("a", gpus=4))
+    state.pod_event("ADDED", pod("x", gpus=1))
+    assert admit(store, policy(), pod("x", gpus=1, uid="uid-x-retry")).allowed
+    assert sorted(entries(api)) == ["uid-x-retry"]  # counts once x is gone, as before
+    state.pod_event("DELETED", pod("x", gpus=1))
+    assert admit(store, policy(), pod("y", gpus=1)).allowed  # 4 + 1 (the retry) + 1 = 6
+    assert not admit(store, policy(), pod("z", gpus=1)).allowed
 
 
 def test_when_the_holder_goes_its_successor_is_counted(api: FakeAPI) -> None:

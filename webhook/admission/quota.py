@@ -22,7 +22,13 @@ from webhook.policy.model import Mode, Rule
 from webhook.quota.borrow import check_borrowed, why_not_borrowed
 from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
 from webhook.quota.gang import GANG_BOUND_SECONDS
-from webhook.quota.store import BorrowStore, GangStore, ReservationUnavailable, UsageStore
+from webhook.quota.store import (
+    BorrowStore,
+    GangStore,
+    NameTaken,
+    ReservationUnavailable,
+    UsageStore,
+)
 from webhook.quota.waiting import ever_fits
 
 
@@ -105,6 +111,8 @@ async def _single(step: PodQuota | ClaimQuota, policy: CompiledPolicy, store: Us
                             gangs=res.gangs)
     except ReservationUnavailable as exc:
         return _unavailable(policy, step, exc)
+    except NameTaken as exc:
+        return _name_taken(policy, step, exc)
     return attempts.last.findings, []
 
 
@@ -126,6 +134,14 @@ def _unavailable(policy: CompiledPolicy, step: QuotaStep, exc: ReservationUnavai
     return check.findings, ["ledger-unavailable"]
 
 
+def _name_taken(policy: CompiledPolicy, step: QuotaStep, exc: NameTaken) -> Found:
+    """Another pod holds the name: the create would fail (AlreadyExists) after this
+    review; refusing it here keeps nothing that could hold GPUs once that pod goes."""
+    check = _checker(policy, step)
+    check.report(Rule.QUOTA, messages.name_taken(exc.name))
+    return check.findings, []
+
+
 async def _borrowed(step: PodQuota, cohort: CohortRules, policy: CompiledPolicy,
                     store: UsageStore, budget: float) -> Found:
     """A pod marked as borrowed: checked against its cohort's room (and its namespace's
@@ -145,6 +161,8 @@ async def _borrowed(step: PodQuota, cohort: CohortRules, policy: CompiledPolicy,
             await store.reserve(res.key, res.charge, attempts, budget, name=res.name)
     except ReservationUnavailable as exc:
         return _unavailable(policy, step, exc)
+    except NameTaken as exc:
+        return _name_taken(policy, step, exc)
     return attempts.last.findings, []
 
 

@@ -334,6 +334,13 @@ def quota_unavailable(reason: str) -> str:
             "platform team (the webhook's quota setting fails closed).")
 
 
+def name_taken(name: str) -> str:
+    namespace, _, pod = name.partition("/")
+    return (f"a pod named {pod!r} already exists in namespace {namespace!r}, so this one "
+            "cannot be created and is not counted against GPU quota. Delete that pod first "
+            f"(kubectl delete pod {pod} -n {namespace}) or choose another name.")
+
+
 def gang_unreserved(reason: str) -> str:
     return (f"no GPUs are reserved for its gang: the GPU quota ledger cannot be reached "
             f"({reason}). Its pods will compete with other pods as they are created, "

@@ -30,7 +30,11 @@ hold a name, so of a name's pending reservations and the pod this replica sees h
 it, at most one is real: when one of them covers the others (same tenant, namespace and
 product, at least as many of every resource) only that one is counted. So a retried
 create of the same pod is not a second charge, and a create of a name another pod still
-holds (the API server answers AlreadyExists) does not hold GPUs for a TTL.
+holds (the API server answers AlreadyExists) does not hold GPUs for a TTL. Where the
+store can read pods (``holder``: the server's), such a create is checked against the pod
+the API server stores under the name now: held by another pod, it is refused
+(:class:`NameTaken`) and leaves nothing; a name this replica's cache still shows but
+whose pod is gone is decided as a new pod.
 
 A gang workload's reservation (``webhook.quota.gang``) is one entry per pod of its gang,
 ``<workload uid>#<n>``, each naming the gang's ids and expiring at the gang's bound,
@@ -69,7 +73,7 @@ from webhook.quota.entries import (
     encode_borrowed,
 )
 from webhook.quota.gang import same_shape, slots_of
-from webhook.quota.store import Combined, Held, ReservationUnavailable, covers
+from webhook.quota.store import Combined, Held, NameTaken, ReservationUnavailable, covers
 from webhook.quota.usage import Usage
 
 
@@ -78,8 +82,11 @@ class LedgerStore:
 
     def __init__(self, state: ClusterState, maps: ConfigMaps, ttl: float = 60.0,
                  wall: Callable[[], float] = time.time,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 holder: Callable[[str], str | None] | None = None) -> None:
         self.state = state
+        # The uid of the pod the API server stores under a name now (a GET; see reserve).
+        self.holder = holder
         self.maps = maps
         self.ttl = ttl
         self.wall = wall
@@ -172,10 +179,29 @@ class LedgerStore:
     async def reserve(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
                       budget: float, name: str | None = None,
                       gangs: tuple[str, ...] = ()) -> bool:
+        if name is not None:
+            await self._name_free(key, name)
+
         def place(batch: _Batch, now: float) -> tuple[bool, bool]:
             return self._place(key, charge, fits, name, gangs, batch, now)
 
         return bool(await self._enqueue(charge.tenant, place, budget))
+
+    async def _name_free(self, key: str, name: str) -> None:
+        """Raise :class:`NameTaken` when another pod holds ``name`` now. Asked of the API
+        server only when this replica's cache shows the name held (rare: a create of a
+        name in use, or one just freed), so the common create costs no read. A read that
+        fails decides nothing: the create is then recorded as before (see _place)."""
+        seen = self.state.holder(name)
+        if self.holder is None or seen is None or seen[0] == key:
+            return
+        try:
+            uid = await asyncio.to_thread(self.holder, name)
+        except KubeError as exc:
+            logs.event("pod name holder unknown", logging.INFO, pod=name, error=str(exc))
+            return
+        if uid is not None and uid != key:
+            raise NameTaken(name)
 
     async def reserve_gang(self, key: str, ids: tuple[str, ...],
                            charges: list[tuple[Charge, int]],

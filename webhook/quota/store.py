@@ -32,6 +32,15 @@ class ReservationUnavailable(Exception):
     """The shared state cannot be reached within the request's time budget."""
 
 
+class NameTaken(Exception):
+    """The pod's name ("namespace/name") is held by another pod stored now: its create
+    fails (AlreadyExists), so it is refused here and nothing is kept for it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
 class UsageStore(Protocol):
     def view(self) -> UsageView:
         """Usage as this replica knows it now (pods seen + reservations not yet seen)."""

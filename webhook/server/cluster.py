@@ -122,7 +122,10 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     assert active is not None
     state = ClusterState(policy)
     ns = ledger_namespace(namespace)
-    store = LedgerStore(state, kube.ConfigMaps(api, ns), ttl=active.policy.reservation_ttl)
+    # A create of a name the cache sees held asks the API server who holds it now (rare;
+    # short timeout: an unanswered read records the create as before, see LedgerStore).
+    store = LedgerStore(state, kube.ConfigMaps(api, ns), ttl=active.policy.reservation_ttl,
+                        holder=kube.Pods(api, timeout=2.0).holder)
     pods = kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event))
     namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
     # DRA: the claims and templates pods name, found without an API call on admission.

@@ -1,9 +1,10 @@
 """Pods as the quota line's release touches them: a JSON Patch that removes one
 scheduling gate (guarded by ``test`` ops), an Event on a waiting pod, the Job of a gang,
-and the webhook's own identity (a SelfSubjectReview).
+the webhook's own identity (a SelfSubjectReview), and which pod holds a name now.
 
-RBAC: ``patch`` on pods (the gate removal is a pod update), ``create`` on events, ``get``
-on jobs. A SelfSubjectReview is allowed to every authenticated user (the
+RBAC: ``patch`` and ``get`` on pods (the gate removal is a pod update; a create of a
+name the cache sees taken is checked against the pod stored under it), ``create`` on
+events, ``get`` on jobs. A SelfSubjectReview is allowed to every authenticated user (the
 ``system:basic-user`` ClusterRole).
 """
 
@@ -15,7 +16,7 @@ from typing import Any, cast
 
 from kubernetes import client
 
-from webhook.libs.kube.api import Conflict, json_object, translated
+from webhook.libs.kube.api import Conflict, NotFound, json_object, translated
 
 
 class Pods:
@@ -34,6 +35,18 @@ class Pods:
         with translated(what, self.timeout, {422: Conflict}):
             self.core.patch_namespaced_pod(name, namespace, ops,
                                            _request_timeout=self.timeout)
+
+    def holder(self, name: str) -> str | None:
+        """The uid of the pod stored under ``name`` ("namespace/name") now; None when no
+        pod holds it."""
+        namespace, _, pod = name.partition("/")
+        try:
+            with translated(f"read pod {name}", self.timeout):
+                got = self.core.read_namespaced_pod(pod, namespace,
+                                                    _request_timeout=self.timeout)
+        except NotFound:
+            return None
+        return str(got.metadata.uid) if got.metadata and got.metadata.uid else None
 
     def event(self, pod: dict[str, Any], reason: str, message: str,
               kind: str = "Normal") -> None:
