@@ -363,9 +363,10 @@ def _status(args: argparse.Namespace) -> int:
 
     try:
         api, model = _cluster_policy(args)
-        cluster = status.read_cluster(api, args.webhook_namespace, args.namespace)
-        rep = status.report(compile_policy(model), cluster, namespace=args.namespace,
-                            tenant=args.tenant)
+        policy = compile_policy(model)
+        cluster = status.read_cluster(api, args.webhook_namespace, args.namespace,
+                                      policy.product_label)
+        rep = status.report(policy, cluster, namespace=args.namespace, tenant=args.tenant)
     except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
         print(f"gpu-webhook status: {exc}", file=sys.stderr)
         return 2
@@ -376,6 +377,8 @@ def _status(args: argparse.Namespace) -> int:
                      for r in rep.rows],
             "pods": rep.pods, "top": {t: [{"owner": o, "gpus": g} for o, g in top]
                                       for t, top in rep.top.items()},
+            "byProduct": {t: [{"product": p, "gpus": g} for p, g in on]
+                          for t, on in rep.products.items() if on},
             "notes": rep.unread, "holding": rep.holding},
             option=orjson.OPT_INDENT_2).decode())
     else:

@@ -86,6 +86,8 @@ def test_status_shows_used_reserved_free_and_top_consumers(control_plane, namesp
     assert any("quota reservations not read" in n and "403" in n for n in report["notes"])
     assert any("namespace labels not read" in n for n in report["notes"])
     assert any("tenant-wide USED counts only namespace" in n for n in report["notes"])
+    # Nor the nodes: a pod allowed two products is counted where admission charged it.
+    assert any("nodes not read" in n for n in report["notes"])
 
 
 def test_status_of_a_namespace_of_no_tenant_is_a_clear_error(control_plane) -> None:

@@ -72,6 +72,7 @@ def test_every_status_field_is_in_the_crd_schema() -> None:
     assert set(st) | {"updated", "window"} == set(schema)
     assert set(st["caps"][0]) == set(schema["caps"]["items"]["properties"])
     assert set(st["topConsumers"][0]) == set(schema["topConsumers"]["items"]["properties"])
+    assert set(st["byProduct"][0]) == set(schema["byProduct"]["items"]["properties"])
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert all(columns[k.title()] == f".status.{k}"
                for k in ("tenant", "used", "reserved", "limit", "free", "pods"))

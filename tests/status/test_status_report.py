@@ -13,6 +13,7 @@ import pytest
 
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
+from webhook.quota.status import gpuquota_status
 from webhook.tools.status import Cluster, report, table
 
 POLICY = Path(__file__).parents[2] / "policies" / "multi-tenant.yaml"
@@ -97,3 +98,58 @@ def test_the_report_says_how_each_tenants_gpus_are_held() -> None:
         "volcano, scheduling.volcano.sh/queue-name=batch" in text
     assert "inference: sent to scheduler kai-scheduler, kai.scheduler/queue=inference" in text
     assert report(policy(), Cluster(), tenant="research").holding == []
+
+
+EITHER = """\
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {name: either}
+spec:
+  products:
+    nodeLabel: nvidia.com/gpu.product
+    aliases: {a100: NVIDIA-A100-SXM4-80GB, h100: NVIDIA-H100-80GB-HBM3}
+  tenants:
+    - name: lab
+      namespaces: [lab]
+      allowedProducts: [a100, h100]
+      quota: {gpus: 8}
+"""
+
+
+def either_pod(name: str, gpus: int, node: str | None) -> dict[str, Any]:
+    """A pod of tenant lab that names no product (allowed either), bound to ``node``."""
+    p = pod(name, "lab", gpus)
+    del p["spec"]["affinity"]
+    if node is not None:
+        p["spec"]["nodeName"] = node
+    return p
+
+
+def test_a_pod_allowed_two_products_counts_on_the_product_of_its_node() -> None:
+    either = compile_policy(load_text(EITHER, "either.yaml"))
+    pods = [either_pod("a", 1, "node-a"), either_pod("h", 2, "node-h"),
+            either_pod("pending", 4, None)]
+    nodes = {"node-a": A100, "node-h": "NVIDIA-H100-80GB-HBM3"}
+    r = report(either, Cluster(pods=pods, nodes=dict(nodes)), tenant="lab")
+    # No product caps: the tenant's GPUs (all 7) in the rows, what runs where in a line.
+    assert [(x.cap, x.used) for x in r.rows] == [("gpus", 7)]
+    assert r.products["lab"] == [("a100", 1), ("h100", 2)]
+    line = "lab: GPUs in use by product: a100 1, h100 2"
+    assert line in table(r)
+    # docs/quota.md shows this very line.
+    assert f"`{line}`" in " ".join((POLICY.parents[1] / "docs" / "quota.md").read_text().split())
+    assert gpuquota_status(r, "lab", "either")["byProduct"] == [
+        {"product": "a100", "gpus": 1}, {"product": "h100", "gpus": 2}]
+    # The same pod moved (a node relabelled): it follows.
+    r = report(either, Cluster(pods=pods, nodes={**nodes, "node-a": "NVIDIA-H100-80GB-HBM3"}),
+               tenant="lab")
+    assert r.products["lab"] == [("h100", 3)]
+    # Nodes not read: the pods count in the tenant's GPUs, on no product.
+    r = report(either, Cluster(pods=pods), tenant="lab")
+    assert r.products["lab"] == [] and "by product" not in table(r)
+
+
+def test_a_tenant_with_product_caps_shows_them_as_rows_not_again_as_a_line() -> None:
+    r = report(policy(), Cluster(pods=[pod("a", "research", 4)]), tenant="research")
+    assert r.products["research"] == [("a100", 4)]
+    assert "by product" not in table(r)

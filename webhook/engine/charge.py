@@ -97,11 +97,13 @@ def unknown_templates(check: Checker, target: Target) -> None:
 
 def charge_of_pod(pod: Mapping[str, Any], policy: CompiledPolicy,
                   labels: Mapping[str, str] | None = None,
-                  claims: ClaimLookup = no_claims) -> Charge | None:
+                  claims: ClaimLookup = no_claims,
+                  node_product: Callable[[str], str | None] | None = None) -> Charge | None:
     """The charge of a pod seen in the cluster, or None when it holds no GPU quota (no
     GPU, terminal phase, no tenant, malformed). The same :func:`pod_cost` as admission,
-    with the findings dropped: the rules ran when the pod was admitted."""
-    return charge_and_unknown(pod, policy, labels, claims)[0]
+    with the findings dropped: the rules ran when the pod was admitted. A bound pod is
+    charged to its node's product when ``node_product`` knows the node."""
+    return charge_and_unknown(pod, policy, labels, claims, node_product or no_node)[0]
 
 
 def no_node(name: str) -> str | None:

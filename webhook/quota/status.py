@@ -61,6 +61,10 @@ class Report:
     # tenant -> the quota window whose caps apply now ("" outside every window), for the
     # tenants with a quotaSchedule.
     windows: dict[str, str] = field(default_factory=dict)
+    # tenant -> (product, GPU-equivalents) its running pods hold on each GPU product, a
+    # bound pod on its node's product: shown for every tenant, product caps or not (a pod
+    # allowed two products is counted on the one it runs on).
+    products: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
 
 def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,
@@ -96,7 +100,14 @@ def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,
     lines = _cohort_lines(policy, tenants, seen, held) if policy is not None else []
     return Report(rows, {t.name: seen.tenant(t.name).pods for t in tenants},
                   {t.name: seen.top_owners(("tenant", t.name), TOP) for t in tenants},
-                  list(unread), lines, windows=windows)
+                  list(unread), lines, windows=windows,
+                  products={t.name: on_products(seen.tenant(t.name)) for t in tenants})
+
+
+def on_products(used: Totals) -> list[tuple[str, float]]:
+    """What ``used`` holds on each GPU product, by product name (none left out but
+    products nothing holds any more)."""
+    return [(p, g) for p, g in sorted(used.products.items()) if g > 1e-9]
 
 
 def window_named(t: TenantRules) -> str:
@@ -145,7 +156,8 @@ def seen_from(report: Report, namespace: str) -> Report:
     rows = [r for r in report.rows if r.scope in ("tenant", f"namespace {namespace}")
             or r.scope.startswith("user ")]
     return Report(rows, report.pods, report.top, list(report.unread),
-                  waiting=dict(report.waiting), windows=report.windows)
+                  waiting=dict(report.waiting), windows=report.windows,
+                  products=report.products)
 
 
 def _caps(limits: Limits, used: Totals, reserved: Totals
@@ -192,6 +204,8 @@ def gpuquota_status(report: Report, tenant: str, policy: str) -> dict[str, Any]:
                     "reserved": _n(r.reserved), "limit": _n(r.limit), "free": _n(r.free)}
                    for r in rows]
     out["topConsumers"] = [{"owner": o, "gpus": _n(g)} for o, g in report.top.get(tenant, [])]
+    out["byProduct"] = [{"product": p, "gpus": _n(g)}
+                        for p, g in report.products.get(tenant, [])]
     if tenant in report.windows:
         # "" outside every window: the tenant's own caps apply.
         out["window"] = report.windows[tenant]

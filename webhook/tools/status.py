@@ -50,6 +50,9 @@ class Cluster:
     # The namespace's GPUQuota objects, read when the account could not read the rest:
     # the webhook's own numbers, counted from what the account may not see.
     quotas: list[dict[str, Any]] = field(default_factory=list)
+    # Node name -> its product label value (None: it has none): a bound pod is charged
+    # to its node's product, as the webhook's cache charges it.
+    nodes: dict[str, str | None] = field(default_factory=dict)
 
 
 def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = None,
@@ -72,7 +75,8 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
     for pod in cluster.pods:
         meta = pod.get("metadata") or {}
         ns = str(meta.get("namespace") or "")
-        charge = charge_of_pod(pod, policy, cluster.namespaces.get(ns))
+        charge = charge_of_pod(pod, policy, cluster.namespaces.get(ns),
+                               node_product=cluster.nodes.get)
         uid = str(meta.get("uid") or "")
         uids.add(uid)
         seen.put(uid, charge)
@@ -120,8 +124,9 @@ def _from_object(policy: CompiledPolicy, cluster: Cluster, namespace: str,
             "this account may not read")
     waiting = ({name: (int(st["waitingPods"]), float(st.get("waitingGpus") or 0))}
                if st.get("waitingPods") else {})
+    products = [(str(c["product"]), float(c["gpus"])) for c in st.get("byProduct") or ()]
     return Report(rows, {name: int(st.get("pods") or 0)}, {name: top}, [note],
-                  waiting=waiting, windows=windows)
+                  waiting=waiting, windows=windows, products={name: products})
 
 
 def _chosen(policy: CompiledPolicy, cluster: Cluster, namespace: str | None,
@@ -160,6 +165,11 @@ def table(r: Report) -> str:
         top = messages.owners(r.top.get(t, [])) or "none"
         lines.append(f"{t}: {n} GPU {'pod' if n == 1 else 'pods'} running; "
                      f"top consumers: {top}")
+    for t, on in r.products.items():
+        if on and not any(x.tenant == t and x.cap.startswith("product:") for x in r.rows):
+            # No product caps to show it: what runs on each product, in a line.
+            lines.append(f"{t}: GPUs in use by product: "
+                         + ", ".join(f"{p} {messages.num(g)}" for p, g in on))
     for t, (n, g) in r.waiting.items():
         lines.append(f"{t}: {n} {'pod waits' if n == 1 else 'pods wait'} for GPU quota "
                      f"({messages.num(g)} GPUs asked), released in order as quota frees")
@@ -173,7 +183,13 @@ def table(r: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_cluster(api: Any, ledger_namespace: str, namespace: str | None) -> Cluster:
+def _label(obj: dict[str, Any], key: str) -> str | None:
+    value = (obj.get("metadata") or {}).get("labels", {}).get(key)
+    return value if isinstance(value, str) else None
+
+
+def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
+                 product_label: str) -> Cluster:
     """Pods (of ``namespace``, or all), namespace labels and the ledger ConfigMaps. A
     list the account may not make is noted, and the rest is still reported: a developer
     who may read only their namespace sees its pods, without reservations."""
@@ -214,6 +230,13 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None) -> Clus
         except kube.KubeError as exc:
             out.unread.append(f"borrowed reservations not read ({exc}): RESERVED of "
                               "borrowed gpus shows 0")
+    try:
+        out.nodes = {str(n["metadata"]["name"]): _label(n, product_label)
+                     for n in kube.list_objects(api, "nodes")}
+    except kube.KubeError as exc:
+        out.unread.append(f"nodes not read ({exc}): a running pod allowed several GPU "
+                          "products counts on the one admission charged it to, which may "
+                          "not be the one it runs on")
     if namespace is not None and out.unread:
         # What the webhook keeps for such an account (readable under the namespace's
         # `view`): none there (an older install, no quota) leaves the notes as they are.
