@@ -25,7 +25,7 @@ from webhook.policy.load import load_text
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView
 from webhook.quota.entries import LEDGER_PREFIX, decode
-from webhook.quota.line import Unit, Waiting, line_up, releasable, released
+from webhook.quota.line import Waiting, line_up, releasable
 from webhook.quota.store import Held, MemoryStore
 from webhook.server.leading.release import gang_size
 
@@ -193,11 +193,6 @@ def test_a_gang_is_releasable_only_when_all_its_pods_are_there() -> None:
                               {"job": 4}, {"job": 2}))[0].size == 4
 
 
-def test_release_stops_at_the_first_unit_that_does_not_fit() -> None:
-    units = [Unit((_w(n, str(i)),)) for i, n in enumerate("abc")]
-    assert [u.pods[0].name for u in released(units, [True, False, True])] == ["a"]
-
-
 def test_gang_size_is_parallelism_capped_by_the_completions_left() -> None:
     assert gang_size({"spec": {"parallelism": 4, "completions": 4}}) == 4
     assert gang_size({"spec": {"parallelism": 4, "completions": 8},
@@ -220,26 +215,26 @@ def test_a_gang_is_charged_whole_or_not_at_all_and_holds_up_the_line_in_memory()
     store = _store_using(6)  # 2 free
     gang = [_held("g0", 1), _held("g1", 1), _held("g2", 1), _held("g3", 1)]
     done = asyncio.run(store.reserve_in_order("team-a", [gang, [_held("small", 1)]]))
-    assert done == 0
+    assert done == []
     assert store.view().tenant("team-a").gpus == 6  # nothing of the gang, nor the pod behind
     store.pod_seen("running", _charge(4))  # two of the running pods' GPUs freed
     done = asyncio.run(store.reserve_in_order("team-a", [gang, [_held("small", 1)]]))
-    assert done == 1  # the gang fits whole (4 of 4 free); the pod behind it does not
+    assert done == [0]  # the gang fits whole (4 of 4 free); the pod behind it does not
     assert store.view().tenant("team-a").gpus == 8
 
 
 def test_the_ledger_commit_charges_released_pods_once_across_leaders(api: FakeAPI) -> None:
     first, second = ledger_replica(api), ledger_replica(api)
 
-    async def release(store: Any, units: list[list[Held]]) -> int:
-        return int(await store.reserve_in_order("team-a", units, 10.0))
+    async def release(store: Any, units: list[list[Held]]) -> list[int]:
+        return list(await store.reserve_in_order("team-a", units, 10.0))
 
     assert asyncio.run(release(first, [[_held("a", 4)], [_held("b", 4)],
-                                       [_held("c", 1)]])) == 2
+                                       [_held("c", 1)]])) == [0, 1]
     # A new leader that retries the same pods (the old one died before ungating them)
     # charges them no second time, and the one behind still does not fit.
     assert asyncio.run(release(second, [[_held("a", 4)], [_held("b", 4)],
-                                        [_held("c", 1)]])) == 2
+                                        [_held("c", 1)]])) == [0, 1]
     data = api.data("gpu-webhook", LEDGER_PREFIX + "team-a")
     assert sorted(decode("team-a", data, NOW)) == ["u-a", "u-b"]
 
@@ -297,3 +292,18 @@ def test_a_volcano_jobs_pod_is_not_taken_for_a_batch_jobs() -> None:
     req = _req(obj)
     d = mutating(req, waiting_policy(), store=_store_using(2))
     assert d.allowed and not is_gated(req.object), d.patch
+
+
+def test_a_unit_held_back_by_its_users_cap_alone_is_passed_over_whole(api: FakeAPI) -> None:
+    # In the shared ledger as in memory: the gang whose second pod its user's cap refuses
+    # leaves nothing of itself, and the pod behind it is reserved; a unit the tenant's
+    # cap refuses stops the line as before.
+    def users_cap(name: str, gpus: float) -> Held:
+        h = _held(name, gpus)
+        return Held(h.key, h.charge, h.name, lambda view: False, lambda view: True)
+
+    for store in (_store_using(0), ledger_replica(api)):
+        units = [[_held("g0", 1), users_cap("g1", 1)], [_held("next", 2)],
+                 [_held("huge", 8)], [_held("last", 1)]]
+        assert asyncio.run(store.reserve_in_order("team-a", units, 10.0)) == [1]
+        assert store.view().tenant("team-a").gpus == 2

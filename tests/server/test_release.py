@@ -112,8 +112,8 @@ def test_a_job_whose_size_cannot_be_read_releases_none_of_its_pods() -> None:
 
 def test_a_release_holds_each_pod_to_the_cap_of_the_user_it_records() -> None:
     # Released as its creation would be admitted: by the user its CREATE recorded, so
-    # alice's second pod is not released past her cap of 1 (the tenant's 4 would let it),
-    # and the line stops there, bob's pod behind it included (a line keeps its order).
+    # alice's second pod is not released past her cap of 1 (the tenant's 4 would let it).
+    # Only her own cap refuses it: bob's pod behind it goes (test_the_line_passes_over...).
     text = POLICY.replace("      overQuota: wait\n",
                           "      overQuota: wait\n      userQuota: {gpus: 1}\n")
     assert text != POLICY
@@ -122,5 +122,23 @@ def test_a_release_holds_each_pod_to_the_cap_of_the_user_it_records() -> None:
     for p, user in zip(pods, ("alice", "alice", "bob"), strict=True):
         p["metadata"]["annotations"] = {"gpu-webhook.dev/requested-by": user}
     api, store = round_with(pods, 0, {}, text)
-    assert [n for n, _, _ in api.removed] == ["a1"]
-    assert store.view().tenant("team").gpus == 1
+    assert [n for n, _, _ in api.removed] == ["a1", "b1"]
+    assert store.view().tenant("team").gpus == 2
+    # a2 keeps its place at the head of the line, told so.
+    assert ("a2", "waiting for GPU quota: 1 GPUs asked, 2 free; 1st in line in tenant team") \
+        in api.events
+
+
+def test_the_line_passes_over_a_pod_held_back_by_its_users_cap_only() -> None:
+    # The tenant's own cap still stops the line: with 3 of 4 GPUs taken, a 2-GPU pod of
+    # carol (under her cap of 2) at the head holds back bob's 1-GPU pod behind it.
+    text = POLICY.replace("      overQuota: wait\n",
+                          "      overQuota: wait\n      userQuota: {gpus: 2}\n")
+    big = gated("c1", "2026-01-01T00:00:01Z")
+    big["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 2},
+                                                 "requests": {"nvidia.com/gpu": 2}}
+    pods = [big, gated("b1", "2026-01-01T00:00:02Z")]
+    for p, user in zip(pods, ("carol", "bob"), strict=True):
+        p["metadata"]["annotations"] = {"gpu-webhook.dev/requested-by": user}
+    api, store = round_with(pods, 3, {}, text)
+    assert api.removed == [] and store.view().tenant("team").gpus == 3

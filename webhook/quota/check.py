@@ -188,6 +188,14 @@ def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -
     return False
 
 
+def users_cap_alone(tenant: TenantRules, ask: Ask, usage: UsageView) -> bool:
+    """Whether only caps of the ask's user (``tenants[].userQuota``) refuse it: the
+    tenant's and the namespace's would hold it. A waiting line passes over such a pod
+    (its user's own pods must end first), where any other refusal stops the line."""
+    broken = [line for line in lines(tenant, ask, usage) if not _fits(line)]
+    return bool(broken) and all(line.user is not None for line in broken)
+
+
 def check_workload(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -> None:
     """A workload's gang against the caps: deny if it can never fit, warn if not now.
 

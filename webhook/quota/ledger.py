@@ -239,15 +239,17 @@ class LedgerStore:
         return int(await self._enqueue(tenant, place, budget))
 
     async def reserve_in_order(self, tenant: str, units: list[list[Held]],
-                               budget: float = 1.0) -> int:
+                               budget: float = 1.0) -> list[int]:
         """Waiting pods released by the leader (store.ReleaseStore): their reservations
         written in one compare-and-swap commit of the tenant's ledger, unit after unit,
         each decided on the ledger it replaces, as admission decides a pod. A unit that
-        does not fit whole stops the line and leaves nothing of itself."""
+        does not fit whole stops the line and leaves nothing of itself; one refused by
+        its user's own caps alone is passed over."""
 
-        def place(batch: _Batch, now: float) -> tuple[int, bool]:
-            done, changed = 0, False
-            for unit in units:
+        def place(batch: _Batch, now: float) -> tuple[list[int], bool]:
+            done: list[int] = []
+            changed = False
+            for i, unit in enumerate(units):
                 made: list[str] = []
                 for h in unit:
                     if h.key in batch.entries or self.state.seen(h.key):
@@ -256,14 +258,18 @@ class LedgerStore:
                     if not h.fits(view):
                         for k in made:
                             batch.pop(k)
+                        made = []
+                        if h.passed(view):
+                            break  # its user's caps alone: the units behind it go on
                         return done, changed
                     batch.put(h.key, Entry(h.charge, now + self.ttl, h.name))
                     made.append(h.key)
-                changed |= bool(made)
-                done += 1
+                else:
+                    changed |= bool(made)
+                    done.append(i)
             return done, changed
 
-        return int(await self._enqueue(tenant, place, budget))
+        return list(await self._enqueue(tenant, place, budget))
 
     def has_slot(self, gangs: tuple[str, ...], charge: Charge) -> bool:
         """Whether a gang reservation this replica knows of holds a free slot of the

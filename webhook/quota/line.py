@@ -10,7 +10,9 @@ unit stands in the line at the place of its first pod. A gang is released only w
 when its waiting pods and those of it already running make up its size, and all its
 waiting pods fit together. A gang not complete yet (its controller is still creating
 pods) keeps its place and lets the units behind it go; a complete unit that does not fit
-stops its tenant's line, so a big job is not passed over forever by small ones behind it.
+stops its tenant's line, so a big job is not passed over forever by small ones behind it,
+unless only its user's own caps refuse it (``quota.check.users_cap_alone``): it keeps
+its place and the units behind it go, as no release of others could make it fit.
 """
 
 from __future__ import annotations
@@ -79,18 +81,6 @@ def releasable(units: Iterable[Unit]) -> list[Unit]:
     """The units that may be released now, in order: the complete ones (a gang still
     being created does not hold up the line, nor is any of it released)."""
     return [u for u in units if u.complete]
-
-
-def released(units: list[Unit], fits: Iterable[bool]) -> list[Unit]:
-    """Of the releasable ``units`` in order, those released when ``fits`` says, unit by
-    unit, whether each fits whole after the ones before it: up to the first that does
-    not (what the store's ``reserve_in_order`` commits)."""
-    out: list[Unit] = []
-    for u, ok in zip(units, fits, strict=False):
-        if not ok:
-            break
-        out.append(u)
-    return out
 
 
 def owner_uid(pod: Mapping[str, Any], kind: str = "Job",

@@ -93,15 +93,22 @@ class BorrowStore(Protocol):
                                budget: float, name: str | None = None) -> bool: ...
 
 
+def _never(view: UsageView) -> bool:
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """A waiting pod to be charged on release: its reservation, and the quota test it
-    must pass on the usage with the pods released before it (``fits``)."""
+    must pass on the usage with the pods released before it (``fits``); ``passed``:
+    when it does not fit, whether the units behind it may still go (only its user's own
+    caps refuse it)."""
 
     key: str  # the pod's uid
     charge: Charge
     name: str  # "namespace/name"
     fits: Callable[[UsageView], bool]
+    passed: Callable[[UsageView], bool] = _never
 
 
 @runtime_checkable
@@ -112,11 +119,13 @@ class ReleaseStore(Protocol):
     def view(self) -> UsageView: ...
 
     async def reserve_in_order(self, tenant: str, units: list[list[Held]],
-                               budget: float = 1.0) -> int:
+                               budget: float = 1.0) -> list[int]:
         """Atomically, in one commit: reserve each unit's pods (every one passing its
         ``fits`` with the ones before it counted), unit after unit, stopping at the first
-        unit that does not fit whole (none of its pods is reserved). Returns how many
-        units were reserved. A pod reserved already (a retry) needs no room again."""
+        unit that does not fit whole (none of its pods is reserved), unless that unit is
+        ``passed`` (refused by its user's own caps alone): it is left out and the units
+        behind it go on. Returns the indexes of the units reserved, in order. A pod
+        reserved already (a retry) needs no room again."""
         ...
 
     def has_slot(self, gangs: tuple[str, ...], charge: Charge) -> bool:
@@ -243,9 +252,9 @@ class MemoryStore:
         return True
 
     async def reserve_in_order(self, tenant: str, units: list[list[Held]],
-                               budget: float = 1.0) -> int:
-        done = 0
-        for unit in units:
+                               budget: float = 1.0) -> list[int]:
+        done: list[int] = []
+        for i, unit in enumerate(units):
             made: list[str] = []
             for h in unit:
                 if h.key in self.pods or h.key in self._reservations:
@@ -253,14 +262,18 @@ class MemoryStore:
                 if not h.fits(self.view()):
                     for k in made:
                         self._drop(k)
+                    made = []
+                    if h.passed(self.view()):
+                        break  # its user's caps alone: the units behind it go on
                     return done
                 self._reservations[h.key] = _Reservation(h.charge, self.clock() + self.ttl,
                                                          h.name)
                 self._named.setdefault(h.name, set()).add(h.key)
                 self.reserved.put(h.key, h.charge)
                 made.append(h.key)
-            self.commits += bool(made)
-            done += 1
+            else:
+                self.commits += bool(made)
+                done.append(i)
         return done
 
     def has_slot(self, gangs: tuple[str, ...], charge: Charge) -> bool:

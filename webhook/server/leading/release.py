@@ -6,8 +6,10 @@ the gated pods its pod watch holds (``webhook.quota.line.WaitLine``), lines each
 up by priority then arrival, a gang (the pods of a Job with parallelism above 1) as one
 unit of its size, and commits, in **one compare-and-swap commit** of the tenant's ledger
 (``LedgerStore.reserve_in_order``, the commit admission uses), the charges of the
-complete units in order up to the first that does not fit whole. Only then is each
-released pod's gate removed, by a JSON Patch guarded by ``test`` ops: the pod's uid and
+complete units in order up to the first that does not fit whole (a unit refused by its
+user's own caps alone, ``tenants[].userQuota``, is passed over: only that user's pods
+ending can make it fit, and the tenant's GPUs should not idle meanwhile). Only then is
+each released pod's gate removed, by a JSON Patch guarded by ``test`` ops: the pod's uid and
 our gate at its index, so a pod replaced meanwhile, or another controller's gate (Kueue's),
 is never touched. A pod is never ungated without its charge committed: a leader that
 dies between the two leaves a reservation (it expires after the TTL, or counts as the
@@ -41,7 +43,7 @@ from webhook.k8s.review import AdmissionRequest
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.quota.cache import ClusterState
-from webhook.quota.check import UsageView, check_pod
+from webhook.quota.check import UsageView, check_pod, users_cap_alone
 from webhook.quota.line import Unit, Waiting, line_up, owner_uid, releasable
 from webhook.quota.store import Held, ReleaseStore, ReservationUnavailable
 from webhook.server import metrics
@@ -132,22 +134,23 @@ class Releaser:
         now = time.monotonic()
         if self._last.get(tenant.name) == seen and now - self._last_at[tenant.name] < SKIP_SECONDS:
             return  # nothing changed since a round that released nothing
-        done = 0
+        done: list[Unit] = []
         if ready:
             try:
-                done = await self.store.reserve_in_order(tenant.name, held, self.budget)
+                done = [ready[i] for i in
+                        await self.store.reserve_in_order(tenant.name, held, self.budget)]
             except ReservationUnavailable as exc:
                 logs.event("quota line not released: the ledger cannot be reached",
                            logging.WARNING, tenant=tenant.name, error=str(exc))
                 return
-        for u in ready[:done]:
+        for u in done:
             for w in u.pods:
                 await self._ungate(w.uid, pods[w.uid], tenant.name)
         if done:
             self._last.pop(tenant.name, None)
         else:
             self._last[tenant.name], self._last_at[tenant.name] = seen, now
-        gone = {w.uid for u in ready[:done] for w in u.pods}
+        gone = {w.uid for u in done for w in u.pods}
         await self._tell(tenant, [u for u in units if u.pods[0].uid not in gone], pods, view)
 
     def _held(self, policy: CompiledPolicy, pod: dict[str, Any]) -> Held | bool:
@@ -177,7 +180,10 @@ class Releaser:
         def fits(view: UsageView) -> bool:
             return check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, view)
 
-        return Held(res.key, res.charge, res.name or f"{ns}/{name}", fits)
+        def passed(view: UsageView) -> bool:
+            return users_cap_alone(tenant, ask, view)
+
+        return Held(res.key, res.charge, res.name or f"{ns}/{name}", fits, passed)
 
     async def _gang(self, pod: dict[str, Any]) -> str | None:
         """The pod's gang (its Job's uid) when its Job runs more than one pod at once."""
