@@ -423,9 +423,11 @@ class Phase:
     # load far above its 2 cores says the other jobs took much of the CPU.
     load_average: float = 0.0
     # overQuota wait: pods the leader released, and seconds from a pod's creation to its
-    # release (gpu_webhook_release_wait_seconds, every replica's).
+    # release (gpu_webhook_release_wait_seconds, every replica's), and from the moment it
+    # could fit (quota freed, or its arrival) to its release (..._release_latency_seconds).
     released: float = 0.0
     release_wait_s: dict[str, float | str | None] = field(default_factory=dict)
+    release_latency_s: dict[str, float | str | None] = field(default_factory=dict)
 
 
 def make_namespaces(kube: Kube, names: dict[str, str]) -> None:
@@ -474,14 +476,18 @@ def measure(phase: Phase, before: Snapshot, after: Snapshot, events: list[PodEve
         phase.commits += (total(a, "gpu_webhook_quota_reservations_total")
                           - total(b, "gpu_webhook_quota_reservations_total"))
     waited: dict[float, float] = defaultdict(float)
+    late: dict[float, float] = defaultdict(float)
     for b, a in zip(before.webhooks, after.webhooks, strict=True):
         phase.released += (total(a, "gpu_webhook_released_pods_total")
                            - total(b, "gpu_webhook_released_pods_total"))
-        for le, v in delta(buckets(a, "gpu_webhook_release_wait_seconds"),
-                           buckets(b, "gpu_webhook_release_wait_seconds")).items():
-            waited[le] += v
+        for into, name in ((waited, "gpu_webhook_release_wait_seconds"),
+                           (late, "gpu_webhook_release_latency_seconds")):
+            for le, v in delta(buckets(a, name), buckets(b, name)).items():
+                into[le] += v
     if waited.get(float("inf"), 0) > 0:
         phase.release_wait_s = {"p50": quantile(0.5, waited), "p99": quantile(0.99, waited)}
+    if late.get(float("inf"), 0) > 0:
+        phase.release_latency_s = {"p50": quantile(0.5, late), "p99": quantile(0.99, late)}
     if own.get(float("inf"), 0) > 0:
         phase.webhook_latency_ms = {"p50": _ms(quantile(0.5, own), own),
                                     "p99": _ms(quantile(0.99, own), own)}
@@ -582,8 +588,10 @@ def report(results: dict[str, Any]) -> str:
     for p in results["phases"]:
         if p.get("released"):
             w = p.get("release_wait_s") or {}
+            late = p.get("release_latency_s") or {}
             lines.append(f"  {p['name']}: {p['released']:.0f} pods waited, then released; "
-                         f"creation to release p50/p99 {w.get('p50')}/{w.get('p99')} s")
+                         f"creation to release p50/p99 {w.get('p50')}/{w.get('p99')} s; "
+                         f"could fit to released p50/p99 {late.get('p50')}/{late.get('p99')} s")
     ratio = results.get("ratio_with_over_without")
     if ratio is not None:
         lines.append(f"pods/s with / without the webhook: {ratio:.3f}")

@@ -16,6 +16,7 @@ from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.cache import ClusterState
 from webhook.quota.store import MemoryStore
+from webhook.server import metrics
 from webhook.server.leading.release import Releaser
 
 POLICY = """
@@ -142,3 +143,40 @@ def test_the_line_passes_over_a_pod_held_back_by_its_users_cap_only() -> None:
         p["metadata"]["annotations"] = {"gpu-webhook.dev/requested-by": user}
     api, store = round_with(pods, 3, {}, text)
     assert api.removed == [] and store.view().tenant("team").gpus == 3
+
+
+def running_pod(name: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+    p = gated(name, "2026-01-01T00:00:00Z")
+    del p["spec"]["schedulingGates"]
+    p["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": gpus},
+                                               "requests": {"nvidia.com/gpu": gpus}}
+    p["status"] = {"phase": phase}
+    return p
+
+
+def test_the_cache_notes_when_a_tenant_gives_gpus_back() -> None:
+    # The moment a waiting pod may come to fit, from which its release is timed.
+    policy = compile_policy(load_text(POLICY))
+    ticks = iter(range(1, 100))
+    state = ClusterState(lambda: policy, clock=lambda: float(next(ticks)))
+    state.pod_event("ADDED", running_pod("a", 2))
+    state.pod_event("ADDED", running_pod("b", 1))
+    assert "team" not in state.freed  # arrivals free nothing
+    state.pod_event("MODIFIED", running_pod("a", 2, phase="Succeeded"))
+    first = state.freed["team"]
+    state.pod_event("DELETED", running_pod("b", 1))
+    assert state.freed["team"] > first
+    freed = state.freed["team"]
+    state.pod_event("DELETED", running_pod("a", 2, phase="Succeeded"))  # held nothing
+    assert state.freed["team"] == freed
+
+
+def test_a_release_is_timed_from_the_moment_the_pod_could_fit() -> None:
+    def count() -> float:
+        return metrics.REGISTRY.get_sample_value(
+            "gpu_webhook_release_latency_seconds_count", {"tenant": "team"}) or 0.0
+
+    before = count()
+    api, _ = round_with([gated("a", "2026-01-01T00:00:01Z")], 0, {})
+    assert [n for n, _, _ in api.removed] == ["a"]
+    assert count() == before + 1

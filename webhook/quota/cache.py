@@ -82,6 +82,10 @@ class ClusterState:
         self._relisting: _Pods | None = None
         self.labels: dict[str, dict[str, str]] = {}
         self._ended: dict[str, float] = {}
+        # Tenant -> when (``clock``) a pod of it last gave GPUs back (ended, was deleted or
+        # asks less): the moment a waiting pod may have come to fit, from which the
+        # leader's release is timed (gpu_webhook_release_latency_seconds).
+        self.freed: dict[str, float] = {}
         self._tombstone_ttl = tombstone_ttl
         self._clock = clock
         self.pods_synced = False
@@ -195,7 +199,10 @@ class ClusterState:
         if not isinstance(uid, str):
             return
         into = self._relisting or self._pods
+        old = into.usage.charge(uid)
         if typ == "DELETED":
+            if old is not None and old.gpus:
+                self.freed[old.tenant] = self._clock()
             into.put(uid, None, None)
             self._wait(uid, None, ())
             self._note_node(uid, None)
@@ -210,6 +217,8 @@ class ClusterState:
             self._wait(uid, pod, unknown)
         if charge is None and uid in into.usage:
             self._end(uid)  # reached a terminal phase
+        if old is not None and old.gpus > (charge.gpus if charge is not None else 0.0):
+            self.freed[old.tenant] = self._clock()
         into.put(uid, f"{ns}/{meta.get('name') or ''}", charge)
         self.line.seen(uid, pod, charge is not None)
 

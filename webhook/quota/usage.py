@@ -61,6 +61,9 @@ class Usage:
     def __contains__(self, key: str) -> bool:
         return key in self._by_key
 
+    def charge(self, key: str) -> Charge | None:
+        return self._by_key.get(key)
+
     def put(self, key: str, charge: Charge | None) -> None:
         """Set (or with None, remove) the charge of one pod."""
         old = self._by_key.pop(key, None)

@@ -148,6 +148,15 @@ WAITING_GPUS = Gauge(
     ["tenant"],
     registry=REGISTRY,
 )
+RELEASE_LATENCY = Histogram(
+    "gpu_webhook_release_latency_seconds",
+    "Seconds from the moment a waiting pod could fit (a pod of its tenant gave GPUs back, "
+    "or the pod arrived, whichever is later) to its release (charge committed, gate "
+    "removed).",
+    ["tenant"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
 RELEASE_SECONDS = Histogram(
     "gpu_webhook_release_wait_seconds",
     "Seconds from a waiting pod's creation to its release (charge committed, gate removed).",

@@ -19,7 +19,8 @@ finds reserved already and releases without charging it twice.
 Each waiting pod gets an Event when its place or the numbers change ("waiting for GPU
 quota: 4 GPUs asked, 2 free; 3rd in line in tenant research"), at most every 5 s, and
 one when it is released. Metrics: waiting pods and GPUs per tenant, seconds from
-creation to release.
+creation to release, and seconds from the moment a pod could fit (a pod of its tenant
+gave GPUs back, or it arrived, whichever is later) to its release: the line's own delay.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Releaser:
         self.leading, self.interval, self.budget, self.wall = leading, interval, budget, wall
         self._told: dict[str, tuple[str, float]] = {}  # uid -> (last event, when)
         self._released: dict[str, float] = {}  # uid -> when (monotonic)
+        self._arrived: dict[str, float] = {}  # uid -> when first seen waiting (monotonic)
         self._jobs: dict[str, _Gang] = {}  # Job uid -> its gang's size
         self._last: dict[str, tuple[Any, ...]] = {}  # tenant -> what its last round saw
         self._last_at: dict[str, float] = {}
@@ -90,6 +92,7 @@ class Releaser:
         for uid, pod in list(self.state.line.pods.items()):
             if uid in self._released:
                 continue
+            self._arrived.setdefault(uid, now)
             meta = pod.get("metadata") or {}
             ns = str(meta.get("namespace") or "")
             tenant = policy.tenant_for(ns, self.state.namespace_labels(ns))
@@ -112,6 +115,8 @@ class Releaser:
             await self._tenant(policy, tenant, waiting, pods)
         for uid in [u for u in self._told if u not in self.state.line.pods]:
             del self._told[uid]
+        for uid in [u for u in self._arrived if u not in self.state.line.pods]:
+            del self._arrived[uid]
 
     async def _tenant(self, policy: CompiledPolicy, tenant: TenantRules,
                       waiting: list[Waiting], pods: dict[str, dict[str, Any]]) -> None:
@@ -223,10 +228,12 @@ class Releaser:
             logs.event("waiting pod not released; tried again next round", logging.WARNING,
                        namespace=ns, name=name, error=str(exc))
             return
-        self._released[uid] = time.monotonic()
+        now = self._released[uid] = time.monotonic()
         waited = max(self.wall() - _timestamp(meta.get("creationTimestamp")), 0.0)
         metrics.RELEASED.labels(tenant or "none").inc()
         metrics.RELEASE_SECONDS.labels(tenant or "none").observe(waited)
+        could = max(self.state.freed.get(tenant, 0.0), self._arrived.pop(uid, now))
+        metrics.RELEASE_LATENCY.labels(tenant or "none").observe(max(now - could, 0.0))
         logs.event("waiting pod released", namespace=ns, name=name, tenant=tenant,
                    waited_seconds=round(waited, 1))
         await self._event(pod, "QuotaReleased", messages.released_event(waited))
