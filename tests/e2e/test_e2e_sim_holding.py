@@ -12,8 +12,6 @@ the GPUs coming free (the quota and the node) is the webhook's cache and the rea
 scheduler reading the failed pod.
 
 No Kueue runs on the cluster: the queue label is what is shown, not Kueue's admission.
-The tenant may use A100s and H100s and has no per-product caps: a pod that does not name
-a product may run on either, and is counted on the one the scheduler bound it to.
 GPU memory is GFD's ``nvidia.com/gpu.memory`` in MiB on the sim's nodes
 (``gpucluster/gpu-cluster.yaml``: A100 81920, H100 81559), so ``80Gi`` (81920 MiB) fits
 the A100s and no H100.
@@ -25,7 +23,7 @@ import json
 from typing import Any
 
 import pytest
-from e2ekit import gpu_webhook, to_yaml, wait_until
+from e2ekit import to_yaml, wait_until
 from gpucluster.fixtures import (
     SCHEDULE_TIMEOUT,
     SimNamespaceFactory,
@@ -178,49 +176,3 @@ def test_a_claim_asking_for_gpu_memory_is_allocated_only_a_device_that_has_it(
     event = wait_event(core, ns, "Pod", "more", "FailedScheduling")
     assert "cannot allocate all claims" in event.message, event.message
 
-
-PRODUCTS = {"a100": "NVIDIA-A100-SXM4-80GB", "h100": "NVIDIA-H100-80GB-HBM3"}
-
-
-def gpu_node(core: k8s.CoreV1Api, product: str) -> str:
-    """A node of ``product`` whose GPUs are devices of the device plugin (not DRA's)."""
-    for n in core.list_node(label_selector=f"nvidia.com/gpu.product={product}").items:
-        if int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) >= 1:
-            return str(n.metadata.name)
-    raise AssertionError(f"no {product} node with nvidia.com/gpu in the simulated cluster")
-
-
-def test_a_pod_allowed_two_products_is_counted_on_the_one_it_runs_on(
-        sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory) -> None:
-    """Neither pod names a product: the webhook allows both of the tenant's (its node
-    affinity lists both), and each is counted on the product of the node it was bound
-    to, in the GPUQuota object and in ``gpu-webhook status``."""
-    ns = sim_namespace(TENANT)
-    # Where each runs is chosen by the pod's own selector: a node of each product.
-    either = []
-    for product, value in PRODUCTS.items():
-        p = pod(f"on-{product}", {"a100": 1, "h100": 2}[product])
-        p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": gpu_node(core, value)}
-        either.append(p)
-    done = apply(sim, ns, *either)
-    assert done.returncode == 0, done.stderr
-    for p in running(core, ns, 2):
-        terms = p.spec.affinity.node_affinity.\
-            required_during_scheduling_ignored_during_execution.node_selector_terms
-        allowed = [e.values for t in terms for e in t.match_expressions
-                   if e.key == "nvidia.com/gpu.product"]
-        assert allowed and all(sorted(v) == sorted(PRODUCTS.values()) for v in allowed), allowed
-    want = [{"product": "a100", "gpus": 1}, {"product": "h100", "gpus": 2}]
-
-    def by_product() -> Any:
-        got = sim.cp.kubectl("get", "gpuquota", TENANT, "-n", ns, "-o", "json", check=False)
-        return (json.loads(got.stdout or "{}").get("status") or {}).get("byProduct")
-
-    # The leader writes the object every few seconds; earlier tests' pods may still be
-    # leaving the replicas' caches.
-    wait_until("the GPUQuota object to count each pod on its node's product",
-               lambda: by_product() == want, timeout=SCHEDULE_TIMEOUT, every=0.5)
-    # The offline tool reads the nodes and counts the same.
-    out = gpu_webhook("status", "--kubeconfig", str(sim.cp.kubeconfig), "--policy",
-                      str(sim.policy), "--tenant", TENANT)
-    assert f"{TENANT}: GPUs in use by product: a100 1, h100 2" in out.stdout, out.stdout

@@ -9,6 +9,9 @@ webhook replicas behind a round-robin proxy sharing the ledger.
 - A tenant's quota window switched by a clock the test holds: both replicas are given
   one clock offset file (``serve --test-clock-offset-file``, for tests only), and each
   replica in turn answers on each side of the boundary.
+- A tenant allowed A100s and H100s, without per-product caps: a pod that names no
+  product may run on either, and is counted on the product of the node it was bound to
+  (the GPUQuota object, from the webhook's cache, and ``gpu-webhook status``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import yaml
-from e2ekit import short_id, wait_until
+from e2ekit import gpu_webhook, short_id, wait_until
 from gpucluster.fixtures import (
     a100_cluster,
     core_api,
@@ -45,6 +48,12 @@ pytestmark = pytest.mark.e2e
 USER = "gpu-webhook.dev/requested-by"
 
 CLUSTER = a100_cluster("users-sim", "a100", 2, 8)
+PRODUCTS = {"a100": "NVIDIA-A100-SXM4-80GB", "h100": "NVIDIA-H100-80GB-HBM3"}
+CLUSTER["spec"]["gpuModels"]["h100"] = {"product": PRODUCTS["h100"],
+                                        "nvmlName": "NVIDIA H100 80GB HBM3",
+                                        "memoryMiB": 81559, "family": "hopper"}
+CLUSTER["spec"]["nodeGroups"].append({"name": "h100", "count": 1, "rack": "rack-a",
+                                      "gpu": {"model": "h100", "count": 8}})
 
 POLICY = own_policy("users-sim", """\
     - name: team
@@ -64,6 +73,15 @@ POLICY = own_policy("users-sim", """\
             start: "08:00"
             end: "18:00"
             quota: {gpus: 3}
+    - name: either
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: either}
+      allowedProducts: [a100, h100]
+      quota: {gpus: 8}
+""", spec="""\
+  products:
+    nodeLabel: nvidia.com/gpu.product
+    aliases: {a100: NVIDIA-A100-SXM4-80GB, h100: NVIDIA-H100-80GB-HBM3}
 """)
 
 
@@ -226,3 +244,46 @@ def test_a_quota_window_switches_on_both_replicas_with_the_clock(
     finally:
         users_sim.webhook.proxy.route(both)
         (users_sim.work_dir / "clock-offset").write_text("0\n")
+
+
+# ------------------------------------------------- a pod allowed two products, counted
+
+
+def gpu_node(api: k8s.CoreV1Api, product: str) -> str:
+    (node, *_) = api.list_node(label_selector=f"nvidia.com/gpu.product={product}").items
+    return str(node.metadata.name)
+
+
+def test_a_pod_allowed_two_products_is_counted_on_the_one_it_runs_on(
+        users_sim: SimCluster, api: k8s.CoreV1Api,
+        tenant_ns: Callable[[str | None], str]) -> None:
+    """Neither pod names a product: the webhook allows both of the tenant's (its node
+    affinity lists both) and charges it to neither at admission; once bound, each counts
+    on the product of its node."""
+    ns = tenant_ns("either")
+    for product, gpus in (("a100", 1), ("h100", 2)):
+        p = pod(f"on-{product}", gpus)
+        # Where it runs is the pod's own choice (a hostname), within what it is allowed.
+        p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": gpu_node(api, PRODUCTS[product])}
+        made = users_sim.cp.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(p),
+                                    check=False)
+        assert made.returncode == 0, made.stderr
+    for p in running(api, ns, 2):
+        terms = p.spec.affinity.node_affinity.\
+            required_during_scheduling_ignored_during_execution.node_selector_terms
+        allowed = [sorted(e.values) for t in terms for e in t.match_expressions
+                   if e.key == "nvidia.com/gpu.product"]
+        assert allowed and all(v == sorted(PRODUCTS.values()) for v in allowed), allowed
+    want = [{"product": "a100", "gpus": 1}, {"product": "h100", "gpus": 2}]
+
+    def by_product() -> Any:
+        got = users_sim.cp.kubectl("get", "gpuquota", "-n", ns, "either", "-o", "json",
+                                   check=False)
+        return (json.loads(got.stdout or "{}").get("status") or {}).get("byProduct")
+
+    wait_until("the GPUQuota object to count each pod on its node's product",
+               lambda: by_product() == want, timeout=30, every=0.5)
+    # The offline tool reads the pods and nodes and counts the same.
+    out = gpu_webhook("status", "--kubeconfig", str(users_sim.cp.kubeconfig), "--policy",
+                      str(users_sim.policy), "--tenant", "either")
+    assert "either: GPUs in use by product: a100 1, h100 2" in out.stdout, out.stdout

@@ -94,16 +94,17 @@ def a100_cluster(name: str, group: str, nodes: int, gpus: int) -> dict[str, Any]
     }
 
 
-def own_policy(name: str, tenants: str) -> str:
+def own_policy(name: str, tenants: str, spec: str = "") -> str:
     """The GPUPolicy of such a module: the GPU taint tolerated, the control plane's
     namespaces exempt, the e2e probe's tenant ``research``, then ``tenants`` (YAML list
-    items indented as under ``tenants:``)."""
+    items indented as under ``tenants:``); ``spec``: more of the spec (indented as under
+    ``spec:``)."""
     return f"""\
 apiVersion: gpu-webhook.dev/v1alpha1
 kind: GPUPolicy
 metadata: {{name: {name}}}
 spec:
-  tolerations:
+{spec}  tolerations:
     - {{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}}
   exemptions:
     namespaces: [kube-system, gpu-webhook]
