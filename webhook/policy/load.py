@@ -40,7 +40,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
 from webhook.policy import model
-from webhook.policy.model import API_VERSION, KIND, FieldProblem, GPUPolicy
+from webhook.policy.model import API_VERSION, KIND, FieldProblem, GPUPolicy, core, kinds
 
 
 def default_policy_text() -> str:
@@ -54,15 +54,15 @@ MAX_DEPTH = 64  # a policy nests about 8 levels deep
 
 # What the schema's name patterns mean, in words: pydantic would print the regex.
 _PATTERN_WORDS = {
-    model._DNS_LABEL: "must be a DNS label: lowercase letters, digits and '-', "
-                      "starting and ending with a letter or digit (e.g. team-a)",
-    model._QUALIFIED: "must be a Kubernetes qualified name, optionally with a DNS prefix "
-                      "(e.g. nvidia.com/gpu.product)",
-    model._RESOURCE_PATTERN: "must be a resource name or a pattern with * "
-                             "(e.g. nvidia.com/mig-*)",
-    model._SERVICE_ACCOUNT: "must be namespace/name of a service account "
-                            "(e.g. gpu-operator/nvidia-device-plugin)",
-    model._POINTER: "must be a JSON Pointer into the object, starting with / "
+    core._DNS_LABEL: "must be a DNS label: lowercase letters, digits and '-', "
+                     "starting and ending with a letter or digit (e.g. team-a)",
+    core._QUALIFIED: "must be a Kubernetes qualified name, optionally with a DNS prefix "
+                     "(e.g. nvidia.com/gpu.product)",
+    core._RESOURCE_PATTERN: "must be a resource name or a pattern with * "
+                            "(e.g. nvidia.com/mig-*)",
+    core._SERVICE_ACCOUNT: "must be namespace/name of a service account "
+                           "(e.g. gpu-operator/nvidia-device-plugin)",
+    kinds._POINTER: "must be a JSON Pointer into the object, starting with / "
                     "(e.g. /spec/template)",
 }
 _SCALARS = (str, int, float, bool)

@@ -1,0 +1,124 @@
+"""The commands that read the cluster once: ``audit`` (what the policy would refuse among
+running objects) and ``status`` (GPU quota per tenant)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def add_audit(sub: Any) -> None:
+    au = sub.add_parser(
+        "audit", help="what the policy would refuse or change among running GPU pods and "
+                      "workloads",
+        description="Read the cluster's pods, Deployments, StatefulSets and Jobs once "
+                    "through the kubeconfig and decide each as the webhook would decide "
+                    "its creation now (pods oldest first, so the newest are those over a "
+                    "lowered cap). Exit 1 when something would be refused, 0 otherwise, 2 "
+                    "when the cluster or the policy cannot be read.")
+    au.add_argument("--policy", help="the policy to audit against, e.g. a candidate "
+                                     "(default: the webhook's ConfigMap gpu-webhook-policy)")
+    au.add_argument("-n", "--namespace", help="only this namespace (default: all)")
+    au.add_argument("--webhook-namespace", default="gpu-webhook",
+                    help="where the webhook's policy ConfigMap is [gpu-webhook]")
+    au.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                                         "or in-cluster)")
+    au.set_defaults(func=_audit)
+
+
+def add_status(sub: Any) -> None:
+    st = sub.add_parser(
+        "status", help="GPU quota per tenant, namespace and product, read from the cluster",
+        description="Each tenant's GPU quota as the webhook counts it: per cap (GPUs, a "
+                    "resource, a product, pods) the GPUs used by running pods, reserved "
+                    "for pods being created, the limit and what is free, and the biggest "
+                    "consumers. Reads pods and the webhook's ledger ConfigMaps through the "
+                    "kubeconfig; what the account may not read is noted.")
+    st.add_argument("-n", "--namespace", help="only the tenant owning this namespace "
+                                              "(and this namespace's own caps)")
+    st.add_argument("--tenant", help="only this tenant")
+    st.add_argument("--policy", help="policy file (default: the webhook's ConfigMap "
+                                     "gpu-webhook-policy in --webhook-namespace)")
+    st.add_argument("--webhook-namespace", default="gpu-webhook",
+                    help="where the webhook keeps its ledger and policy [gpu-webhook]")
+    st.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
+                                         "or in-cluster)")
+    st.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    st.set_defaults(func=_status)
+
+
+def _cluster_policy(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The API client and the policy (--policy, else the webhook's ConfigMap)."""
+    from webhook.libs import kube
+    from webhook.policy.load import load_file, load_text
+    from webhook.tools import status
+
+    home = Path.home() / ".kube" / "config"
+    api = kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
+                       or (str(home) if home.exists() else None))
+    model = (load_file(args.policy) if args.policy else load_text(
+        status.policy_from_cluster(api, args.webhook_namespace, "gpu-webhook-policy"),
+        f"configmap {args.webhook_namespace}/gpu-webhook-policy"))
+    return api, model
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from webhook.libs import kube
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError
+    from webhook.tools import audit
+
+    try:
+        api, model = _cluster_policy(args)
+        pods, workloads, labels, nodes = audit.read_all(api, args.namespace)
+    except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
+        print(f"gpu-webhook audit: {exc}", file=sys.stderr)
+        return 2
+    compiled = compile_policy(model)
+    found = audit.audit(compiled, pods, workloads, labels.get,
+                        audit.node_lookup(compiled, nodes))
+    for f in found:
+        print(f"{f.verdict.upper()} {f.subject}: {f.detail}")
+    refused = sum(f.verdict == "refused" for f in found)
+    holds = sum(f.verdict == "holds" for f in found)
+    print(f"{len(pods)} pods, {len(workloads)} workloads: {refused} would be refused, "
+          f"{holds} hold a route to a GPU that skips the GPU request, "
+          f"{len(found) - refused - holds} admitted with changes or warnings "
+          f"(policy {model.metadata.name})", file=sys.stderr)
+    return 1 if refused or holds else 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from webhook.libs import kube
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError
+    from webhook.tools import status
+
+    try:
+        api, model = _cluster_policy(args)
+        policy = compile_policy(model)
+        cluster = status.read_cluster(api, args.webhook_namespace, args.namespace,
+                                      policy.product_label)
+        rep = status.report(policy, cluster, namespace=args.namespace, tenant=args.tenant)
+    except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
+        print(f"gpu-webhook status: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(orjson.dumps({
+            "caps": [{"tenant": r.tenant, "scope": r.scope, "cap": r.cap, "used": r.used,
+                      "reserved": r.reserved, "limit": r.limit, "free": r.free}
+                     for r in rep.rows],
+            "pods": rep.pods, "top": {t: [{"owner": o, "gpus": g} for o, g in top]
+                                      for t, top in rep.top.items()},
+            "byProduct": {t: [{"product": p, "gpus": g} for p, g in on]
+                          for t, on in rep.products.items() if on},
+            "notes": rep.unread, "holding": rep.holding},
+            option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(status.table(rep), end="")
+    return 0

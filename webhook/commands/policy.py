@@ -1,0 +1,174 @@
+"""The commands on a policy: ``manifests`` (the webhook configurations it needs),
+``policy check|schema|crd``, and ``test`` (policy test suites)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from webhook.commands.output import dump
+
+
+def add_manifests(sub: Any) -> None:
+    m = sub.add_parser(
+        "manifests", help="print the webhook configurations for a policy (YAML)",
+        description="Print a MutatingWebhookConfiguration and a ValidatingWebhookConfiguration "
+                    "whose matchConditions send only GPU pods and workloads, derived from the "
+                    "policy. failurePolicy Fail: while the webhook is down, matching GPU "
+                    "requests are rejected; Ignore: they are admitted unchecked (no quota, no "
+                    "pinning). Pods without GPUs are never sent either way.")
+    m.add_argument("--policy", help="policy file (default: the embedded example policy)")
+    m.add_argument("--name", default="gpu-webhook", help="configuration name [gpu-webhook]")
+    m.add_argument("--namespace", default="gpu-webhook",
+                   help="the webhook's namespace, never sent to it [gpu-webhook]")
+    m.add_argument("--service", default="gpu-webhook", help="Service name [gpu-webhook]")
+    m.add_argument("--port", type=int, default=443, help="Service port [443]")
+    m.add_argument("--url", help="call https://HOST:PORT instead of the Service (a webhook "
+                                 "outside the cluster, e.g. for tests)")
+    m.add_argument("--ca-file", help="PEM CA of the serving certificate, put in caBundle "
+                                     "(leave out when cert-manager injects it)")
+    m.add_argument("--timeout-seconds", type=int, default=5, help="per call, 1-30 [5]")
+    m.add_argument("--mutating-failure-policy", choices=["Fail", "Ignore"], default="Fail",
+                   help="when the webhook is down: Fail rejects GPU requests, Ignore admits "
+                        "them unmutated [Fail]")
+    m.add_argument("--validating-failure-policy", choices=["Fail", "Ignore"], default="Fail",
+                   help="when the webhook is down: Fail rejects GPU requests, Ignore admits "
+                        "them unchecked (quota not enforced) [Fail]")
+    m.set_defaults(func=_manifests)
+
+
+def add_policy(sub: Any) -> None:
+    pol = sub.add_parser("policy", help="policy tools")
+    psub = pol.add_subparsers(title="policy commands")
+    chk = psub.add_parser("check", help="validate policy files")
+    chk.add_argument("files", nargs="+", metavar="FILE")
+    chk.set_defaults(func=_policy_check)
+    _add_policy_schema_commands(psub)
+    # `gpu-webhook policy` alone lists its subcommands rather than the top-level help.
+    pol.set_defaults(func=lambda _args: _usage(pol))
+
+
+def add_test(sub: Any) -> None:
+    t = sub.add_parser(
+        "test", help="run policy test suites (kind GPUPolicyTest)",
+        description="Run every policy test suite (YAML, kind GPUPolicyTest) under DIR, or "
+                    "one suite file: each case goes through mutate -> patch -> validate, "
+                    "with quota against the suite's usage snapshot; admitted pods reserve "
+                    "quota for the cases after them. Exit 1 when a case fails, 2 when a "
+                    "suite cannot run. Format: policies/tests/README.md.")
+    t.add_argument("path", metavar="DIR", help="directory of suites, or one suite file")
+    t.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    t.set_defaults(func=_test)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _manifests(args: argparse.Namespace) -> int:
+    from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
+    from webhook.tools import manifests
+
+    try:
+        policy = (load_file(args.policy) if args.policy else
+                  load_text(default_policy_text(), "<embedded default>"))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        ca = Path(args.ca_file).read_bytes() if args.ca_file else None
+        if ca is not None and b"-----BEGIN CERTIFICATE-----" not in ca:
+            raise ValueError(f"{args.ca_file} holds no PEM certificate")
+        objects = manifests.render(policy, manifests.Options(
+            name=args.name, namespace=args.namespace, service=args.service, port=args.port,
+            url=args.url, ca_bundle=ca, timeout_seconds=args.timeout_seconds,
+            mutating_failure_policy=args.mutating_failure_policy,
+            validating_failure_policy=args.validating_failure_policy))
+    except (OSError, ValueError) as exc:
+        print(f"gpu-webhook manifests: {exc}", file=sys.stderr)
+        return 2
+    source = args.policy or "the embedded example policy"
+    print(manifests.to_yaml(objects, header=(
+        f"# Rendered by `gpu-webhook manifests` from {source} (policy "
+        f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
+        "tolerations, nonGpuPodsToleratingGpuTaints, exemptions, workloadKinds or "
+        "tenants' namespaces change.\n")), end="")
+    return 0
+
+
+def _add_policy_schema_commands(psub: Any) -> None:
+    sch = psub.add_parser(
+        "schema", help="print the JSON Schema of a policy file",
+        description="Print the JSON Schema (draft 2020-12) of a policy file, generated from "
+                    "the policy model; editors use it through a `# yaml-language-server: "
+                    "$schema=...` line. Published as policies/schema/gpupolicy.schema.json.")
+    sch.set_defaults(func=_policy_schema)
+    crd = psub.add_parser(
+        "crd", help="print the GPUPolicy CustomResourceDefinition (YAML)",
+        description="Print the GPUPolicy CustomResourceDefinition (gpu-webhook.dev/v1alpha1, "
+                    "cluster-scoped) whose OpenAPI schema is generated from the policy model. "
+                    "Shipped as deploy/base/crd-gpupolicy.yaml.")
+    crd.set_defaults(func=_policy_crd)
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from webhook.policy.schema import json_schema
+
+    # json, not orjson: its indent=2 output with a final newline is the committed file.
+    print(json.dumps(json_schema(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _policy_crd(args: argparse.Namespace) -> int:
+    from webhook.policy.schema import crd
+    from webhook.tools.manifests import to_yaml
+
+    print(to_yaml([crd()], header=(
+        "# Rendered by `gpu-webhook policy crd` from the policy model "
+        "(webhook/policy/model.py).\n")), end="")
+    return 0
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    from webhook.policy.load import PolicyError, load_file
+
+    failed = 0
+    for f in args.files:
+        try:
+            policy = load_file(f)
+        except PolicyError as exc:
+            failed += 1
+            print(exc, file=sys.stderr)
+            continue
+        n = len(policy.spec.tenants)
+        print(f"{f}: ok (policy {policy.metadata.name}, {n} tenant{'' if n == 1 else 's'})")
+    if failed:
+        print(f"{failed} of {len(args.files)} policy files invalid", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _test(args: argparse.Namespace) -> int:
+    from webhook.tools import policytest
+
+    target = Path(args.path)
+    if not target.exists():
+        print(f"gpu-webhook test: {target} does not exist", file=sys.stderr)
+        return 2
+    paths = policytest.discover(target)
+    if not paths:
+        print(f"gpu-webhook test: no policy test suites (kind {policytest.KIND}) under "
+              f"{target}", file=sys.stderr)
+        return 2
+    results = [policytest.run_path(p) for p in paths]
+    if args.output != "text":
+        print(dump(policytest.as_json(results), args.output))
+    else:
+        print(policytest.render_text(results))
+    if any(s.error is not None for s in results):
+        return 2
+    return 1 if any(s.failed for s in results) else 0

@@ -1,0 +1,63 @@
+"""Messages of workloads with roles (training jobs): a gang of roles against quota."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from webhook.engine.messages.quota import events_on, tightest
+from webhook.engine.messages.words import _pods, num
+
+# --- workloads with roles (training jobs) ------------------------------------------------
+
+
+def parts(items: Iterable[tuple[str, int, float]]) -> str:
+    """``task worker 3 x 2 + task ps 1 x 1``: each role's pods x per-pod amount."""
+    return " + ".join(f"{label} {n} x {num(per)}" for label, n, per in items)
+
+
+def roles_never_fit(scope: str, what: str, breakdown: str, total: float, pods: int,
+                    cap: float, gang: bool, others: int = 0) -> str:
+    if gang:
+        return (f"its gang of {_pods(pods)} must start together, and its GPU pods "
+                f"({breakdown}) need {num(total)} {what} at once, but {scope}'s quota is "
+                f"{num(cap)} {what}{tightest(others)}: it can never start. Make the gang "
+                f"need at most {num(cap)} {what} (fewer pods, or fewer per pod), or "
+                "ask the platform "
+                "team for more quota.")
+    return (f"asks for {_pods(pods)} at once, {breakdown} = {num(total)} {what}, but "
+            f"{scope}'s quota is {num(cap)} {what}{tightest(others)}: it can never run in "
+            f"full. Ask for at most {num(cap)} {what} (fewer pods, or fewer per pod).")
+
+
+def roles_exceed_quota(scope: str, what: str, breakdown: str, total: float, pods: int,
+                       cap: float, gang_pods: int, gang_total: float, others: int = 0
+                       ) -> str:
+    return (f"asks for {_pods(pods)} in all, {breakdown} = {num(total)} {what}, but "
+            f"{scope}'s quota is {num(cap)} {what}{tightest(others)}: its gang of "
+            f"{_pods(gang_pods)} "
+            f"({num(gang_total)} {what}) can start, but never all of its pods at once.")
+
+
+def roles_not_free(scope: str, what: str, breakdown: str, asked: float, used: float,
+                   cap: float, gang_pods: int | None, gang_total: float,
+                   unreserved: bool, kind: str = "", others: int = 0) -> str:
+    free = max(cap - used, 0.0)
+    if gang_pods is not None:
+        now = (f"its gang of {_pods(gang_pods)} needs {num(gang_total)} {what} and cannot "
+               "start until quota frees up")
+    else:
+        now = "its pods beyond that will be refused until quota frees up"
+    tail = (" No GPUs are reserved for it: its pods will compete with other pods as they "
+            "are created." if unreserved else "")
+    if kind:
+        tail += f" {events_on(kind)}"
+    return (f"asks for {breakdown} = {num(asked)} {what}, but only {num(free)} of "
+            f"{scope}'s {num(cap)} {what}{tightest(others)} are free now ({num(used)} in "
+            f"use): {now}.{tail}")
+
+
+def role_pod_never_fits(scope: str, what: str, role: str, per_pod: float, cap: float,
+                        others: int = 0) -> str:
+    return (f"{role} asks for {num(per_pod)} {what} per pod, but {scope}'s quota is "
+            f"{num(cap)} {what}: its pod can never run. Ask for {num(cap)} or fewer"
+            f"{tightest(others)}.")

@@ -1,0 +1,60 @@
+"""Messages of pods waiting for quota (tenants[].overQuota: wait): the gate, the line,
+the events."""
+
+from __future__ import annotations
+
+from webhook.engine.messages.words import num
+
+# --- waiting for quota (tenants[].overQuota: wait) -----------------------------------
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def waits_for_quota(asked: float, what: str, free: float, cap: float, scope: str) -> str:
+    """The warning (and the pod's annotation) when a pod is admitted to wait."""
+    return (
+        f"this pod waits for GPU quota: it asks {num(asked)} {what} and {scope} has "
+        f"{num(free)} of its {num(cap)} free. It is created now behind the scheduling gate "
+        "gpu-webhook.dev/quota, holds no GPU while it waits, and starts when its GPUs are "
+        "free (in order of priority, then arrival; kubectl describe pod shows its place)."
+    )
+
+
+def job_pod_in_line(asked: float, tenant: str) -> str:
+    """A Job's pod in a waiting tenant: it goes through the line whether or not it fits."""
+    return (
+        f"this pod of a Job ({num(asked)} GPUs) starts through tenant {tenant}'s quota "
+        "line: the webhook releases the Job's pods together, behind the scheduling gate "
+        "gpu-webhook.dev/quota, once all of them fit (within seconds when they do now)."
+    )
+
+
+def waiting_event(asked: float, free: float, place: int, tenant: str) -> str:
+    """The event on a waiting pod: the numbers and its place in its tenant's line."""
+    return (f"waiting for GPU quota: {num(asked)} GPUs asked, {num(free)} free; "
+            f"{ordinal(place)} in line in tenant {tenant}")
+
+
+def waiting_gang_event(asked: float, free: float, place: int, tenant: str, present: int,
+                       size: int) -> str:
+    """A waiting pod of a gang: the gang's numbers, and how many of its pods exist."""
+    have = "" if present >= size else f"; {present} of its {size} pods created"
+    return (f"waiting for GPU quota: gang of {size} pods, {num(asked)} GPUs asked, "
+            f"{num(free)} free; {ordinal(place)} in line in tenant {tenant}{have}")
+
+
+def released_event(seconds: float) -> str:
+    return (f"GPU quota free: charged and released to the scheduler after waiting "
+            f"{seconds:.0f}s")
+
+
+def gate_removed_by_other(gate: str, user: str) -> str:
+    return (
+        f"only the GPU webhook removes the scheduling gate {gate} ({user or 'this user'} "
+        "may not): it charges the pod's GPUs to its tenant's quota first, when they are "
+        "free. Leave the gate; delete the pod to take it out of the line."
+    )

@@ -1,0 +1,34 @@
+"""The words every family of messages shares: numbers as people write them, lists,
+the rule tag a denial ends with, owners of GPUs, counts of pods and GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def num(x: float) -> str:
+    """A count as people write it: 2 not 2.0, 0.125 kept."""
+    if x == int(x):
+        return str(int(x))
+    return f"{x:.3f}".rstrip("0").rstrip(".")
+
+
+def one_of(items: Iterable[str]) -> str:
+    items = list(items)
+    return ", ".join(items) if items else "none"
+
+
+def tag(rule: str, policy: str, tenant: str | None) -> str:
+    return f"[rule {rule}, tenant {tenant}]" if tenant else f"[rule {rule}, policy {policy}]"
+
+
+def owners(top: Iterable[tuple[str, float]]) -> str:
+    return ", ".join(f"{o} {num(n)}" for o, n in top)
+
+
+def _pods(n: int) -> str:
+    return f"{n} pod" if n == 1 else f"{n} pods"
+
+
+def _gpus(n: float) -> str:
+    return f"{num(n)} GPU" if n == 1 else f"{num(n)} GPUs"
