@@ -130,7 +130,7 @@ def _policy_crd(args: argparse.Namespace) -> int:
 
     print(to_yaml([crd()], header=(
         "# Rendered by `gpu-webhook policy crd` from the policy model "
-        "(webhook/policy/model.py).\n")), end="")
+        "(webhook/policy/model/).\n")), end="")
     return 0
 
 
