@@ -57,7 +57,7 @@ from typing import Any
 import yaml
 
 from bench import mix
-from bench.scale import buckets, delta, parse_metrics, quantile, total
+from bench.scale import Samples, buckets, delta, parse_metrics, quantile, total
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -467,9 +467,8 @@ class Conditions:
             check_kyverno(cp)
         self.current = condition
 
-    def ours_counters(self) -> dict[str, float]:
-        """Our webhook's own counters: mutating reviews answered and those answered with
-        a reused decision (webhook.server.web.reuse)."""
+    def ours_samples(self) -> Samples:
+        """Our webhook's own metrics (its /metrics)."""
         ctx = ssl.create_default_context(cafile=str(self.cert_dir / "ca.pem"))
         c = http.client.HTTPSConnection("localhost", self.ours_port, context=ctx, timeout=30)
         try:
@@ -477,14 +476,64 @@ class Conditions:
             text = c.getresponse().read().decode()
         finally:
             c.close()
-        samples = parse_metrics(text, "gpu_webhook_")
-        return {"mutating": total(samples, "gpu_webhook_admission_requests_total",
-                                  webhook="mutate"),
-                "reused": total(samples, "gpu_webhook_mutating_decisions_reused_total")}
+        return parse_metrics(text, "gpu_webhook_")
 
     def stop(self) -> None:
         for p in self.procs.values():
             p.stop()
+
+
+def ours_counted(b: Samples, a: Samples) -> dict[str, float]:
+    """Between two scrapes of ours: mutating reviews answered and those answered with a
+    reused decision (webhook.server.web.reuse)."""
+    def moved(name: str, **match: str) -> float:
+        return total(a, name, **match) - total(b, name, **match)
+
+    return {"mutating": moved("gpu_webhook_admission_requests_total", webhook="mutate"),
+            "reused": moved("gpu_webhook_mutating_decisions_reused_total")}
+
+
+LEDGER_PHASES = ("queued", "read", "decide", "write", "backoff")
+
+
+def ours_phases(b: Samples, a: Samples) -> dict[str, Any]:
+    """Between two scrapes of ours, where each webhook's review time went: its own
+    histogram (mean, p50, p99 of gpu_webhook_admission_duration_seconds, from its first
+    byte to its reply), and per review the mean ms of each phase
+    (gpu_webhook_admission_phase_seconds): parse, decide; and for the validating webhook
+    the quota ledger's commit phases spread over its reviews (queued: waiting for the
+    tenant's commit, read, decide, write, backoff), and ``engine``: what decide spent
+    besides them."""
+    def moved(name: str, **match: str) -> float:
+        return total(a, name, **match) - total(b, name, **match)
+
+    out: dict[str, Any] = {}
+    for webhook in ("mutate", "validate"):
+        n = moved("gpu_webhook_admission_duration_seconds_count", webhook=webhook)
+        if n <= 0:
+            continue
+        hist = delta(buckets(a, "gpu_webhook_admission_duration_seconds", webhook=webhook),
+                     buckets(b, "gpu_webhook_admission_duration_seconds", webhook=webhook))
+        p50, p99 = quantile(0.5, hist), quantile(0.99, hist)
+        e: dict[str, Any] = {
+            "reviews": n,
+            "mean_ms": round(1000 * moved("gpu_webhook_admission_duration_seconds_sum",
+                                          webhook=webhook) / n, 3),
+            "p50_ms": round(1000 * p50, 3) if p50 is not None else None,
+            "p99_ms": round(1000 * p99, 3) if p99 is not None else None}
+        for phase in ("parse", "decide"):
+            e[f"{phase}_ms"] = round(1000 * moved("gpu_webhook_admission_phase_seconds_sum",
+                                                  webhook=webhook, phase=phase) / n, 3)
+        if webhook == "validate":
+            spent = 0.0
+            for phase in LEDGER_PHASES:
+                ms = 1000 * moved("gpu_webhook_admission_phase_seconds_sum", webhook="ledger",
+                                  phase=phase) / n
+                e[f"ledger_{phase}_ms"] = round(ms, 3)
+                spent += ms
+            e["engine_ms"] = round(max(e["decide_ms"] - spent, 0.0), 3)
+        out[webhook] = e
+    return out
 
 
 def check_kyverno(cp: ControlPlane) -> None:
@@ -622,11 +671,12 @@ def write_cost(cp: ControlPlane, data: dict[str, str], writes: int = 200) -> dic
 def measure(cp: ControlPlane, conds: Conditions, mixed: list[Item], clients: int,
             seconds: float, dry_run: bool) -> dict[str, Any]:
     before = apiserver_hist(cp)
-    counted = conds.ours_counters()
+    ours_before = conds.ours_samples()
     cpu0 = {n: p.cpu_seconds() for n, p in conds.procs.items()}
     run = load(cp, mixed, clients, seconds, dry_run)
     after = apiserver_hist(cp)
-    counted = {k: v - counted[k] for k, v in conds.ours_counters().items()}
+    ours_after = conds.ours_samples()
+    counted = ours_counted(ours_before, ours_after)
     cpu = {n: p.cpu_seconds() - cpu0[n] for n, p in conds.procs.items()}
     held = ledgers(cp) if conds.current == "ours" and not dry_run else {}
     if not dry_run:
@@ -642,6 +692,8 @@ def measure(cp: ControlPlane, conds: Conditions, mixed: list[Item], clients: int
         # Of our mutating reviews, the share answered with a reused decision.
         "ours_reused": round(counted["reused"] / counted["mutating"], 3)
         if counted["mutating"] else None,
+        # Our webhook's own histograms and the share of each phase of its reviews.
+        "ours_phases": ours_phases(ours_before, ours_after),
         # Our ledgers at the end of a real run: entries per tenant (the admissions whose
         # pods some replica may not have seen yet: about the last settle time's, see
         # webhook.quota.ledger), and the biggest one's data for the write-cost floor.
@@ -695,6 +747,8 @@ def summarize(results: list[dict[str, Any]], conditions: list[str]) -> dict[str,
                     x["apiserver"]["p99_ms"] or 0 for x in own)
                 e["apiserver_calls_per_create"] = round(statistics.median(
                     x["apiserver"]["calls"] / x["requests"] for x in own), 3)
+            if cond == "ours":
+                e["phases"] = _median_phases([x.get("ours_phases") or {} for x in own])
             entry[cond] = e
         for other in ("nothing", "kyverno"):
             if "ours" in entry and other in entry:
@@ -706,6 +760,41 @@ def summarize(results: list[dict[str, Any]], conditions: list[str]) -> dict[str,
                 entry[f"ours/{other}_apiserver_mean"] = round(a / b, 2) if a and b else None
         out[f"{mode}/{clients}"] = entry
     return out
+
+
+def _median_phases(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per webhook, each field of :func:`ours_phases` as its median over the runs."""
+    out: dict[str, dict[str, float]] = {}
+    for webhook in ("mutate", "validate"):
+        seen = [r[webhook] for r in runs if webhook in r]
+        fields = sorted({k for r in seen for k in r})
+        out[webhook] = {k: statistics.median(v for r in seen if (v := r.get(k)) is not None)
+                        for k in fields if any(r.get(k) is not None for r in seen)}
+    return {w: f for w, f in out.items() if f}
+
+
+def phase_table(summary: dict[str, Any]) -> str:
+    """Ours' own review time beside the API server's view of it, and where it goes: ms
+    per review (medians over rounds) and each phase's share of the webhook's own mean."""
+    cols = ["parse", "engine", "ledger_queued", "ledger_read", "ledger_decide",
+            "ledger_write", "ledger_backoff"]
+    head = ["load", "webhook", "API server p50/p99 ms", "own p50/p99 ms", "own mean ms",
+            *[f"{c} ms (share)" for c in cols]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for load_name, e in summary.items():
+        ours = e.get("ours") or {}
+        for webhook, p in (ours.get("phases") or {}).items():
+            mean = p.get("mean_ms") or 0.0
+            row = [load_name, webhook,
+                   f"{ours.get('apiserver_p50_ms')} / {ours.get('apiserver_p99_ms')}",
+                   f"{p.get('p50_ms')} / {p.get('p99_ms')}", f"{mean:.3f}"]
+            for c in cols:
+                v = p.get(f"{c}_ms") if c != "engine" or webhook == "validate" else \
+                    p.get("decide_ms")
+                row.append("-" if v is None else
+                           f"{v:.3f} ({100 * v / mean:.0f} %)" if mean else f"{v:.3f}")
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 TARGETS = {"ours/nothing": 1.15, "ours/kyverno": 0.5}
@@ -854,6 +943,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\nadded latency over no webhook (client timings, ms; medians over rounds), "
           "ratios ours/other; API server's mean per webhook call")
     print(table(res["summary"], opts.conditions))
+    print("\nours, its own histogram beside the API server's (all webhook calls), and "
+          "where a review's time goes (ms per review; share of its own mean; the "
+          "ledger's phases spread over the validating reviews; engine: the rest of "
+          "decide)")
+    print(phase_table(res["summary"]))
     print("\none ledger commit alone (sequential conditional PUTs at the API server, no "
           "webhook): " + "; ".join(f"{w['entries']} entries ({w['bytes']} bytes) p50 "
                                     f"{w['p50_ms']} / p99 {w['p99_ms']} ms"

@@ -45,6 +45,17 @@ def test_quick_apiserver_bench_measures_every_condition(tmp_path: Path) -> None:
             assert calls > 0 and r["apiserver"]["mean_ms"] > 0
             if r["condition"] == "ours" and r["requests"] >= 40:
                 assert "403" in r["statuses"]  # our policy denied the too-big pods
+        # Ours' own histogram and its phases: the parse and the pipeline within its
+        # whole time, and the ledger's commit in real runs only (a dry run commits none).
+        phases = r["ours_phases"]
+        if r["condition"] != "ours":
+            assert phases == {}  # not called
+            continue
+        v = phases["validate"]
+        assert v["reviews"] > 0 and v["p99_ms"] >= v["p50_ms"] > 0
+        assert 0 < v["parse_ms"] and v["parse_ms"] + v["decide_ms"] <= v["mean_ms"] + 0.01
+        assert (v["ledger_write_ms"] > 0) == (r["mode"] == "real"), v
+        assert v["engine_ms"] <= v["decide_ms"]
     for load in ("dry-run/1", "dry-run/8", "real/1", "real/8"):
         entry = res["summary"][load]
         assert {"added_p50_ms", "added_p99_ms", "apiserver_mean_ms_per_call"} \
@@ -58,4 +69,6 @@ def test_quick_apiserver_bench_measures_every_condition(tmp_path: Path) -> None:
     assert all(w["p99_ms"] >= w["p50_ms"] > 0 for w in (empty, biggest))
     assert any(n > 0 for r in res["runs"] for n in r["ledger_entries"].values())
     assert "| dry-run/8 |" in proc.stdout and "targets:" in proc.stdout
+    assert "where a review's time goes" in proc.stdout
+    assert "| real/8 | validate |" in proc.stdout
     assert "one ledger commit alone" in proc.stdout

@@ -29,6 +29,10 @@ def test_counters_and_histograms_move_with_admissions(server: Server) -> None:
     assert moved(ADMISSIONS, webhook="mutate", decision="denied") == 1
     assert moved(ADMISSIONS, webhook="mutate", decision="warned") == 1
     assert moved(LATENCY_COUNT, webhook="mutate") == 3
+    # Each review's phases, beside its whole time (bench/README.md reads their shares).
+    for phase in ("parse", "decide"):
+        assert moved("gpu_webhook_admission_phase_seconds_count", webhook="mutate",
+                     phase=phase) == 3
     assert value(after, "gpu_webhook_admission_duration_seconds_bucket", webhook="mutate",
                  le="+Inf") >= 3
     # A review answered just inside the longest timeout the API server allows a webhook

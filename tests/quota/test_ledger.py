@@ -101,6 +101,24 @@ def test_a_conflict_that_still_fits_commits_on_the_second_try(api: FakeAPI) -> N
     assert (store.conflicts, store.commits) == (1, 1)
 
 
+def test_each_commit_reports_its_phases(api: FakeAPI) -> None:
+    # What the admission phase histogram shows of the ledger (webhook=ledger).
+    store, _, _ = make_store(api)
+    seen: list[str] = []
+    store.phase = lambda phase, seconds: seen.append(phase) if seconds >= 0 else None
+    assert admit(store, policy(), pod("a", gpus=1)).allowed
+    assert seen == ["queued", "read", "decide", "write"]
+    seen.clear()
+    assert admit(store, policy(), pod("b", gpus=1)).allowed
+    assert seen == ["queued", "decide", "write"]  # the last write reused: no read
+    seen.clear()
+    api.before_write = lambda: api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps(
+        {"uid-other": entry(1)}).decode()})
+    assert admit(store, policy(), pod("c", gpus=1)).allowed
+    api.before_write = None
+    assert seen[:5] == ["queued", "decide", "write", "backoff", "read"]
+
+
 def test_expired_reservations_stop_counting_and_are_dropped(api: FakeAPI) -> None:
     api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps({
         "uid-old": entry(6, expires=NOW - 1), "uid-live": entry(2)}).decode()})

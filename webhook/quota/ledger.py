@@ -83,8 +83,13 @@ class LedgerStore:
     def __init__(self, state: ClusterState, maps: ConfigMaps, ttl: float = 60.0,
                  wall: Callable[[], float] = time.time,
                  clock: Callable[[], float] = time.monotonic,
-                 holder: Callable[[str], str | None] | None = None) -> None:
+                 holder: Callable[[str], str | None] | None = None,
+                 phase: Callable[[str, float], None] | None = None) -> None:
         self.state = state
+        # Seconds of each phase of a commit, for the metrics (see _commit): "queued" per
+        # operation (waiting for its tenant's commit), "read", "decide", "write" and
+        # "backoff" (after a conflict) per commit attempt.
+        self.phase = phase or _no_phase
         # The uid of the pod the API server stores under a name now (a GET; see reserve).
         self.holder = holder
         self.maps = maps
@@ -278,7 +283,8 @@ class LedgerStore:
 
     async def _enqueue(self, tenant: str, op: _Op, budget: float) -> Any:
         """Queue ``op`` for the tenant's next commit and wait for its answer."""
-        ask = _Ask(op, time.monotonic() + budget, asyncio.get_running_loop().create_future())
+        now = time.monotonic()
+        ask = _Ask(op, now + budget, asyncio.get_running_loop().create_future(), now)
         self._queued.setdefault(tenant, []).append(ask)
         if tenant not in self._committers:
             task = asyncio.get_running_loop().create_task(self._drain(tenant))
@@ -339,6 +345,9 @@ class LedgerStore:
     async def _commit(self, tenant: str, batch: list[_Ask]) -> None:
         ledger = LEDGER_PREFIX + tenant
         attempt = 0
+        began = time.monotonic()
+        for a in batch:
+            self.phase("queued", began - a.queued)
         while True:
             live = [a for a in batch if not a.done.done()]  # a caller past its budget left
             if not live:
@@ -348,12 +357,16 @@ class LedgerStore:
                 # as free for pods it has not seen (a stalled watch): refuse to decide.
                 raise ReservationUnavailable(
                     "the webhook's view of the cluster's pods is not up to date")
+            t0 = time.monotonic()
             try:
                 read = await self._read(tenant, ledger)
             except ReservationUnavailable as exc:
                 for a in live:
                     a.fail(exc)
                 return
+            t1 = time.monotonic()
+            if read.fresh:
+                self.phase("read", t1 - t0)  # a reused last write costs nothing to read
             now = self.wall()
             settled = self._settled(ledger, read.entries)
             entries = {k: e for k, e in read.entries.items()
@@ -363,6 +376,8 @@ class LedgerStore:
             # Views decided while this commit is in flight count its reservations too.
             self._known[tenant] = working.unseen
             outcomes = [(a, *a.op(working, now)) for a in live]
+            t2 = time.monotonic()
+            self.phase("decide", t2 - t1)
             changed = sum(1 for _, _, c in outcomes if c)
             if not changed:
                 if not read.fresh:
@@ -380,6 +395,7 @@ class LedgerStore:
                 version = await asyncio.to_thread(self.maps.write, ledger, data,
                                                   read.version, LABELS)
             except Conflict:
+                self.phase("write", time.monotonic() - t2)
                 self.conflicts += 1
                 attempt += 1
                 # Jittered backoff so racing replicas do not collide in lockstep.
@@ -389,12 +405,14 @@ class LedgerStore:
                         a.fail(ReservationUnavailable(
                             f"the ledger kept changing ({attempt} conflicts)"))
                 await asyncio.sleep(pause)
+                self.phase("backoff", pause)
                 continue
             except KubeError as exc:
                 error = self._unavailable(ledger, exc)
                 for a in live:
                     a.fail(error)
                 return
+            self.phase("write", time.monotonic() - t2)
             self._known[tenant] = working.unseen
             if version is not None:
                 self._cached[tenant] = _Read(dict(entries), version)
@@ -554,6 +572,10 @@ class _Batch:
 _Op = Callable[[_Batch, float], tuple[Any, bool]]
 
 
+def _no_phase(phase: str, seconds: float) -> None:
+    return None
+
+
 @dataclass(slots=True)
 class _Ask:
     """One operation waiting for its tenant's next commit."""
@@ -561,6 +583,7 @@ class _Ask:
     op: _Op
     deadline: float  # time.monotonic()
     done: asyncio.Future[Any]
+    queued: float = 0.0  # time.monotonic() when it was asked
 
     def succeed(self, answer: Any) -> None:
         if not self.done.done():

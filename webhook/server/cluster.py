@@ -22,6 +22,7 @@ from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
 from webhook.quota.ledger import LedgerStore
+from webhook.server import metrics
 from webhook.server.sources.reload import PolicySource
 
 
@@ -125,7 +126,7 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     # A create of a name the cache sees held asks the API server who holds it now (rare;
     # short timeout: an unanswered read records the create as before, see LedgerStore).
     store = LedgerStore(state, kube.ConfigMaps(api, ns), ttl=active.policy.reservation_ttl,
-                        holder=kube.Pods(api, timeout=2.0).holder)
+                        holder=kube.Pods(api, timeout=2.0).holder, phase=ledger_phase)
     pods = kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event))
     namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
     # DRA: the claims and templates pods name, found without an API call on admission.
@@ -217,3 +218,8 @@ def claim_reader(claims: kube.ResourceClaims) -> ClaimReader:
             raise ClaimUnreadable(exc.reason) from None
 
     return read
+
+
+def ledger_phase(phase: str, seconds: float) -> None:
+    """A phase of a ledger commit, into the admission phase histogram."""
+    metrics.child(metrics.PHASE, "ledger", phase).observe(seconds)

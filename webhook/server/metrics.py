@@ -71,14 +71,27 @@ INFLIGHT = Gauge(
     "Admission requests being handled now (bounded by --max-inflight).",
     registry=REGISTRY,
 )
+# Up to the API server's longest webhook timeout (30 s): a quota commit that waits on a
+# slow API server stays within a finite bucket, so its p99 is read, not capped.
+ADMISSION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LATENCY = Histogram(
     "gpu_webhook_admission_duration_seconds",
     "Server-side time to decide a review, from full body to reply.",
     ["webhook"],
-    # Up to the API server's longest webhook timeout (30 s): a quota commit that waits
-    # on a slow API server stays within a finite bucket, so its p99 is read, not capped.
-    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-             0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    buckets=ADMISSION_BUCKETS,
+    registry=REGISTRY,
+)
+PHASE = Histogram(
+    "gpu_webhook_admission_phase_seconds",
+    "Seconds of each phase of an admission, by webhook (mutate, validate): parse (the "
+    "review parsed), decide (the admission pipeline, a quota commit included); and of the "
+    "quota ledger's commits (webhook=ledger): queued (an admission waiting for its "
+    "tenant's commit to start), read (the ledger read from the API server, when the last "
+    "write is not reused), decide (the batch decided), write (the conditional write), "
+    "backoff (the pause after a conflict).",
+    ["webhook", "phase"],
+    buckets=ADMISSION_BUCKETS,
     registry=REGISTRY,
 )
 POLICY_GENERATION = Gauge(

@@ -162,14 +162,19 @@ class AdmissionApp:
             if body is None:
                 raise BadReview(f"request body is larger than {self.runtime.max_body} bytes",
                                 413)
+            parsing = time.perf_counter()
             req = parse_review(body)
+            metrics.child(metrics.PHASE, webhook, "parse").observe(
+                time.perf_counter() - parsing)
         except BadReview as exc:
             metrics.BAD_REVIEWS.labels(webhook, str(exc.status)).inc()
             logs.event("bad review", logging.WARNING, webhook=webhook, status=exc.status,
                        error=str(exc), client=_client(scope))
             await _send(send, exc.status, {"error": str(exc)})
             return
+        deciding = time.perf_counter()
         answer = await self.decide(webhook, req, max(0.0, deadline - time.monotonic()))
+        metrics.child(metrics.PHASE, webhook, "decide").observe(time.perf_counter() - deciding)
         await _send(send, 200, answer)
         elapsed = time.perf_counter() - started
         metrics.child(metrics.LATENCY, webhook).observe(elapsed)
