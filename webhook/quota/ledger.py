@@ -336,10 +336,12 @@ class LedgerStore:
         cached = self._cached.pop(tenant, None)
         if cached is not None:
             return replace(cached, fresh=False)
+        t0 = time.monotonic()
         try:
             stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
         except KubeError as exc:
             raise self._unavailable(ledger, exc) from None
+        self.phase("read", time.monotonic() - t0)  # a reused last write costs no read
         return _Read(decode(tenant, stored.data, self.wall(), ledger), stored.resource_version)
 
     async def _commit(self, tenant: str, batch: list[_Ask]) -> None:
@@ -357,7 +359,6 @@ class LedgerStore:
                 # as free for pods it has not seen (a stalled watch): refuse to decide.
                 raise ReservationUnavailable(
                     "the webhook's view of the cluster's pods is not up to date")
-            t0 = time.monotonic()
             try:
                 read = await self._read(tenant, ledger)
             except ReservationUnavailable as exc:
@@ -365,8 +366,6 @@ class LedgerStore:
                     a.fail(exc)
                 return
             t1 = time.monotonic()
-            if read.fresh:
-                self.phase("read", t1 - t0)  # a reused last write costs nothing to read
             now = self.wall()
             settled = self._settled(ledger, read.entries)
             entries = {k: e for k, e in read.entries.items()
@@ -396,16 +395,8 @@ class LedgerStore:
                                                   read.version, LABELS)
             except Conflict:
                 self.phase("write", time.monotonic() - t2)
-                self.conflicts += 1
                 attempt += 1
-                # Jittered backoff so racing replicas do not collide in lockstep.
-                pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
-                for a in live:
-                    if time.monotonic() + pause >= a.deadline:
-                        a.fail(ReservationUnavailable(
-                            f"the ledger kept changing ({attempt} conflicts)"))
-                await asyncio.sleep(pause)
-                self.phase("backoff", pause)
+                await self._back_off(live, attempt)
                 continue
             except KubeError as exc:
                 error = self._unavailable(ledger, exc)
@@ -423,6 +414,17 @@ class LedgerStore:
             for a, answer, _ in outcomes:
                 a.succeed(answer)
             return
+
+    async def _back_off(self, live: list[_Ask], attempt: int) -> None:
+        """After a write conflict: a jittered pause, so racing replicas do not collide in
+        lockstep; the asks it would take past their budget are refused."""
+        self.conflicts += 1
+        pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
+        for a in live:
+            if time.monotonic() + pause >= a.deadline:
+                a.fail(ReservationUnavailable(f"the ledger kept changing ({attempt} conflicts)"))
+        await asyncio.sleep(pause)
+        self.phase("backoff", pause)
 
     def _settled(self, ledger: str, entries: Mapping[str, Entry]) -> set[str]:
         """The entries of a ledger about to be written whose pods this replica has seen

@@ -188,6 +188,15 @@ def _label(obj: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _ledgers(api: Any, namespace: str, labels: dict[str, str], prefix: str
+             ) -> dict[str, dict[str, str]]:
+    """The data of the ledger ConfigMaps of one kind, by the name after ``prefix``."""
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    return {str(cm["metadata"]["name"]).removeprefix(prefix): dict(cm.get("data") or {})
+            for cm in kube.list_objects(api, "configmaps", namespace, selector)
+            if str(cm["metadata"]["name"]).startswith(prefix)}
+
+
 def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
                  product_label: str) -> Cluster:
     """Pods (of ``namespace``, or all), namespace labels and the ledger ConfigMaps. A
@@ -210,23 +219,14 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
     except kube.KubeError as exc:
         out.unread.append(f"namespace labels not read ({exc}): tenants chosen by label "
                           "selector are not found")
-    selector = ",".join(f"{k}={v}" for k, v in sorted(LEDGER_LABELS.items()))
     try:
-        for cm in kube.list_objects(api, "configmaps", ledger_namespace, selector):
-            name = str(cm["metadata"]["name"])
-            if name.startswith(LEDGER_PREFIX):
-                out.ledgers[name.removeprefix(LEDGER_PREFIX)] = dict(cm.get("data") or {})
+        out.ledgers = _ledgers(api, ledger_namespace, LEDGER_LABELS, LEDGER_PREFIX)
     except kube.KubeError as exc:
         out.unread.append(f"quota reservations not read ({exc}): RESERVED shows 0; pods "
                           "admitted in the last minute may not be counted yet")
     else:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(BORROWED_LABELS.items()))
         try:
-            for cm in kube.list_objects(api, "configmaps", ledger_namespace, selector):
-                name = str(cm["metadata"]["name"])
-                if name.startswith(BORROWED_PREFIX):
-                    out.borrowed[name.removeprefix(BORROWED_PREFIX)] = dict(
-                        cm.get("data") or {})
+            out.borrowed = _ledgers(api, ledger_namespace, BORROWED_LABELS, BORROWED_PREFIX)
         except kube.KubeError as exc:
             out.unread.append(f"borrowed reservations not read ({exc}): RESERVED of "
                               "borrowed gpus shows 0")
