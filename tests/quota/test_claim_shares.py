@@ -71,9 +71,15 @@ def allocated(claim: dict[str, Any], pool: str, device: str = "gpu-0",
     return {**claim, "status": {"allocation": {"devices": {"results": [result]}}}}
 
 
-def cache() -> ClaimCache:
+def cache(*slices: dict[str, Any]) -> ClaimCache:
+    """The claims' cache, watching ResourceSlices; given ``slices``, it has seen them
+    (and the end of the first list)."""
     c = ClaimCache(lambda: POLICY, labels)
     c.watch_slices()
+    for s in slices:
+        c.event(SLICE, "ADDED", s)
+    if slices:
+        c.event(SLICE, "SYNCED", {})
     return c
 
 
@@ -83,9 +89,7 @@ def charged(c: ClaimCache, name: str) -> tuple[float, str | None]:
 
 
 def test_20gi_of_a_shareable_h200_is_charged_as_that_share_of_it() -> None:
-    c = cache()
-    c.event(SLICE, "ADDED", h200_slice())
-    c.event(SLICE, "SYNCED", {})
+    c = cache(h200_slice())
     c.event(CLAIM, "ADDED", memory_claim("kv-cache"))
     gpus, product = charged(c, "kv-cache")
     assert gpus == pytest.approx(20 * GI / (H200_MIB * MI))  # 0.1424...: about 1/7
@@ -123,9 +127,7 @@ def test_the_smallest_shareable_device_of_the_product_sets_the_share() -> None:
 
 
 def test_an_allocated_claim_is_charged_what_it_took_of_the_device_it_got() -> None:
-    c = cache()
-    c.event(SLICE, "ADDED", h200_slice())
-    c.event(SLICE, "SYNCED", {})
+    c = cache(h200_slice())
     # The device's requestPolicy rounded 20Gi up to 24Gi: consumedCapacity says so.
     c.event(CLAIM, "MODIFIED", allocated(memory_claim("kv-cache"), "h200-dra-0",
                                          consumed="24Gi"))
@@ -133,9 +135,7 @@ def test_an_allocated_claim_is_charged_what_it_took_of_the_device_it_got() -> No
 
 
 def test_a_whole_device_allocated_for_a_request_without_capacity_is_one_gpu() -> None:
-    c = cache()
-    c.event(SLICE, "ADDED", h200_slice())
-    c.event(SLICE, "SYNCED", {})
+    c = cache(h200_slice())
     whole = memory_claim("whole")
     del whole["spec"]["devices"]["requests"][0]["exactly"]["capacity"]
     c.event(CLAIM, "MODIFIED", allocated(whole, "h200-dra-0", consumed=None))
@@ -165,9 +165,7 @@ def partition_slice() -> dict[str, Any]:
 
 
 def test_a_partition_is_charged_the_share_of_its_counter_set_it_takes() -> None:
-    c = cache()
-    c.event(SLICE, "ADDED", partition_slice())
-    c.event(SLICE, "SYNCED", {})
+    c = cache(partition_slice())
     mig = memory_claim("slice")
     mig["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "mig.nvidia.com"}
     c.event(CLAIM, "MODIFIED", allocated(mig, "h200-parts", "gpu-0-mig-1g18gb-19-0",
@@ -177,9 +175,7 @@ def test_a_partition_is_charged_the_share_of_its_counter_set_it_takes() -> None:
 
 
 def test_a_first_available_claim_is_charged_the_subrequest_and_product_it_got() -> None:
-    c = cache()
-    c.event(SLICE, "ADDED", h200_slice())
-    c.event(SLICE, "SYNCED", {})
+    c = cache(h200_slice())
     either = memory_claim("either")
     either["spec"]["devices"]["requests"][0] = {"name": "gpu", "firstAvailable": [
         {"name": "whole", "deviceClassName": "gpu.nvidia.com", "count": 2},
@@ -195,9 +191,7 @@ def test_a_first_available_claim_is_charged_the_subrequest_and_product_it_got() 
 def test_admission_charges_a_capacity_claim_its_share_against_the_quota() -> None:
     # The sharing tenant has 2 GPUs: fourteen 20Gi claims fit (14 x 0.1424 = 1.994), a
     # fifteenth does not.
-    c = cache()
-    c.event(SLICE, "ADDED", h200_slice())
-    c.event(SLICE, "SYNCED", {})
+    c = cache(h200_slice())
     store = MemoryStore()
 
     def admit(name: str) -> Any:
