@@ -493,19 +493,20 @@ def ours_counted(b: Samples, a: Samples) -> dict[str, float]:
             "reused": moved("gpu_webhook_mutating_decisions_reused_total")}
 
 
-LEDGER_PHASES = ("queued", "read", "decide", "write", "backoff")
-
-
 def ours_phases(b: Samples, a: Samples) -> dict[str, Any]:
     """Between two scrapes of ours, where each webhook's review time went: its own
     histogram (mean, p50, p99 of gpu_webhook_admission_duration_seconds, from its first
-    byte to its reply), and per review the mean ms of each phase
-    (gpu_webhook_admission_phase_seconds): parse, decide; and for the validating webhook
-    the quota ledger's commit phases spread over its reviews (queued: waiting for the
-    tenant's commit, read, decide, write, backoff), and ``engine``: what decide spent
-    besides them."""
+    byte to its reply) and, per review, the mean ms of parse and decide
+    (gpu_webhook_admission_phase_seconds); for the validating webhook, of decide, the
+    wait for the quota commit (ask to answer; of that, queued: waiting for the tenant's
+    commit to start) and ``engine``, the rest; and per ledger write, what it carried
+    (admissions per write) and the mean ms of its read, decide, write and back-off."""
     def moved(name: str, **match: str) -> float:
         return total(a, name, **match) - total(b, name, **match)
+
+    def phase(webhook: str, name: str, what: str = "sum") -> float:
+        return moved(f"gpu_webhook_admission_phase_seconds_{what}", webhook=webhook,
+                     phase=name)
 
     out: dict[str, Any] = {}
     for webhook in ("mutate", "validate"):
@@ -514,26 +515,31 @@ def ours_phases(b: Samples, a: Samples) -> dict[str, Any]:
             continue
         hist = delta(buckets(a, "gpu_webhook_admission_duration_seconds", webhook=webhook),
                      buckets(b, "gpu_webhook_admission_duration_seconds", webhook=webhook))
-        p50, p99 = quantile(0.5, hist), quantile(0.99, hist)
         e: dict[str, Any] = {
             "reviews": n,
-            "mean_ms": round(1000 * moved("gpu_webhook_admission_duration_seconds_sum",
-                                          webhook=webhook) / n, 3),
-            "p50_ms": round(1000 * p50, 3) if p50 is not None else None,
-            "p99_ms": round(1000 * p99, 3) if p99 is not None else None}
-        for phase in ("parse", "decide"):
-            e[f"{phase}_ms"] = round(1000 * moved("gpu_webhook_admission_phase_seconds_sum",
-                                                  webhook=webhook, phase=phase) / n, 3)
+            "mean_ms": _ms3(moved("gpu_webhook_admission_duration_seconds_sum",
+                                  webhook=webhook) / n),
+            "p50_ms": _ms3(quantile(0.5, hist)), "p99_ms": _ms3(quantile(0.99, hist)),
+            "parse_ms": _ms3(phase(webhook, "parse") / n),
+            "decide_ms": _ms3(phase(webhook, "decide") / n)}
         if webhook == "validate":
-            spent = 0.0
-            for phase in LEDGER_PHASES:
-                ms = 1000 * moved("gpu_webhook_admission_phase_seconds_sum", webhook="ledger",
-                                  phase=phase) / n
-                e[f"ledger_{phase}_ms"] = round(ms, 3)
-                spent += ms
-            e["engine_ms"] = round(max(e["decide_ms"] - spent, 0.0), 3)
+            e["commit_ms"] = _ms3(phase("ledger", "commit") / n)
+            e["queued_ms"] = _ms3(phase("ledger", "queued") / n)
+            e["engine_ms"] = round(max(e["decide_ms"] - e["commit_ms"], 0.0), 3)
+            writes = phase("ledger", "write", "count")
+            e["ledger_writes"] = writes
+            e["admissions_per_write"] = (round(phase("ledger", "commit", "count") / writes, 2)
+                                         if writes else None)
+            for name in ("read", "decide", "write", "backoff"):
+                count = phase("ledger", name, "count")
+                e[f"per_write_{name}_ms"] = (_ms3(phase("ledger", name) / count) if count
+                                             else 0.0)
         out[webhook] = e
     return out
+
+
+def _ms3(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 3)
 
 
 def check_kyverno(cp: ControlPlane) -> None:
@@ -775,24 +781,32 @@ def _median_phases(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def phase_table(summary: dict[str, Any]) -> str:
     """Ours' own review time beside the API server's view of it, and where it goes: ms
-    per review (medians over rounds) and each phase's share of the webhook's own mean."""
-    cols = ["parse", "engine", "ledger_queued", "ledger_read", "ledger_decide",
-            "ledger_write", "ledger_backoff"]
-    head = ["load", "webhook", "API server p50/p99 ms", "own p50/p99 ms", "own mean ms",
-            *[f"{c} ms (share)" for c in cols]]
+    per review (medians over rounds), each with its share of the webhook's own mean;
+    then what one ledger write carried and cost."""
+    head = ["load", "webhook", "API server p50/p99 (every call)", "own p50/p99", "own mean",
+            "parse", "engine", "quota commit (queued)", "ledger writes: admissions per "
+            "write; read / decide / write / backoff ms per attempt"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def share(v: float | None, mean: float) -> str:
+        return "-" if v is None else f"{v:.2f} ({100 * v / mean:.0f} %)" if mean else f"{v:.2f}"
+
     for load_name, e in summary.items():
         ours = e.get("ours") or {}
         for webhook, p in (ours.get("phases") or {}).items():
             mean = p.get("mean_ms") or 0.0
+            engine = p.get("engine_ms", p.get("decide_ms"))
             row = [load_name, webhook,
-                   f"{ours.get('apiserver_p50_ms')} / {ours.get('apiserver_p99_ms')}",
-                   f"{p.get('p50_ms')} / {p.get('p99_ms')}", f"{mean:.3f}"]
-            for c in cols:
-                v = p.get(f"{c}_ms") if c != "engine" or webhook == "validate" else \
-                    p.get("decide_ms")
-                row.append("-" if v is None else
-                           f"{v:.3f} ({100 * v / mean:.0f} %)" if mean else f"{v:.3f}")
+                   f"{ours.get('apiserver_p50_ms', 0):.2f} / {ours.get('apiserver_p99_ms', 0):.2f}",
+                   f"{p.get('p50_ms') or 0:.2f} / {p.get('p99_ms') or 0:.2f}", f"{mean:.2f}",
+                   share(p.get("parse_ms"), mean), share(engine, mean)]
+            if webhook == "validate" and p.get("ledger_writes"):
+                row.append(f"{share(p.get('commit_ms'), mean)} ({p.get('queued_ms', 0):.2f})")
+                row.append(f"{p.get('admissions_per_write')}; " + " / ".join(
+                    f"{p.get(f'per_write_{x}_ms', 0):.2f}"
+                    for x in ("read", "decide", "write", "backoff")))
+            else:
+                row += ["-", "-"]
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -943,10 +957,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\nadded latency over no webhook (client timings, ms; medians over rounds), "
           "ratios ours/other; API server's mean per webhook call")
     print(table(res["summary"], opts.conditions))
-    print("\nours, its own histogram beside the API server's (all webhook calls), and "
-          "where a review's time goes (ms per review; share of its own mean; the "
-          "ledger's phases spread over the validating reviews; engine: the rest of "
-          "decide)")
+    print("\nours, its own histogram beside the API server's (every webhook call), and "
+          "where a review's time goes (ms per review, medians over rounds; share of its "
+          "own mean; engine: decide without the wait for the quota commit)")
     print(phase_table(res["summary"]))
     print("\none ledger commit alone (sequential conditional PUTs at the API server, no "
           "webhook): " + "; ".join(f"{w['entries']} entries ({w['bytes']} bytes) p50 "

@@ -107,10 +107,10 @@ def test_each_commit_reports_its_phases(api: FakeAPI) -> None:
     seen: list[str] = []
     store.phase = lambda phase, seconds: seen.append(phase) if seconds >= 0 else None
     assert admit(store, policy(), pod("a", gpus=1)).allowed
-    assert seen == ["queued", "read", "decide", "write"]
+    assert seen == ["queued", "read", "decide", "write", "commit"]
     seen.clear()
     assert admit(store, policy(), pod("b", gpus=1)).allowed
-    assert seen == ["queued", "decide", "write"]  # the last write reused: no read
+    assert seen == ["queued", "decide", "write", "commit"]  # the last write reused: no read
     seen.clear()
     api.before_write = lambda: api.put_configmap(NS, LEDGER, {"reservations": orjson.dumps(
         {"uid-other": entry(1)}).decode()})

@@ -86,9 +86,10 @@ class LedgerStore:
                  holder: Callable[[str], str | None] | None = None,
                  phase: Callable[[str, float], None] | None = None) -> None:
         self.state = state
-        # Seconds of each phase of a commit, for the metrics (see _commit): "queued" per
-        # operation (waiting for its tenant's commit), "read", "decide", "write" and
-        # "backoff" (after a conflict) per commit attempt.
+        # Seconds of each phase of a commit, for the metrics (see _commit): per operation
+        # "commit" (from its ask to its answer) and "queued" (of that, waiting for its
+        # tenant's commit to start); per commit attempt "read", "decide", "write" and
+        # "backoff" (after a conflict).
         self.phase = phase or _no_phase
         # The uid of the pod the API server stores under a name now (a GET; see reserve).
         self.holder = holder
@@ -295,6 +296,8 @@ class LedgerStore:
         except TimeoutError:
             raise ReservationUnavailable(
                 f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
+        finally:
+            self.phase("commit", time.monotonic() - now)
 
     def _unavailable(self, ledger: str, exc: KubeError) -> ReservationUnavailable:
         # The developer reads ``reason`` in product words; the client library's text

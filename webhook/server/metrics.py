@@ -86,10 +86,10 @@ PHASE = Histogram(
     "gpu_webhook_admission_phase_seconds",
     "Seconds of each phase of an admission, by webhook (mutate, validate): parse (the "
     "review parsed), decide (the admission pipeline, a quota commit included); and of the "
-    "quota ledger's commits (webhook=ledger): queued (an admission waiting for its "
-    "tenant's commit to start), read (the ledger read from the API server, when the last "
-    "write is not reused), decide (the batch decided), write (the conditional write), "
-    "backoff (the pause after a conflict).",
+    "quota ledger (webhook=ledger), per admission: commit (from its ask to its answer), "
+    "queued (of that, waiting for its tenant's commit to start); per commit attempt: read "
+    "(the ledger read from the API server, when the last write is not reused), decide (the "
+    "batch decided), write (the conditional write), backoff (the pause after a conflict).",
     ["webhook", "phase"],
     buckets=ADMISSION_BUCKETS,
     registry=REGISTRY,
