@@ -111,8 +111,10 @@ class Releaser:
             metrics.WAITING_PODS.labels(name).set(0)
             metrics.WAITING_GPUS.labels(name).set(0)
         self._tenants = set(lines)
-        for tenant, waiting in lines.values():
-            await self._tenant(policy, tenant, waiting, pods)
+        # Tenants' lines are independent (a ledger each): decided and released side by
+        # side, so one tenant's commit and patches do not wait for another's.
+        await asyncio.gather(*(self._tenant(policy, tenant, waiting, pods)
+                               for tenant, waiting in lines.values()))
         for uid in [u for u in self._told if u not in self.state.line.pods]:
             del self._told[uid]
         for uid in [u for u in self._arrived if u not in self.state.line.pods]:
@@ -148,9 +150,9 @@ class Releaser:
                 logs.event("quota line not released: the ledger cannot be reached",
                            logging.WARNING, tenant=tenant.name, error=str(exc))
                 return
-        for u in done:
-            for w in u.pods:
-                await self._ungate(w.uid, pods[w.uid], tenant.name)
+        # Charged already: the gates come off together (a gang's pods start at once).
+        await asyncio.gather(*(self._ungate(w.uid, pods[w.uid], tenant.name)
+                               for u in done for w in u.pods))
         if done:
             self._last.pop(tenant.name, None)
         else:
