@@ -75,3 +75,12 @@ def child_list(parent: dict[str, Any], key: str, ptr: str) -> list[Any] | None:
     if not isinstance(value, list):
         raise MalformedObject(ptr + "/" + escape(key), "a list")
     return value
+
+
+def label_of(obj: object, key: str) -> str | None:
+    """The value of label ``key`` on an object, None when it has none (or the object's
+    metadata or labels are not mappings)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    value = labels.get(key) if isinstance(labels, dict) else None
+    return value if isinstance(value, str) else None

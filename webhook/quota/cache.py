@@ -35,6 +35,7 @@ from typing import Any
 from webhook.engine.charge import charge_and_unknown
 from webhook.engine.cost import Charge
 from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.k8s.objects import label_of
 from webhook.k8s.slices import SLICE
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.claims import ClaimCache
@@ -301,9 +302,7 @@ class ClusterState:
         if typ == "DELETED":
             self.node_products.pop(name, None)
             return
-        labels = meta.get("labels") or {}
-        value = labels.get(self.policy().product_label) if isinstance(labels, dict) else None
-        value = value if isinstance(value, str) else None
+        value = label_of(node, self.policy().product_label)
         before = self.node_products.get(name, ...)
         self.node_products[name] = value
         waiting = self._on_node.pop(name, set())

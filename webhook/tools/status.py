@@ -20,6 +20,7 @@ from typing import Any
 
 from webhook.engine import holding, messages
 from webhook.engine.charge import charge_of_pod
+from webhook.k8s.objects import label_of
 from webhook.libs import kube
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.quota import status as quota_status
@@ -183,11 +184,6 @@ def table(r: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _label(obj: dict[str, Any], key: str) -> str | None:
-    value = (obj.get("metadata") or {}).get("labels", {}).get(key)
-    return value if isinstance(value, str) else None
-
-
 def _ledgers(api: Any, namespace: str, labels: dict[str, str], prefix: str
              ) -> dict[str, dict[str, str]]:
     """The data of the ledger ConfigMaps of one kind, by the name after ``prefix``."""
@@ -231,7 +227,7 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
             out.unread.append(f"borrowed reservations not read ({exc}): RESERVED of "
                               "borrowed gpus shows 0")
     try:
-        out.nodes = {str(n["metadata"]["name"]): _label(n, product_label)
+        out.nodes = {str(n["metadata"]["name"]): label_of(n, product_label)
                      for n in kube.list_objects(api, "nodes")}
     except kube.KubeError as exc:
         out.unread.append(f"nodes not read ({exc}): a running pod allowed several GPU "
