@@ -301,3 +301,21 @@ def test_the_ledger_role_names_exactly_the_ledgers_of_the_shipped_policy() -> No
     assert sorted(by_verbs[("get", "update")]["resourceNames"]) == wanted
     assert all(r["resources"] == ["configmaps"] and r["apiGroups"] == [""]
                for r in role["rules"])  # no Leases: nothing uses them
+
+
+def test_the_webhook_may_read_every_workload_a_waiting_gang_is_sized_from() -> None:
+    # The leader reads a waiting gang's workload for its size (webhook.quota.line.gang_of
+    # names it): a kind added to the built-in gangs without its get here would keep its
+    # pods waiting for ever, told "workload of a waiting pod not read".
+    import yaml as _yaml
+
+    from webhook.k8s.workloads import CRD_KINDS
+
+    base = Path(__file__).resolve().parents[2] / "deploy" / "base"
+    [role] = [d for d in _yaml.safe_load_all((base / "rbac.yaml").read_text())
+              if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpu-webhook"]
+    granted = {(g, r) for rule in role["rules"] if "get" in rule["verbs"]
+               for g in rule["apiGroups"] for r in rule["resources"]}
+    wanted = {(b.group, b.resource) for b in CRD_KINDS
+              if b.reserves and b.pod_label and b.kind != "TrainJob"} | {("batch", "jobs")}
+    assert wanted - granted == set()

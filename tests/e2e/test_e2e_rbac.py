@@ -86,6 +86,11 @@ LEDGERS = ["gpu-webhook-ledger-research", "gpu-webhook-ledger-inference",
     ("get", "leases.coordination.k8s.io/gpu-webhook-leader", NS),
     ("update", "leases.coordination.k8s.io/gpu-webhook-leader", NS),
     ("create", "leases.coordination.k8s.io", NS),
+    # a waiting gang's size, read from its workload
+    ("get", "jobs.batch", "team-a"), ("get", "jobs.batch.volcano.sh", "team-a"),
+    ("get", "jobsets.jobset.x-k8s.io", "team-a"), ("get", "pytorchjobs.kubeflow.org", "team-a"),
+    ("get", "mpijobs.kubeflow.org", "team-a"),
+    ("get", "leaderworkersets.leaderworkerset.x-k8s.io", "team-a"),
     # the leader's periodic audit: one list of each
     ("list", "deployments.apps", None), ("list", "statefulsets.apps", None),
     ("list", "jobs.batch", None),

@@ -281,17 +281,18 @@ def test_a_waiting_tenant_in_a_quota_window_is_gated_at_the_windows_caps() -> No
         assert ("waiting" in d.mutations) is gated, at
 
 
-def test_a_volcano_jobs_pod_is_not_taken_for_a_batch_jobs() -> None:
+def test_a_volcano_jobs_pod_waits_for_its_gang_not_for_a_batch_job() -> None:
     # A Volcano Job is a "Job" too, of another API group: read as a batch Job, its size
-    # would never be found and its pods would wait for ever. Its gang is reserved whole
-    # when it is created; a pod of it that fits now is admitted as any pod.
+    # would never be found and its pods would wait for ever. Its pod goes through the
+    # line as its Volcano Job's gang (tests/quota/test_waiting_gangs.py).
     obj = _asked("vc-pod-0", 1)
     obj["metadata"]["ownerReferences"] = [{"apiVersion": "batch.volcano.sh/v1alpha1",
                                            "kind": "Job", "name": "train", "uid": "vcjob-1",
                                            "controller": True}]
     req = _req(obj)
     d = mutating(req, waiting_policy(), store=_store_using(2))
-    assert d.allowed and not is_gated(req.object), d.patch
+    assert d.allowed and is_gated(req.object), d.patch
+    assert any("this pod of job.batch.volcano.sh/train" in w for w in d.warnings)
 
 
 def test_a_unit_held_back_by_its_users_cap_alone_is_passed_over_whole(api: FakeAPI) -> None:

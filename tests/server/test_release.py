@@ -63,6 +63,10 @@ class Recorded:
             raise kube.Unreachable(f"read job {namespace}/{name}", "cannot connect")
         return self.jobs[name]
 
+    def workload(self, group: str, version: str, resource: str, namespace: str,
+                 name: str) -> dict[str, Any]:
+        return self.job(namespace, f"{resource}.{group}/{version}/{name}")
+
 
 def round_with(pods: list[dict[str, Any]], used: float, jobs: dict[str, dict[str, Any]],
                text: str = POLICY) -> tuple[Recorded, MemoryStore]:
@@ -182,3 +186,57 @@ def test_a_release_is_timed_from_the_moment_the_pod_could_fit() -> None:
     api, _ = round_with([gated("a", "2026-01-01T00:00:01Z")], 0, {})
     assert [n for n, _, _ in api.removed] == ["a"]
     assert count() == before + 1
+
+
+def pytorchjob(workers: int) -> dict[str, Any]:
+    template = {"spec": gated("t", "")["spec"]}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": "ddp", "namespace": "team", "uid": "uid-ddp"},
+            "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": template},
+                                             "Worker": {"replicas": workers,
+                                                        "template": template}}}}
+
+
+def operator_pod(name: str, at: str, labels: dict[str, str],
+                 owner: tuple[str, str, str]) -> dict[str, Any]:
+    p = gated(name, at)
+    p["metadata"]["labels"] = labels
+    p["metadata"]["ownerReferences"] = [{"apiVersion": owner[0], "kind": owner[1],
+                                         "name": owner[2], "uid": f"uid-{owner[2]}",
+                                         "controller": True}]
+    return p
+
+
+def test_a_training_jobs_gang_is_sized_from_the_workload_and_released_whole() -> None:
+    label = {"training.kubeflow.org/job-name": "ddp"}
+    owner = ("kubeflow.org/v1", "PyTorchJob", "ddp")
+    pods = [operator_pod(f"ddp-{i}", f"2026-01-01T00:00:0{i}Z", label, owner)
+            for i in range(4)]
+    jobs = {"pytorchjobs.kubeflow.org/v1/ddp": pytorchjob(3)}
+    api, store = round_with(pods, 1, jobs)
+    assert api.removed == [] and store.view().tenant("team").gpus == 1  # 4 in 3: none
+    api, _ = round_with(pods[:3], 0, jobs)
+    assert api.removed == []  # 3 of its 4 pods created: the gang is not complete yet
+    assert any("gang of 4 pods" in m and "3 of its 4 pods created" in m
+               for _, m in api.events), api.events
+    api, _ = round_with(pods, 0, jobs)
+    assert sorted(n for n, _, _ in api.removed) == [f"ddp-{i}" for i in range(4)]
+    assert {charged for _, _, charged in api.removed} == {4}  # all four charged first
+    # Its workload unreadable, none of it goes: a part could hold GPUs the rest waits for.
+    api, _ = round_with(pods, 0, {})
+    assert api.removed == []
+
+
+def test_each_group_of_a_leaderworkerset_is_a_gang_of_its_own() -> None:
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": "serve", "namespace": "team"},
+           "spec": {"replicas": 2, "leaderWorkerTemplate": {
+               "size": 2, "workerTemplate": {"spec": gated("t", "")["spec"]}}}}
+    pods = [operator_pod(f"serve-{g}-{i}", f"2026-01-01T00:00:0{2 * g + i}Z",
+                         {"leaderworkerset.sigs.k8s.io/name": "serve",
+                          "leaderworkerset.sigs.k8s.io/group-index": str(g)},
+                         ("apps/v1", "StatefulSet", f"serve-{g}"))
+            for g in range(2) for i in range(2)]
+    api, _ = round_with(pods, 1, {"leaderworkersets.leaderworkerset.x-k8s.io/v1/serve": lws})
+    # 3 GPUs free: the first group (2 pods) starts; the second waits whole.
+    assert sorted(n for n, _, _ in api.removed) == ["serve-0-0", "serve-0-1"]

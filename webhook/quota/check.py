@@ -317,7 +317,7 @@ def check_gang(check: Checker, tenant: TenantRules, gang: GangAsk, usage: UsageV
             not_free.append((max(cap - line.used, 0.0) / added, partial(
                 messages.roles_not_free, line.scope, _what(line), added_of, added,
                 line.used, cap, sum(members) if gang.gang is not None else None, need,
-                reservable, gang.kind)))
+                reservable, gang.kind, waits=tenant.waits)))
     for found in per_role.values():
         check.report(Rule.QUOTA, _binding(found))
     if never:

@@ -4,9 +4,10 @@ watch-fed index the leader reads).
 
 Order, per tenant: higher ``spec.priority`` first, then earlier arrival
 (``metadata.creationTimestamp``), then name, as the scheduler orders its queue. A
-*unit* is one pod, or every waiting pod of one gang (the pods of a Job with parallelism
-above 1, ``webhook.server.leading.release`` says how the gang's size is learned); a
-unit stands in the line at the place of its first pod. A gang is released only whole:
+*unit* is one pod, or every waiting pod of one gang (:func:`gang_of`: the pods of a
+training workload, found by the label its controller puts on them, or of a Job with
+parallelism above 1; ``webhook.server.leading.release`` says how the gang's size is
+learned); a unit stands in the line at the place of its first pod. A gang is released only whole:
 when its waiting pods and those of it already running make up its size, and all its
 waiting pods fit together. A gang not complete yet (its controller is still creating
 pods) keeps its place and lets the units behind it go; a complete unit that does not fit
@@ -22,6 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine.waiting import is_gated
+from webhook.k8s.workloads import CRD_KINDS, BuiltIn
+
+# A LeaderWorkerSet starts each group of ``size`` pods as one gang: its pods carry the
+# group's index (kubernetes-sigs/lws pkg/utils/... GroupIndexLabelKey).
+LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +102,84 @@ def owner_uid(pod: Mapping[str, Any], kind: str = "Job",
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class GangOf:
+    """The gang a pod belongs to in the line: its key, and the workload to read its
+    size from (``group``/``version``/``resource`` of the kind, ``name`` in the pod's
+    namespace)."""
+
+    key: str
+    kind: str
+    group: str
+    version: str
+    resource: str
+    namespace: str
+    name: str
+
+    @property
+    def is_job(self) -> bool:
+        return self.group == "batch" and self.kind == "Job"
+
+    def named(self) -> str:
+        """As kubectl names it: ``pytorchjob.kubeflow.org/train``, ``job/train``."""
+        kind = self.kind.lower() if self.is_job else f"{self.kind.lower()}.{self.group}"
+        return f"{kind}/{self.name}"
+
+
+# The training kinds whose pods make up one gang, by the label their controllers put on
+# the pods (several kinds may share one: the Kubeflow jobs, a JobSet and its TrainJob).
+_BY_LABEL: dict[str, list[BuiltIn]] = {}
+for _b in CRD_KINDS:
+    if _b.reserves and _b.pod_label:
+        _BY_LABEL.setdefault(_b.pod_label, []).append(_b)
+
+
+def gang_of(pod: Mapping[str, Any]) -> GangOf | None:
+    """The gang of a waiting pod: the training workload that controls it or whose label
+    it carries (of a label several kinds share, the kind its owners name, else the first
+    that makes pods itself: a TrainJob's pods are its JobSet's), one group of a
+    LeaderWorkerSet, else the batch Job that controls it; None for a pod of neither."""
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    ns = str(meta.get("namespace") or "")
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, dict) else {}
+    refs = [r for r in meta.get("ownerReferences") or ()
+            if isinstance(r, dict) and isinstance(r.get("apiVersion"), str)]
+    # (group, kind) -> (version, name) of the pod's owners: the version its controller
+    # wrote is one the API server serves.
+    owned = {(g, r.get("kind")): (v, str(r.get("name") or ""))
+             for r in refs for g, _, v in [r["apiVersion"].rpartition("/")]}
+    for label, kinds in _BY_LABEL.items():
+        owner = next((k for k in kinds if (k.group, k.kind) in owned), None)
+        name = labels.get(label)
+        if owner is not None:
+            name = owned[(owner.group, owner.kind)][1]
+        if not isinstance(name, str) or not name:
+            continue
+        b = owner or next((k for k in kinds if k.kind != "TrainJob"), kinds[0])
+        key = f"{ns}/{label}={name}"
+        group = labels.get(LWS_GROUP) if b.kind == "LeaderWorkerSet" else None
+        if isinstance(group, str):
+            key = f"{key}/{group}"
+        version = owned.get((b.group, b.kind), (b.versions[0], ""))[0]
+        return GangOf(key, b.kind, b.group, version, b.resource, ns, name)
+    job = owner_uid(pod)
+    if job is None:
+        return None
+    name = next((str(r.get("name")) for r in refs if r.get("uid") == job), "")
+    return GangOf(job, "Job", "batch", "v1", "jobs", ns, name)
+
+
 class WaitLine:
-    """The gated pods this replica's pod watch has seen, and how many pods of each Job
-    run charged (a gang's members released before), fed by ``ClusterState``."""
+    """The gated pods this replica's pod watch has seen, and how many pods of each gang
+    run charged (its members released before), fed by ``ClusterState``."""
 
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the gated pod
-        self._members: dict[str, set[str]] = {}  # Job uid -> uids of its charged pods
-        self._job_of: dict[str, str] = {}  # pod uid -> its Job's uid (charged pods)
+        self._members: dict[str, set[str]] = {}  # gang key -> uids of its charged pods
+        self._job_of: dict[str, str] = {}  # pod uid -> its gang's key (charged pods)
         self._fresh: set[str] | None = None  # uids seen since a relist began
         self.version = 0  # bumped on every change the line cares about
 
@@ -115,8 +191,8 @@ class WaitLine:
             self.version += 1
         elif self.pods.pop(uid, None) is not None:
             self.version += 1
-        job = owner_uid(pod) if charged else None
-        self._member(uid, job)
+        gang = gang_of(pod) if charged else None
+        self._member(uid, gang.key if gang else None)
 
     def gone(self, uid: str) -> None:
         if self.pods.pop(uid, None) is not None:
@@ -137,7 +213,8 @@ class WaitLine:
             self._members.setdefault(job, set()).add(uid)
 
     def running(self, job: str) -> int:
-        """Pods of the Job that hold their charge (released or admitted, not ended)."""
+        """Pods of the gang (its :attr:`GangOf.key`) that hold their charge (released or
+        admitted, not ended)."""
         return len(self._members.get(job, ()))
 
     def reset(self) -> None:

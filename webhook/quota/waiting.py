@@ -6,11 +6,12 @@ Two moments, as for borrowing (``webhook.quota.borrow``):
   wait``, a real (not dry-run) pod creation that does not fit what this replica sees
   free, but would fit the tenant's caps were nothing else running, is given our
   scheduling gate and the annotation saying why (``webhook.engine.waiting``). Only a
-  CREATE can add a gate, so only the mutating webhook can decide it. A Job's pod is
-  always gated (its gang's size is the Job's, which the pod does not carry: the leader
-  reads it and releases the Job's pods together); a pod alone that fits is never gated,
-  nor one that draws a slot of its gang's reservation, nor one marked as borrowed; one
-  that can never fit is left to the validating webhook, which refuses it;
+  CREATE can add a gate, so only the mutating webhook can decide it. A pod of a gang
+  (a training workload's, found by its controller's label, or a Job's) is always gated
+  unless it draws a slot of its gang's reservation: its gang's size is the workload's,
+  which the pod does not carry, so the leader reads it and releases the gang's pods
+  together; a pod alone that fits is never gated, nor one marked as borrowed; one that
+  can never fit is left to the validating webhook, which refuses it;
 * the **validating** webhook (:func:`ever_fits`): a pod carrying our gate is checked
   against the caps alone, not the usage, and is not charged. Its charge is committed
   when the leader replica releases it (``webhook.server.leading.release``).
@@ -37,7 +38,7 @@ from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.check import EPSILON, UsageView, check_pod, lines
-from webhook.quota.line import owner_uid
+from webhook.quota.line import gang_of
 from webhook.quota.store import Combined
 from webhook.quota.usage import Usage
 
@@ -75,11 +76,11 @@ def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
     if step is None or step.borrowing is not None:
         return d
     tenant, ask = step.tenant, step.ask
-    # A Job's pod cannot tell how many pods its Job runs at once: it goes through the
-    # line, where the leader releases its Job's pods together when they all fit, so no
-    # part of a gang takes GPUs the rest of it then waits for.
-    of_job = owner_uid(obj) is not None
-    if not of_job and check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, usage):
+    # A gang's pod cannot tell how many pods its workload runs at once: it goes through
+    # the line, where the leader releases its gang's pods together when they all fit, so
+    # no part of a gang takes GPUs the rest of it then waits for.
+    gang = gang_of(obj)
+    if gang is None and check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, usage):
         return d  # room now: admitted and charged as any pod
     res = step.reservation
     if res is not None and res.gangs and has_slot(res.gangs, res.charge):
@@ -92,7 +93,9 @@ def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
         reason = messages.waits_for_quota(line.per_pod, line.what, line.free(), line.cap,
                                           line.scope)
     else:
-        reason = messages.job_pod_in_line(ask.gpus, tenant.name)
+        reason = messages.gang_pod_in_line(ask.gpus, tenant.name,
+                                           "a Job" if gang is None or gang.is_job
+                                           else gang.named())
     patch = Patch()
     gate(obj, reason, patch)
     return replace(d, patch=[*d.patch, *patch.ops], warnings=[*d.warnings, reason],

@@ -111,8 +111,8 @@ from webhook.engine.messages.spot import (
     spot_unpinned,
 )
 from webhook.engine.messages.waiting import (
+    gang_pod_in_line,
     gate_removed_by_other,
-    job_pod_in_line,
     ordinal,
     released_event,
     waiting_event,
@@ -128,9 +128,9 @@ __all__ = [
     "capability_unpinned", "capability_unreadable", "claim_per_pod_max", "claim_unpinned",
     "device_class_not_allowed", "device_host_path", "device_taint_tolerated", "devices",
     "duration", "events_on", "fake_extended_resource_claim", "gang_borrows",
-    "gang_never_fits", "gang_never_fits_borrowing", "gang_not_free", "gang_unreserved",
-    "gate_removed_by_other", "holds_host_path", "holds_privileged", "holds_visible_devices",
-    "in_window", "job_pod_in_line", "malformed", "most_pods", "name_taken", "no_tenant",
+    "gang_never_fits", "gang_never_fits_borrowing", "gang_not_free", "gang_pod_in_line",
+    "gang_unreserved", "gate_removed_by_other", "holds_host_path", "holds_privileged",
+    "holds_visible_devices", "in_window", "malformed", "most_pods", "name_taken", "no_tenant",
     "node_name", "not_borrowed", "num", "one_of", "one_product_needed", "ordinal", "owners",
     "parts", "per_container_max", "per_gpu", "per_pod_max", "placement_conflict",
     "priority_above_ceiling", "priority_class_not_allowed", "privileged",

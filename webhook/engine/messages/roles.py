@@ -40,7 +40,8 @@ def roles_exceed_quota(scope: str, what: str, breakdown: str, total: float, pods
 
 def roles_not_free(scope: str, what: str, breakdown: str, asked: float, used: float,
                    cap: float, gang_pods: int | None, gang_total: float,
-                   unreserved: bool, kind: str = "", others: int = 0) -> str:
+                   unreserved: bool, kind: str = "", others: int = 0,
+                   waits: bool = False) -> str:
     free = max(cap - used, 0.0)
     if gang_pods is not None:
         now = (f"its gang of {_pods(gang_pods)} needs {num(gang_total)} {what} and cannot "
@@ -49,7 +50,11 @@ def roles_not_free(scope: str, what: str, breakdown: str, asked: float, used: fl
         now = "its pods beyond that will be refused until quota frees up"
     tail = (" No GPUs are reserved for it: its pods will compete with other pods as they "
             "are created." if unreserved else "")
-    if kind:
+    if unreserved and waits:  # tenants[].overQuota: wait
+        tail = (" Its pods wait behind the scheduling gate gpu-webhook.dev/quota, holding "
+                "no GPU, and start together once the whole gang fits (kubectl describe pod "
+                "shows their place in line).")
+    elif kind:
         tail += f" {events_on(kind)}"
     return (f"asks for {breakdown} = {num(asked)} {what}, but only {num(free)} of "
             f"{scope}'s {num(cap)} {what}{tightest(others)} are free now ({num(used)} in "

@@ -24,11 +24,13 @@ def waits_for_quota(asked: float, what: str, free: float, cap: float, scope: str
     )
 
 
-def job_pod_in_line(asked: float, tenant: str) -> str:
-    """A Job's pod in a waiting tenant: it goes through the line whether or not it fits."""
+def gang_pod_in_line(asked: float, tenant: str, of: str = "a Job") -> str:
+    """A gang's pod in a waiting tenant (``of``: "a Job", "pytorchjob.kubeflow.org/train"):
+    it goes through the line whether or not it fits."""
+    whose = "the Job's pods" if of == "a Job" else "its gang's pods"
     return (
-        f"this pod of a Job ({num(asked)} GPUs) starts through tenant {tenant}'s quota "
-        "line: the webhook releases the Job's pods together, behind the scheduling gate "
+        f"this pod of {of} ({num(asked)} GPUs) starts through tenant {tenant}'s quota "
+        f"line: the webhook releases {whose} together, behind the scheduling gate "
         "gpu-webhook.dev/quota, once all of them fit (within seconds when they do now)."
     )
 

@@ -1,11 +1,13 @@
 """Pods as the quota line's release touches them: a JSON Patch that removes one
-scheduling gate (guarded by ``test`` ops), an Event on a waiting pod, the Job of a gang,
-the webhook's own identity (a SelfSubjectReview), and which pod holds a name now.
+scheduling gate (guarded by ``test`` ops), an Event on a waiting pod, the workload of a
+gang (a Job, a training workload), the webhook's own identity (a SelfSubjectReview),
+and which pod holds a name now.
 
 RBAC: ``patch`` and ``get`` on pods (the gate removal is a pod update; a create of a
 name the cache sees taken is checked against the pod stored under it), ``create`` on
-events, ``get`` on jobs. A SelfSubjectReview is allowed to every authenticated user (the
-``system:basic-user`` ClusterRole).
+events, ``get`` on jobs and on the training kinds whose pods make gangs. A
+SelfSubjectReview is allowed to every authenticated user (the ``system:basic-user``
+ClusterRole).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Pods:
                  component: str = "gpu-webhook", instance: str = "") -> None:
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
         self.timeout = timeout
         self.component, self.instance = component, instance
 
@@ -76,6 +79,16 @@ class Pods:
                 name, namespace, _preload_content=False, _request_timeout=self.timeout)
         return json_object(what, resp.data)
 
+    def workload(self, group: str, version: str, resource: str, namespace: str,
+                 name: str) -> dict[str, Any]:
+        """A training workload (a custom object) as a plain dict (a waiting gang's size)."""
+        what = f"read {resource.removesuffix('s')} {namespace}/{name}"
+        with translated(what, self.timeout):
+            resp: Any = self.custom.get_namespaced_custom_object(
+                group, version, namespace, resource, name, _preload_content=False,
+                _request_timeout=self.timeout)
+        return json_object(what, resp.data)
+
 
 def whoami(api: client.ApiClient, timeout: float = 5.0) -> str:
     """The username this client's requests are authenticated as (what the API server
@@ -89,3 +102,4 @@ def whoami(api: client.ApiClient, timeout: float = 5.0) -> str:
     body = json_object("SelfSubjectReview", resp.data)
     user = ((body.get("status") or {}).get("userInfo") or {}).get("username")
     return str(user or "")
+

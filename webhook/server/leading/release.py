@@ -3,8 +3,10 @@
 Every round (``--release-seconds``, 1 s; a round that would decide what the last one
 decided, with nothing changed since, is skipped, but at most for 10 s) the leader reads
 the gated pods its pod watch holds (``webhook.quota.line.WaitLine``), lines each tenant's
-up by priority then arrival, a gang (the pods of a Job with parallelism above 1) as one
-unit of its size, and commits, in **one compare-and-swap commit** of the tenant's ledger
+up by priority then arrival, a gang (the pods of a Job with parallelism above 1, or of a
+training workload's gang: a Volcano Job, a JobSet or TrainJob, a Kubeflow job, one group
+of a LeaderWorkerSet, its size read from the workload) as one unit of its size, and
+commits, in **one compare-and-swap commit** of the tenant's ledger
 (``LedgerStore.reserve_in_order``, the commit admission uses), the charges of the
 complete units in order up to the first that does not fit whole (a unit refused by its
 user's own caps alone, ``tenants[].userQuota``, is passed over: only that user's pods
@@ -40,12 +42,14 @@ from webhook.engine.handoff import PodQuota
 from webhook.engine.users import recorded
 from webhook.engine.validate import OWNED, validate
 from webhook.engine.waiting import ungate_ops, ungated
+from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
+from webhook.k8s.workloads import READERS
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView, check_pod, users_cap_alone
-from webhook.quota.line import Unit, Waiting, line_up, owner_uid, releasable
+from webhook.quota.line import GangOf, Unit, Waiting, gang_of, line_up, releasable
 from webhook.quota.store import Held, ReleaseStore, ReservationUnavailable
 from webhook.server import metrics
 from webhook.server.leading import leader
@@ -72,7 +76,7 @@ class Releaser:
         self._told: dict[str, tuple[str, float]] = {}  # uid -> (last event, when)
         self._released: dict[str, float] = {}  # uid -> when (monotonic)
         self._arrived: dict[str, float] = {}  # uid -> when first seen waiting (monotonic)
-        self._jobs: dict[str, _Gang] = {}  # Job uid -> its gang's size
+        self._jobs: dict[str, _Gang] = {}  # gang key -> its size
         self._last: dict[str, tuple[Any, ...]] = {}  # tenant -> what its last round saw
         self._last_at: dict[str, float] = {}
         self._tenants: set[str] = set()  # tenants with metrics written
@@ -193,28 +197,40 @@ class Releaser:
         return Held(res.key, res.charge, res.name or f"{ns}/{name}", fits, passed)
 
     async def _gang(self, pod: dict[str, Any]) -> str | None:
-        """The pod's gang (its Job's uid) when its Job runs more than one pod at once."""
-        job = owner_uid(pod)
-        if job is None:
+        """The pod's gang (its key in the line) when its workload starts more than one
+        pod at once: a Job's parallelism, a training workload's gang (read from it)."""
+        gang = gang_of(pod)
+        if gang is None:
             return None
-        known = self._jobs.get(job)
+        known = self._jobs.get(gang.key)
         if known is None or time.monotonic() - known.read > SKIP_SECONDS:
-            meta = pod.get("metadata") or {}
-            name = next((str(r.get("name")) for r in meta.get("ownerReferences") or ()
-                         if isinstance(r, dict) and r.get("uid") == job), "")
             try:
-                obj = await asyncio.to_thread(self.pods.job, str(meta.get("namespace")), name)
-            except kube.KubeError as exc:
-                logs.event("job of a waiting pod not read; its pods keep waiting",
-                           logging.WARNING, job=name, error=str(exc))
+                size = await asyncio.to_thread(self._size, gang)
+            except (kube.KubeError, MalformedObject) as exc:
+                logs.event("workload of a waiting pod not read; its pods keep waiting",
+                           logging.WARNING, kind=gang.kind, namespace=gang.namespace,
+                           name=gang.name, error=str(exc))
                 if known is None:
                     # Its size unknown, none of it is released (a part could start and
                     # hold GPUs the rest then waits for); read again next round.
-                    self._jobs[job] = _Gang(UNKNOWN_SIZE, time.monotonic() - SKIP_SECONDS)
-                    return job
-                return job if known.size > 1 else None
-            known = self._jobs[job] = _Gang(gang_size(obj), time.monotonic())
-        return job if known.size > 1 else None
+                    self._jobs[gang.key] = _Gang(UNKNOWN_SIZE,
+                                                 time.monotonic() - SKIP_SECONDS)
+                    return gang.key
+                return gang.key if known.size > 1 else None
+            known = self._jobs[gang.key] = _Gang(size, time.monotonic())
+        return gang.key if known.size > 1 else None
+
+    def _size(self, gang: GangOf) -> int:
+        """Pods of the gang that must start together, read from its workload now."""
+        if gang.is_job:
+            return gang_size(self.pods.job(gang.namespace, gang.name))
+        obj = self.pods.workload(gang.group, gang.version, gang.resource, gang.namespace,
+                                 gang.name)
+        workload = READERS[(gang.group, gang.kind)](obj)
+        if workload is None:
+            return 1
+        # A LeaderWorkerSet's gang is one group (``gang_of`` keys its pods so).
+        return workload.gang if workload.gang is not None else workload.pods
 
     async def _ungate(self, uid: str, pod: dict[str, Any], tenant: str) -> None:
         ops = ungate_ops(pod)
