@@ -4,9 +4,10 @@ node of 4 A100s, two webhook replicas behind a round-robin proxy sharing the led
 
 Tenant ``line`` has 4 GPUs of quota, the node's 4. What a user sees: no pod creation is
 refused, never more than the cap runs, every pod runs in the end, a Job's pods start as
-soon as the GPUs are free, a gang only whole, nothing lost or over-admitted when the
-leader replica dies, and no FailedScheduling from the pods that wait (the scheduler
-never sees them).
+soon as the GPUs are free, a gang only whole (a Job's, and a training workload's: a
+PyTorchJob, its CRD installed, whose pods the test creates as the training operator
+does), nothing lost or over-admitted when the leader replica dies, and no
+FailedScheduling from the pods that wait (the scheduler never sees them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,6 +63,19 @@ def line_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
 @pytest.fixture(scope="module")
 def api(line_sim: SimCluster) -> k8s.CoreV1Api:
     return core_api(line_sim)
+
+
+PYTORCHJOB_CRD = Path(__file__).resolve().parent / "crds" / "kubeflow.org_pytorchjobs.yaml"
+
+
+@pytest.fixture(scope="module")
+def pytorchjobs(line_sim: SimCluster) -> None:
+    """The PyTorchJob CRD, served (no training operator: the test makes its pods)."""
+    line_sim.cp.kubectl("apply", "-f", str(PYTORCHJOB_CRD))
+    line_sim.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        "crd/pytorchjobs.kubeflow.org")
+    wait_until("PyTorchJobs are served", lambda: "pytorchjobs" in line_sim.cp.kubectl(
+        "api-resources", "--api-group=kubeflow.org", check=False).stdout, timeout=60)
 
 
 @pytest.fixture
@@ -199,6 +214,72 @@ def test_a_gang_starts_whole_only_once_the_pods_before_it_end(
     spread = max(watch.ungated[n] for n in gang) - min(watch.ungated[n] for n in gang)
     assert spread < 1.0, f"the gang's gates were removed {spread:.1f}s apart"
     assert watch.most_running <= CAP
+
+
+def pytorchjob(name: str, workers: int) -> dict[str, Any]:
+    """A PyTorchJob of a master and ``workers`` workers, one GPU each."""
+    spec = {**bare("t")["spec"], "restartPolicy": "OnFailure"}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+            "spec": {"pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "template": {"spec": spec}},
+                "Worker": {"replicas": workers, "template": {"spec": spec}}}}}
+
+
+def operator_pod(job: dict[str, Any], role: str, i: int) -> dict[str, Any]:
+    """A pod of the PyTorchJob as the Kubeflow training operator makes it: owned by the
+    job and labelled with its name."""
+    meta = job["metadata"]
+    obj = bare(f"{meta['name']}-{role}-{i}")
+    obj["metadata"]["labels"] = {"training.kubeflow.org/job-name": meta["name"],
+                                 "training.kubeflow.org/replica-type": role}
+    obj["metadata"]["ownerReferences"] = [{
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": meta["name"],
+        "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]
+    return obj
+
+
+def test_a_pytorchjob_over_the_free_gpus_waits_and_its_pods_start_together(
+        line_sim: SimCluster, api: k8s.CoreV1Api, ns: str, watch: Watch,
+        pytorchjobs: None) -> None:
+    for i in range(2):
+        assert apply(line_sim, ns, bare(f"holder-{i}")).returncode == 0
+    wait_until("the two holders to run",
+               lambda: sum(1 for p in pods(api, ns) if p.status.phase == "Running") == 2,
+               timeout=SCHEDULE_TIMEOUT, every=0.3)
+    # Its gang of 4 needs the 4 GPUs; 2 are free. Admitted, told that its pods wait.
+    made = apply(line_sim, ns, pytorchjob("ddp", 3))
+    assert made.returncode == 0, made.stderr
+    assert "Its pods wait behind the scheduling gate gpu-webhook.dev/quota" in made.stderr
+    job = yaml.safe_load(line_sim.cp.kubectl("get", "pytorchjob", "ddp", "-n", ns,
+                                             "-o", "yaml").stdout)
+    members = [operator_pod(job, "master", 0)] + [operator_pod(job, "worker", i)
+                                                  for i in range(3)]
+    for obj in members:
+        done = apply(line_sim, ns, obj)
+        assert done.returncode == 0, done.stderr
+        # Even the first two, which would fit alone, wait: taken one by one they would
+        # hold GPUs the other two then wait for.
+        assert "releases its gang's pods together" in done.stderr, done.stderr
+    names = [o["metadata"]["name"] for o in members]
+    assert all(gated(p) for p in pods(api, ns) if p.metadata.name in names)
+    wait_until("the leader to tell the gang its place", lambda: any(
+        e.reason == "WaitingForQuota" and "gang of 4 pods" in e.message
+        for e in reasons(api, ns)), timeout=30, every=0.3)
+    assert not [p.metadata.name for p in pods(api, ns) if p.metadata.name in names
+                and not gated(p)]
+    line_sim.cp.kubectl("delete", "pod", "-n", ns, "holder-0", "holder-1", "--wait=false")
+    wait_until("the PyTorchJob's 4 pods to run", lambda: sum(
+        1 for p in pods(api, ns) if p.metadata.name in names and p.status.phase == "Running"
+    ) == 4, timeout=SCHEDULE_TIMEOUT, every=0.3)
+    wait_until("the sampler to see every pod of it ungated",
+               lambda: all(n in watch.ungated for n in names), timeout=30, every=0.1)
+    for _, seen in watch.samples:
+        if any(n.startswith("holder-") and ph == "Running" for n, (ph, _) in seen.items()):
+            assert all(seen[n][1] for n in names if n in seen), seen
+    spread = max(watch.ungated[n] for n in names) - min(watch.ungated[n] for n in names)
+    assert spread < 1.0, f"the gang's gates were removed {spread:.1f}s apart"
+    assert watch.most_running <= CAP
+    assert not [e for e in reasons(api, ns) if e.reason == "FailedScheduling"]
 
 
 def _leader(sim: SimCluster) -> int:
