@@ -9,6 +9,10 @@ and at the shipped borrowed PriorityClass); then lab-b's own pods are all admitt
 quota is never refused while lab-a borrows), and the scheduler preempts lab-a's borrowed
 pods, and only those, to run them.
 
+In cohort ``burst`` (tenant ``owner``, 2 GPUs; tenant ``burst``, 1 GPU, ``overQuota:
+wait``), a pod bigger than its own quota waits, marked, for GPUs to borrow, and starts on
+them once the owner's pods end.
+
 Then the fact the design rests on, on the same API server: what its Priority admission
 plugin does with a PriorityClass a mutating webhook sets (docs/quota.md).
 """
@@ -61,6 +65,17 @@ POLICY = own_policy("cohort-sim", """\
         matchLabels: {gpu.example.com/tenant: lab-b}
       quota: {gpus: 4}
       cohort: {name: lab}
+    - name: owner
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: owner}
+      quota: {gpus: 2}
+      cohort: {name: burst}
+    - name: burst
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: burst}
+      quota: {gpus: 1}
+      cohort: {name: burst, borrowingLimit: 2}
+      overQuota: wait
 """)
 
 
@@ -166,6 +181,37 @@ def test_concurrent_borrowing_through_two_replicas_never_lends_more_than_is_idle
     entries = json.loads(stored["borrowed.lab-a"])
     assert {e["name"] for e in entries.values()} >= {
         f"{a}/{p.metadata.name}" for p in pods(api, a, f"{BORROWED}=true")}
+
+
+def test_a_pod_only_borrowing_can_hold_waits_for_gpus_to_borrow_and_starts_on_them(
+        cohort_sim: SimCluster, api: k8s.CoreV1Api, lab: Callable[[str], str]) -> None:
+    owner, burst = lab("owner"), lab("burst")
+    for i in range(2):
+        assert create(cohort_sim, owner, f"own-{i}").returncode == 0
+    running(api, owner, 2)  # the owner's 2 GPUs in use: nothing to lend
+    big = pod("big", 2)  # more than burst's own quota of 1 can ever hold
+    done = cohort_sim.cp.kubectl("create", "-n", burst, "-f", "-", check=False,
+                                 input=yaml.safe_dump(big))
+    assert done.returncode == 0, done.stderr  # not refused: it waits
+    assert "waits for GPUs to borrow from cohort burst" in done.stderr, done.stderr
+    [p] = pods(api, burst)
+    assert [g.name for g in p.spec.scheduling_gates or ()] == ["gpu-webhook.dev/quota"]
+    assert (p.metadata.labels or {}).get(BORROWED) == "true"
+    assert (p.spec.priority_class_name, p.spec.priority) == ("gpu-webhook-borrowed", -100)
+    wait_until("the leader to tell it what the cohort lends", lambda: any(
+        e.reason == "WaitingForQuota" and "waiting to borrow GPUs from cohort burst: "
+        "2 GPUs asked, 0 to lend" in e.message
+        for e in api.list_namespaced_event(burst).items), timeout=30, every=0.3)
+    assert pods(api, burst)[0].status.phase == "Pending"
+    cohort_sim.cp.kubectl("delete", "pod", "-n", owner, "own-0", "own-1", "--wait=false")
+    running(api, burst, 1, timeout=SCHEDULE_TIMEOUT)
+    [p] = pods(api, burst)
+    assert not p.spec.scheduling_gates
+    # Committed as a borrowed pod is, in the cohort's ledger, before its gate came off.
+    stored = json.loads(cohort_sim.cp.kubectl(
+        "get", "configmap", "-n", "gpu-webhook", "gpu-webhook-borrowed-burst", "-o",
+        "json").stdout)["data"]
+    assert f"{burst}/big" in {e["name"] for e in json.loads(stored["borrowed.burst"]).values()}
 
 
 # ---------------------------------------------------------------- the Priority plugin

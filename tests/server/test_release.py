@@ -240,3 +240,48 @@ def test_each_group_of_a_leaderworkerset_is_a_gang_of_its_own() -> None:
     api, _ = round_with(pods, 1, {"leaderworkersets.leaderworkerset.x-k8s.io/v1/serve": lws})
     # 3 GPUs free: the first group (2 pods) starts; the second waits whole.
     assert sorted(n for n, _, _ in api.removed) == ["serve-0-0", "serve-0-1"]
+
+
+COHORT = """
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {name: release-cohort-test}
+spec:
+  tenants:
+    - name: team
+      namespaces: [team]
+      quota: {gpus: 1}
+      cohort: {name: lab, borrowingLimit: 4}
+      overQuota: wait
+    - name: lender
+      namespaces: [lender]
+      quota: {gpus: 4}
+      cohort: {name: lab}
+"""
+
+
+def test_a_pod_waiting_to_borrow_is_released_onto_what_the_cohort_lends() -> None:
+    big = gated("big", "2026-01-01T00:00:01Z")
+    big["metadata"]["labels"] = {"gpu-webhook.dev/borrowed": "true"}
+    big["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 3},
+                                                 "requests": {"nvidia.com/gpu": 3}}
+    big["spec"].update(priorityClassName="gpu-webhook-borrowed", priority=-100,
+                       preemptionPolicy="Never")
+    policy = compile_policy(load_text(COHORT))
+    state = ClusterState(lambda: policy)
+    state.pod_event("ADDED", copy.deepcopy(big))
+    store = MemoryStore()
+    lent = Charge("lender", "lender", "pod/lender", None, {"nvidia.com/gpu": 2}, 2)
+    store.load([("lender", lent)])  # the lender uses 2 of its 4: 2 to lend, 3 asked
+    api = Recorded(store, {})
+    releaser = Releaser(lambda: policy, state, store, api, lambda: True)  # type: ignore[arg-type]
+    asyncio.run(releaser.round_())
+    assert api.removed == []
+    assert ("big", "waiting to borrow GPUs from cohort lab: 3 GPUs asked, 2 to lend; "
+            "1st in line in tenant team") in api.events
+    store.pod_seen("lender", None)  # the lender's pod ended
+    asyncio.run(releaser.round_())
+    assert [n for n, _, _ in api.removed] == ["big"]
+    # Charged to the tenant's borrowed account before its gate came off, not to its own.
+    assert store.view().tenant("team/borrowed").gpus == 3
+    assert store.view().tenant("team").gpus == 0

@@ -120,7 +120,7 @@ def waiting(step: PodQuota, policy: CompiledPolicy) -> Found:
     """A pod created behind the quota gate: checked against the caps alone (a pod that
     could never fit is refused), not charged; its charge is committed on release."""
     check = _checker(policy, step)
-    ever_fits(check, step)
+    ever_fits(check, policy, step)
     return check.findings, []
 
 

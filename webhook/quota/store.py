@@ -41,6 +41,7 @@ class NameTaken(Exception):
         self.name = name
 
 
+@runtime_checkable
 class UsageStore(Protocol):
     def view(self) -> UsageView:
         """Usage as this replica knows it now (pods seen + reservations not yet seen)."""

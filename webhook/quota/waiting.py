@@ -11,9 +11,13 @@ Two moments, as for borrowing (``webhook.quota.borrow``):
   unless it draws a slot of its gang's reservation: its gang's size is the workload's,
   which the pod does not carry, so the leader reads it and releases the gang's pods
   together; a pod alone that fits is never gated, nor one marked as borrowed; one that
-  can never fit is left to the validating webhook, which refuses it;
+  its tenant's own quota can never hold but its cohort could lend (a pod alone) is
+  marked as borrowed *and* gated, to wait for GPUs to borrow (its PriorityClass can be
+  set only at its creation); any other that can never fit is left to the validating
+  webhook, which refuses it;
 * the **validating** webhook (:func:`ever_fits`): a pod carrying our gate is checked
-  against the caps alone, not the usage, and is not charged. Its charge is committed
+  against the caps alone (a marked one against what its cohort could lend), not the
+  usage, and is not charged. Its charge is committed
   when the leader replica releases it (``webhook.server.leading.release``).
 
 The mutating webhook's answer is a forecast on this replica's view: a pod gated while
@@ -25,9 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from webhook.engine import messages
-from webhook.engine.borrowed import is_marked
+from webhook.engine.borrowed import is_marked, mark
 from webhook.engine.cost import Charge
 from webhook.engine.decision import Checker, Decision, Quiet
 from webhook.engine.handoff import PodAsk, PodQuota
@@ -36,7 +41,8 @@ from webhook.engine.validate import OWNED
 from webhook.engine.waiting import REASON, gate, is_gated
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
-from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.quota.borrow import check_borrowed
 from webhook.quota.check import EPSILON, UsageView, check_pod, lines
 from webhook.quota.line import gang_of
 from webhook.quota.store import Combined
@@ -86,6 +92,9 @@ def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
     if res is not None and res.gangs and has_slot(res.gangs, res.charge):
         return d  # its gang's reservation holds its GPUs
     if not check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, nothing_used()):
+        if gang is None and tenant.cohort is not None and check_borrowed(
+                Quiet(policy, tenant, "", OWNED), policy, tenant, ask, nothing_used()):
+            return _to_borrow(obj, tenant, ask.gpus, d)
         return d  # can never fit: the validating webhook refuses it with the numbers
     broken = [x for x in lines(tenant, ask, usage) if x.used + x.per_pod > x.cap + EPSILON]
     if broken:
@@ -102,9 +111,28 @@ def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
                    mutations=[*d.mutations, "waiting"])
 
 
-def ever_fits(check: Checker, step: PodQuota) -> bool:
+def _to_borrow(obj: dict[str, Any], tenant: TenantRules, gpus: float, d: Decision
+               ) -> Decision:
+    """A pod alone that only borrowed GPUs can ever hold (more than its tenant's own
+    quota, within what its cohort could lend): marked as borrowed now (its PriorityClass
+    can be set only at creation) and gated; the leader releases it onto GPUs the cohort
+    lends, committed as admission commits a borrowed pod."""
+    assert tenant.cohort is not None and tenant.quota is not None
+    patch = Patch()
+    mark(obj, tenant.cohort.priority, patch)
+    reason = messages.waits_to_borrow(gpus, tenant.name, tenant.quota.gpus or 0.0,
+                                      tenant.cohort.name, tenant.cohort.priority.name)
+    gate(obj, reason, patch)
+    return replace(d, patch=[*d.patch, *patch.ops], warnings=[*d.warnings, reason],
+                   mutations=[*d.mutations, "borrowed", "waiting"])
+
+
+def ever_fits(check: Checker, policy: CompiledPolicy, step: PodQuota) -> bool:
     """A gated pod at the validating webhook: within every cap with nothing else
-    running (else it could never start: refused, with the numbers). Not charged."""
+    running, or, marked as borrowed, within what its cohort could lend with nothing
+    borrowed (else it could never start: refused, with the numbers). Not charged."""
+    if step.borrowing is not None:
+        return check_borrowed(check, policy, step.tenant, step.ask, nothing_used())
     return check_pod(check, step.tenant, step.ask, nothing_used())
 
 

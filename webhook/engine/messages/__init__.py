@@ -115,9 +115,11 @@ from webhook.engine.messages.waiting import (
     gate_removed_by_other,
     ordinal,
     released_event,
+    waiting_borrow_event,
     waiting_event,
     waiting_gang_event,
     waits_for_quota,
+    waits_to_borrow,
 )
 from webhook.engine.messages.words import num, one_of, owners, tag
 
@@ -143,5 +145,6 @@ __all__ = [
     "spot_unguarded", "spot_unpinned", "tag", "template_unknown", "tightest",
     "tolerates_gpu_taint", "unknown_product", "unpinned", "user_not_recorded",
     "user_quota_exceeded", "visible_devices_charged", "visible_devices_uncharged",
-    "waiting_event", "waiting_gang_event", "waits_for_quota", "within",
+    "waiting_borrow_event", "waiting_event", "waiting_gang_event", "waits_for_quota",
+    "waits_to_borrow", "within",
 ]

@@ -24,6 +24,27 @@ def waits_for_quota(asked: float, what: str, free: float, cap: float, scope: str
     )
 
 
+def waits_to_borrow(asked: float, tenant: str, cap: float, cohort: str,
+                    priority_class: str) -> str:
+    """The warning (and annotation) on a pod only borrowed GPUs can ever hold, admitted
+    to wait for them."""
+    return (
+        f"this pod waits for GPUs to borrow from cohort {cohort}: it asks {num(asked)} "
+        f"GPUs, more than tenant {tenant}'s own quota of {num(cap)} can ever hold. It is "
+        "created now behind the scheduling gate gpu-webhook.dev/quota, holds no GPU while "
+        "it waits, and starts on GPUs the cohort's other tenants leave idle, at "
+        f"PriorityClass {priority_class} (label gpu-webhook.dev/borrowed=true): it may be "
+        "preempted when they need them back."
+    )
+
+
+def waiting_borrow_event(asked: float, free: float, place: int, tenant: str,
+                         cohort: str) -> str:
+    """The event on a pod waiting for GPUs to borrow: what its cohort can lend now."""
+    return (f"waiting to borrow GPUs from cohort {cohort}: {num(asked)} GPUs asked, "
+            f"{num(free)} to lend; {ordinal(place)} in line in tenant {tenant}")
+
+
 def gang_pod_in_line(asked: float, tenant: str, of: str = "a Job") -> str:
     """A gang's pod in a waiting tenant (``of``: "a Job", "pytorchjob.kubeflow.org/train"):
     it goes through the line whether or not it fits."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from webhook.admission.quota import at, quota
 from webhook.engine import messages
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Quiet
@@ -47,10 +48,13 @@ from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import READERS
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.model import Mode
+from webhook.quota.borrow import cohort_members
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView, check_pod, users_cap_alone
+from webhook.quota.cohort import room
 from webhook.quota.line import GangOf, Unit, Waiting, gang_of, line_up, releasable
-from webhook.quota.store import Held, ReleaseStore, ReservationUnavailable
+from webhook.quota.store import Held, ReleaseStore, ReservationUnavailable, UsageStore
 from webhook.server import metrics
 from webhook.server.leading import leader
 
@@ -133,15 +137,23 @@ class Releaser:
         metrics.WAITING_GPUS.labels(tenant.name).set(sum(w.gpus for w in waiting))
         ready: list[Unit] = []
         held: list[list[Held]] = []
+        borrowing: list[tuple[Unit, PodQuota]] = []
         for u in releasable(units):
             h = [self._held(policy, pods[w.uid]) for w in u.pods]
             if any(x is False for x in h):
                 continue  # refused by the policy now: it stays, told why in the log
+            steps = [x for x in h if isinstance(x, PodQuota)]
+            if steps:  # marked: it waits for GPUs to borrow (never a gang's)
+                if u.gang is None:
+                    borrowing.append((u, steps[0]))
+                continue
             ready.append(u)
             held.append([x for x in h if isinstance(x, Held)])
         view = self.store.view()
         used = view.tenant(tenant.name)
-        seen = (self.state.line.version, id(policy), used.gpus, used.pods, len(ready))
+        lend = self._to_lend(policy, tenant, view) if borrowing else 0.0
+        seen = (self.state.line.version, id(policy), used.gpus, used.pods, len(ready),
+                len(borrowing), lend)
         now = time.monotonic()
         if self._last.get(tenant.name) == seen and now - self._last_at[tenant.name] < SKIP_SECONDS:
             return  # nothing changed since a round that released nothing
@@ -154,6 +166,7 @@ class Releaser:
                 logs.event("quota line not released: the ledger cannot be reached",
                            logging.WARNING, tenant=tenant.name, error=str(exc))
                 return
+        done += await self._borrow(policy, borrowing)
         # Charged already: the gates come off together (a gang's pods start at once).
         await asyncio.gather(*(self._ungate(w.uid, pods[w.uid], tenant.name)
                                for u in done for w in u.pods))
@@ -162,12 +175,36 @@ class Releaser:
         else:
             self._last[tenant.name], self._last_at[tenant.name] = seen, now
         gone = {w.uid for u in done for w in u.pods}
-        await self._tell(tenant, [u for u in units if u.pods[0].uid not in gone], pods, view)
+        await self._tell(policy, tenant, [u for u in units if u.pods[0].uid not in gone],
+                         pods, view, {u.pods[0].uid for u, _ in borrowing})
 
-    def _held(self, policy: CompiledPolicy, pod: dict[str, Any]) -> Held | bool:
+    async def _borrow(self, policy: CompiledPolicy, borrowing: list[tuple[Unit, PodQuota]]
+                      ) -> list[Unit]:
+        """The pods waiting for GPUs to borrow, in line order, each committed as
+        admission commits a borrowed pod (``webhook.admission.quota``: the cohort's
+        ledger, against what its cohort lends now), up to the first that does not fit."""
+        done: list[Unit] = []
+        store = self.store
+        if not isinstance(store, UsageStore):
+            return done  # a store that admits nothing cannot commit a borrowed pod
+        for u, step in borrowing:
+            found, faults = await quota(at(step, self.wall()), policy, store, self.budget)
+            if faults or any(f.mode is Mode.ENFORCE for f in found):
+                break  # not committed: it and those behind it wait for the next round
+            done.append(u)
+        return done
+
+    def _to_lend(self, policy: CompiledPolicy, tenant: TenantRules, view: UsageView
+                 ) -> float:
+        """GPUs the tenant's cohort can lend it now."""
+        if tenant.cohort is None:
+            return 0.0
+        return room(cohort_members(policy, tenant, view), tenant.name).free
+
+    def _held(self, policy: CompiledPolicy, pod: dict[str, Any]) -> Held | PodQuota | bool:
         """The pod's charge and quota test as admission would decide its creation now:
-        a Held, True when it is charged nothing (its tenant caps nothing it asks), False
-        when the policy refuses it now."""
+        a Held, its quota step when it is marked as borrowed, True when it is charged
+        nothing (its tenant caps nothing it asks), False when the policy refuses it now."""
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         # Decided as its creation by the user it records: its own CREATE wrote that name
@@ -185,6 +222,8 @@ class Releaser:
         step = v.quota
         if not isinstance(step, PodQuota) or step.reservation is None:
             return True
+        if step.borrowing is not None:
+            return step  # marked: committed by the borrowed step (_borrow)
         res = step.reservation
         tenant, ask = step.tenant.at(self.wall()), step.ask  # the window open now
 
@@ -256,14 +295,19 @@ class Releaser:
                    waited_seconds=round(waited, 1))
         await self._event(pod, "QuotaReleased", messages.released_event(waited))
 
-    async def _tell(self, tenant: TenantRules, units: list[Unit],
-                    pods: dict[str, dict[str, Any]], view: UsageView) -> None:
+    async def _tell(self, policy: CompiledPolicy, tenant: TenantRules, units: list[Unit],
+                    pods: dict[str, dict[str, Any]], view: UsageView,
+                    borrowing: set[str]) -> None:
         cap = tenant.quota.gpus if tenant.quota is not None else None
         used = view.tenant(tenant.name).gpus
         free = max(cap - used, 0.0) if cap is not None else 0.0
+        lend = self._to_lend(policy, tenant, view) if borrowing else 0.0
         for place, u in enumerate(units, 1):
             for w in u.pods:
-                if u.gang is None:
+                if w.uid in borrowing and tenant.cohort is not None:
+                    text = messages.waiting_borrow_event(w.gpus, lend, place, tenant.name,
+                                                         tenant.cohort.name)
+                elif u.gang is None:
                     text = messages.waiting_event(w.gpus, free, place, tenant.name)
                 else:
                     text = messages.waiting_gang_event(u.gpus, free, place, tenant.name,
