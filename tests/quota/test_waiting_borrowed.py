@@ -14,8 +14,8 @@ from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.store import MemoryStore
 
-WAIT = POLICY.replace("""      cohort: {name: lab, borrowingLimit: 6}""", """      cohort: {name: lab, borrowingLimit: 6}
-      overQuota: wait""")
+LIMIT = "      cohort: {name: lab, borrowingLimit: 6}"
+WAIT = POLICY.replace(LIMIT, LIMIT + "\n      overQuota: wait")
 
 
 def waiting_policy() -> CompiledPolicy:
@@ -47,7 +47,7 @@ def test_a_pod_bigger_than_its_own_quota_waits_marked_to_borrow() -> None:
 def test_a_pod_its_cohort_could_never_lend_is_refused_at_once() -> None:
     p, store = waiting_policy(), MemoryStore()
     lender_busy(store, 8)
-    m, v, final = create(store, p, pod("huge", "team-a", 7))  # over borrowingLimit 6
+    _, v, final = create(store, p, pod("huge", "team-a", 7))  # over borrowingLimit 6
     assert v is not None and not v.allowed
     assert not is_gated(final) and BORROWED_LABEL not in labels(final)
 
@@ -59,6 +59,6 @@ def test_a_pod_its_own_quota_can_hold_waits_unmarked_for_it() -> None:
     lender_busy(store, 8)
     store.pod_seen("own", Charge("team-a", "team-a", "pod/own", None,
                                  {"nvidia.com/gpu": 4}, 4))
-    m, v, final = create(store, p, pod("next", "team-a", 2))
+    _, v, final = create(store, p, pod("next", "team-a", 2))
     assert v is not None and v.allowed
     assert is_gated(final) and BORROWED_LABEL not in labels(final)

@@ -285,3 +285,24 @@ def test_a_pod_waiting_to_borrow_is_released_onto_what_the_cohort_lends() -> Non
     # Charged to the tenant's borrowed account before its gate came off, not to its own.
     assert store.view().tenant("team/borrowed").gpus == 3
     assert store.view().tenant("team").gpus == 0
+
+
+def test_a_waiting_pod_is_decided_again_when_the_policy_changes() -> None:
+    # Each pod's decision is kept between rounds while nothing it depends on changes; a
+    # new policy (the tenant's cap raised) is one such change.
+    policies = [compile_policy(load_text(POLICY))]
+    state = ClusterState(lambda: policies[-1])
+    p = gated("a", "2026-01-01T00:00:01Z")
+    p["metadata"]["resourceVersion"] = "7"
+    state.pod_event("ADDED", copy.deepcopy(p))
+    store = MemoryStore()
+    store.load([("running", Charge("team", "team", "pod/running", None,
+                                   {"nvidia.com/gpu": 4}, 4))])
+    api = Recorded(store, {})
+    releaser = Releaser(lambda: policies[-1], state, store, api, lambda: True)  # type: ignore[arg-type]
+    asyncio.run(releaser.round_())
+    asyncio.run(releaser.round_())
+    assert api.removed == []  # 4 of 4 in use
+    policies.append(compile_policy(load_text(POLICY.replace("gpus: 4", "gpus: 5"))))
+    asyncio.run(releaser.round_())
+    assert [n for n, _, _ in api.removed] == ["a"]

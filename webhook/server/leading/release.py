@@ -39,7 +39,7 @@ from webhook.admission.quota import at, quota
 from webhook.engine import messages
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Quiet
-from webhook.engine.handoff import PodQuota
+from webhook.engine.handoff import PodQuota, Validation
 from webhook.engine.users import recorded
 from webhook.engine.validate import OWNED, validate
 from webhook.engine.waiting import ungate_ops, ungated
@@ -65,6 +65,16 @@ UNKNOWN_SIZE = 2**31  # a gang whose Job could not be read: never complete
 
 
 @dataclass(frozen=True, slots=True)
+class _Decided:
+    """A waiting pod as decided for its release (``Releaser._decided``)."""
+
+    policy: CompiledPolicy
+    key: tuple[Any, ...]  # (its resourceVersion, its namespace's labels)
+    gpus: float  # GPU-equivalents it asks, for the events and metrics
+    validation: Validation
+
+
+@dataclass(frozen=True, slots=True)
 class _Gang:
     size: int
     read: float  # time.monotonic()
@@ -81,6 +91,7 @@ class Releaser:
         self._released: dict[str, float] = {}  # uid -> when (monotonic)
         self._arrived: dict[str, float] = {}  # uid -> when first seen waiting (monotonic)
         self._jobs: dict[str, _Gang] = {}  # gang key -> its size
+        self._decisions: dict[str, _Decided] = {}  # uid -> as decided last
         self._last: dict[str, tuple[Any, ...]] = {}  # tenant -> what its last round saw
         self._last_at: dict[str, float] = {}
         self._tenants: set[str] = set()  # tenants with metrics written
@@ -109,11 +120,9 @@ class Releaser:
                 await self._ungate(uid, pod, "")  # nothing to charge it to
                 continue
             gang = await self._gang(pod)
-            charge = charge_of_pod(ungated(pod), policy, self.state.namespace_labels(ns),
-                                   self.state.claim_lookup)
             w = Waiting(uid, ns, str(meta.get("name") or ""), _priority(pod),
                         str(meta.get("creationTimestamp") or ""), gang,
-                        charge.gpus if charge else 0.0)
+                        self._decided(uid, pod, policy).gpus)
             lines.setdefault(tenant.name, (tenant, []))[1].append(w)
         for name in self._tenants - set(lines):
             metrics.WAITING_PODS.labels(name).set(0)
@@ -127,6 +136,38 @@ class Releaser:
             del self._told[uid]
         for uid in [u for u in self._arrived if u not in self.state.line.pods]:
             del self._arrived[uid]
+        for uid in [u for u in self._decisions if u not in self.state.line.pods]:
+            del self._decisions[uid]
+
+    def _decided(self, uid: str, pod: dict[str, Any], policy: CompiledPolicy) -> _Decided:
+        """The pod's charge and the validating engine's decision on its creation, as of
+        now. Kept while the pod (its resourceVersion), the policy and its namespace's
+        labels stay the same: a line of 1,000 pods is not decided 1,000 times a second.
+        A pod naming DRA claims is decided every time (its claims may change)."""
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        labels = self.state.namespace_labels(ns)
+        version = meta.get("resourceVersion")
+        key = (version, tuple(sorted(labels.items())) if labels else ())
+        known = self._decisions.get(uid)
+        if (known is not None and known.policy is policy and known.key == key
+                and version is not None):
+            return known
+        # Decided as its creation by the user it records: its own CREATE wrote that name
+        # (a bare pod) or checked it against its creator (a controller's), so its
+        # per-user cap binds the release as it bound the admission.
+        user = recorded(meta) or ""
+        obj = ungated(pod)
+        req = AdmissionRequest(uid="release", group="", version="v1", kind="Pod",
+                               operation="CREATE", namespace=ns, name=name,
+                               object=obj, resource="pods", username=user)
+        v = validate(req, policy, self.state.namespace_labels, self.state.claim_lookup)
+        charge = charge_of_pod(obj, policy, labels, self.state.claim_lookup)
+        out = _Decided(policy, key, charge.gpus if charge else 0.0, v)
+        spec = pod.get("spec")
+        if not (isinstance(spec, dict) and spec.get("resourceClaims")):
+            self._decisions[uid] = out
+        return out
 
     async def _tenant(self, policy: CompiledPolicy, tenant: TenantRules,
                       waiting: list[Waiting], pods: dict[str, dict[str, Any]]) -> None:
@@ -139,7 +180,7 @@ class Releaser:
         held: list[list[Held]] = []
         borrowing: list[tuple[Unit, PodQuota]] = []
         for u in releasable(units):
-            h = [self._held(policy, pods[w.uid]) for w in u.pods]
+            h = [self._held(policy, w.uid, pods[w.uid]) for w in u.pods]
             if any(x is False for x in h):
                 continue  # refused by the policy now: it stays, told why in the log
             steps = [x for x in h if isinstance(x, PodQuota)]
@@ -201,20 +242,14 @@ class Releaser:
             return 0.0
         return room(cohort_members(policy, tenant, view), tenant.name).free
 
-    def _held(self, policy: CompiledPolicy, pod: dict[str, Any]) -> Held | PodQuota | bool:
+    def _held(self, policy: CompiledPolicy, uid: str, pod: dict[str, Any]
+              ) -> Held | PodQuota | bool:
         """The pod's charge and quota test as admission would decide its creation now:
         a Held, its quota step when it is marked as borrowed, True when it is charged
         nothing (its tenant caps nothing it asks), False when the policy refuses it now."""
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-        # Decided as its creation by the user it records: its own CREATE wrote that name
-        # (a bare pod) or checked it against its creator (a controller's), so its
-        # per-user cap binds the release as it bound the admission.
-        user = recorded(meta) or ""
-        req = AdmissionRequest(uid="release", group="", version="v1", kind="Pod",
-                               operation="CREATE", namespace=ns, name=name,
-                               object=ungated(pod), resource="pods", username=user)
-        v = validate(req, policy, self.state.namespace_labels, self.state.claim_lookup)
+        v = self._decided(uid, pod, policy).validation
         if not v.decision.allowed:
             logs.event("waiting pod refused by the policy now; it stays waiting",
                        logging.WARNING, namespace=ns, name=name, why=v.decision.message)
