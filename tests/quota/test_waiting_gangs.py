@@ -11,28 +11,15 @@ from typing import Any
 import orjson
 import pytest
 from kit import validating
-from quotakit import POLICY, admit, pod
+from quotakit import admit, pod
+from test_waiting import waiting_policy
 
 from webhook.admission.webhooks import mutating
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.waiting import is_gated
 from webhook.k8s.review import parse_review, request_review
-from webhook.policy.compiled import CompiledPolicy, compile_policy
-from webhook.policy.load import load_text
 from webhook.quota.line import GangOf, gang_of
 from webhook.quota.store import MemoryStore
-
-WAIT = POLICY.replace("""      quota:
-        gpus: 8
-        products: {a100: 6, h100: 4}""", """      overQuota: wait
-      quota:
-        gpus: 8
-        products: {a100: 6, h100: 4}""")
-
-
-def waiting_policy() -> CompiledPolicy:
-    assert WAIT != POLICY
-    return compile_policy(load_text(WAIT))
 
 
 def pytorchjob(name: str = "ddp", workers: int = 3) -> dict[str, Any]:
