@@ -81,7 +81,8 @@ def open_loop(cp: ControlPlane, mixed: list[Item], rate: float, seconds: float,
     """Creations sent at ``rate`` per second for ``seconds``, each at its own time."""
     local = threading.local()
     lock = threading.Lock()
-    latencies: list[float] = []
+    latencies: list[float] = []  # from its scheduled time
+    answered: list[float] = []  # from its sending: what the API server took
     late: list[float] = []  # how long past its time a request was sent (client lag)
     counts = dict.fromkeys(CLASSES, 0)
     samples: dict[str, str] = {}
@@ -105,6 +106,7 @@ def open_loop(cp: ControlPlane, mixed: list[Item], rate: float, seconds: float,
         with lock:
             counts[what] += 1
             latencies.append(done - due)
+            answered.append(done - started)
             late.append(started - due)
             samples.setdefault(what, f"{status} {body[:300]!r}")
 
@@ -126,7 +128,10 @@ def open_loop(cp: ControlPlane, mixed: list[Item], rate: float, seconds: float,
     return {"rate": rate, "sent": n, "seconds": round(elapsed, 1), "counts": counts,
             "p50_ms": round(pct(latencies, 0.5) * 1000, 1),
             "p99_ms": round(pct(latencies, 0.99) * 1000, 1),
-            "late_p99_ms": round(pct(late, 0.99) * 1000, 1), "samples": samples}
+            "answer_p50_ms": round(pct(answered, 0.5) * 1000, 1),
+            "answer_p99_ms": round(pct(answered, 0.99) * 1000, 1),
+            "late_p99_ms": round(pct(late, 0.99) * 1000, 1), "pool": pool,
+            "samples": samples}
 
 
 def shed_counts(conds: Conditions, before: Samples) -> dict[str, float]:
@@ -143,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="per phase")
     p.add_argument("--factor", type=float, default=4.0, help="overload rate / sustained rate")
     p.add_argument("--clients", type=int, default=8, help="closed-loop clients (sustained)")
+    p.add_argument("--pool", type=int, default=384,
+                   help="connections of the open loop: requests in flight at once, at most "
+                        "(above the webhook's --max-inflight 256, so that it can be reached)")
     p.add_argument("--out", type=Path, default=RESULTS)
     opts = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -169,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                             "p99_ms": round(pct(run.latencies, 0.99) * 1000, 1)}
         delete_pods(cp)
         before = conds.ours_samples()
-        res["overload"] = open_loop(cp, mixed, rate * opts.factor, opts.seconds)
+        res["overload"] = open_loop(cp, mixed, rate * opts.factor, opts.seconds, opts.pool)
         res["overload"]["webhook_shed"] = shed_counts(conds, before)
         delete_pods(cp)
     finally:
@@ -182,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sustained: {s['rate']} creations/s ({s['clients']} clients, closed loop), "
           f"p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms")
     print(f"overload: {o['rate']:.1f}/s scheduled ({opts.factor:g}x) for {o['seconds']} s, "
-          f"{o['sent']} sent; client lag p99 {o['late_p99_ms']} ms; "
-          f"p50 {o['p50_ms']} ms, p99 {o['p99_ms']} ms")
+          f"{o['sent']} sent ({o['sent'] / o['seconds']:.1f}/s; client lag p99 "
+          f"{o['late_p99_ms']} ms), {o['pool']} connections; from its scheduled time p50 "
+          f"{o['p50_ms']} ms, p99 {o['p99_ms']} ms; from its sending p50 "
+          f"{o['answer_p50_ms']} ms, p99 {o['answer_p99_ms']} ms")
     print("  " + ", ".join(f"{k} {v}" for k, v in o["counts"].items()))
     print("  the webhook's own sheds: " + ", ".join(
         f"{k} {v:g}" for k, v in o["webhook_shed"].items()))

@@ -310,6 +310,10 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 Samples = list[tuple[str, dict[str, str], float]]
 
 
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}"
+
+
 def parse_metrics(text: str, prefix: str) -> Samples:
     out: Samples = []
     for line in text.splitlines():
@@ -590,8 +594,9 @@ def report(results: dict[str, Any]) -> str:
             w = p.get("release_wait_s") or {}
             late = p.get("release_latency_s") or {}
             lines.append(f"  {p['name']}: {p['released']:.0f} pods waited, then released; "
-                         f"creation to release p50/p99 {w.get('p50')}/{w.get('p99')} s; "
-                         f"could fit to released p50/p99 {late.get('p50')}/{late.get('p99')} s")
+                         f"creation to release p50/p99 {_s(w.get('p50'))}/{_s(w.get('p99'))} s;"
+                         f" could fit to released p50/p99 {_s(late.get('p50'))}/"
+                         f"{_s(late.get('p99'))} s")
     ratio = results.get("ratio_with_over_without")
     if ratio is not None:
         lines.append(f"pods/s with / without the webhook: {ratio:.3f}")

@@ -31,7 +31,8 @@ def test_a_review_queued_past_its_deadline_gets_503() -> None:
     asgi = app(request_timeout=REQUEST_TIMEOUT)
     reply = call_sync(asgi, "/mutate", BODY, arrived=time.monotonic() - REQUEST_TIMEOUT - 1)
     assert reply.status == 503
-    assert reply.headers["retry-after"] == "1"
+    # No Retry-After: the API server would send it again within the same deadline.
+    assert "retry-after" not in reply.headers
     assert "deadline" in reply.json()["error"]
     # The API server's own ?timeout= shortens the deadline (to 80% of it).
     reply = call_sync(asgi, "/validate", BODY, query=b"timeout=1s",
@@ -101,7 +102,7 @@ def test_over_max_inflight_is_429_at_once_then_slow_bodies_get_408(small: Server
         # ... and the 429 came while all four still held their slots: not queued behind
         # them (a queued request would be answered only after their 408s).
         assert not any(_answered(conn) for conn in held)
-        assert r.headers["retry-after"] == "1" and "max-inflight" in r.json()["error"]
+        assert "retry-after" not in r.headers and "max-inflight" in r.json()["error"]
         for conn in held:  # each slow body ends at its deadline, with a clear error
             status, _ = _status(conn)
             assert status == 408

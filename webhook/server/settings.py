@@ -230,7 +230,7 @@ _DOCS = {
     "kubeconfig": "kubeconfig of the cluster whose pods count against quota (in a pod, the "
                   "service account is used; with neither, usage is kept in memory).",
     "max_inflight": "Admission requests handled at once; beyond it a request is answered "
-                    "429 (Retry-After) at once, and the webhook's failurePolicy applies.",
+                    "429 at once, and the webhook's failurePolicy applies.",
     "max_connections": "Connections open at once (in TLS handshake or after); beyond it a "
                        "new connection is closed at once. Each costs up to ~50 KB.",
     "request_timeout": "Seconds a review may take from its first byte to its answer (also "

@@ -10,14 +10,18 @@ Overload. Every admission request has a deadline: ``--request-timeout``, shorten
 80% of the API server's own ``?timeout=``, counted from the request's first byte (the
 protocol stamps it, so time spent queued behind other requests counts). And at most
 ``--max-inflight`` admission requests are handled at once. Past either limit the answer
-is an HTTP error, not an AdmissionReview: 429 with ``Retry-After`` at once when too many
-requests are in flight; 408 when the body does not arrive in time; 503 when a request
-waited past its deadline before the engine could run. The API server treats any
-non-200 answer as a failed call and applies the webhook's ``failurePolicy``, which is
-exactly the platform team's stated choice for "the webhook cannot answer" (Fail: refuse
-the pod; Ignore: admit it unchecked). Answering a fail-closed denial instead would
-override that choice, and queueing past the deadline would only make the API server
-give up on its own, later, with every queued connection still held.
+is an HTTP error, not an AdmissionReview: 429 at once when too many requests are in
+flight; 408 when the body does not arrive in time; 503 when a request waited past its
+deadline before the engine could run. The API server treats any non-200 answer as a
+failed call and applies the webhook's ``failurePolicy``, which is exactly the platform
+team's stated choice for "the webhook cannot answer" (Fail: refuse the pod; Ignore:
+admit it unchecked). Answering a fail-closed denial instead would override that choice,
+and queueing past the deadline would only make the API server give up on its own,
+later, with every queued connection still held. None of these carries ``Retry-After``:
+the API server's webhook client retries an answer that does, within the same deadline,
+so under sustained overload a shed request came back, queued again, and some timed out
+("context deadline exceeded") instead of failing at once with the reason (bench.overload,
+bench/README.md).
 """
 
 from __future__ import annotations
@@ -184,7 +188,7 @@ class AdmissionApp:
         metrics.OVERLOAD.labels(webhook, reason).inc()
         logs.event("admission request refused", logging.WARNING, webhook=webhook,
                    status=status, reason=reason, client=_client(scope))
-        await _send(send, status, {"error": message}, retry_after=status in (429, 503))
+        await _send(send, status, {"error": message})
 
     async def decide(self, webhook: Phase | str, req: AdmissionRequest, budget: float
                      ) -> dict[str, Any]:
@@ -346,12 +350,9 @@ async def _read_body(scope: Scope, receive: Receive, cap: int) -> bytes | None:
     return b"".join(chunks)
 
 
-async def _send(send: Send, status: int, payload: dict[str, Any], *,
-                retry_after: bool = False) -> None:
+async def _send(send: Send, status: int, payload: dict[str, Any]) -> None:
     body = orjson.dumps(payload)
     headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-    if retry_after:
-        headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
