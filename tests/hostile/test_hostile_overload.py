@@ -186,3 +186,38 @@ def test_flood_gets_bounded_answers_and_memory_stays_flat(flooded: Server) -> No
     assert r.status_code == 200 and "response" in r.json()
     assert c.get("/readyz").status_code == 200
     assert "Traceback" not in flooded.log()
+
+
+def test_a_connections_first_review_counts_its_deadline_from_the_accept(small: Server) -> None:
+    # The API server's clock for a call runs from before it connects: a handshake that a
+    # busy loop delays is time the review no longer has. Here the client waits 1.5 s
+    # between connecting and its handshake; its first review, due within 0.8 s
+    # (?timeout=1s), is past its deadline when it arrives; the next one on the same
+    # connection is counted from its own first byte.
+    raw = socket.create_connection(("127.0.0.1", small.port), timeout=30)
+    time.sleep(1.5)
+    head = (b"POST /validate?timeout=1s HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY))
+    with small.context().wrap_socket(raw, server_hostname="localhost") as conn:
+        conn.sendall(head + BODY)
+        status, reply = _whole(conn)
+        assert status == 503 and b"deadline" in reply, reply
+        conn.sendall(head + BODY)
+        assert _whole(conn)[0] == 200
+
+
+def _whole(conn: socket.socket) -> tuple[int, bytes]:
+    """One response read to the end of its body (the next one on the connection is
+    then read from its own first byte)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {buf!r}")
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return int(head.split(b" ", 2)[1]), body

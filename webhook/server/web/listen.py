@@ -91,7 +91,9 @@ class AdmissionProtocol(HttpToolsProtocol):
     - the ASGI ``tls`` extension in every scope. The peer certificate is read once, when
       the connection is made (after the handshake), so the per-request cost is one dict
       assignment;
-    - the arrival time of each request's first byte in its scope (the deadline's start);
+    - the arrival time of each request in its scope (the deadline's start): its first
+      byte, or, for a connection's first request, when the connection was accepted (the
+      API server's clock ran through the TLS handshake too, which a busy loop delays);
     - each response written in one piece (:class:`OneWriteTransport`).
     """
 
@@ -103,6 +105,7 @@ class AdmissionProtocol(HttpToolsProtocol):
     # Set by Acceptor: the connection's place in the count, given back when it ends.
     slot: tuple[Connections, int] | None = None
     began = False  # connection_made was called (the TLS handshake succeeded)
+    accepted: float | None = None  # when Acceptor accepted it (monotonic), until used
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.began = True
@@ -183,8 +186,11 @@ class AdmissionProtocol(HttpToolsProtocol):
             self._header_timer = self.loop.call_later(HEADER_TIMEOUT, self._headers_too_slow)
         super().on_message_begin()
         # The request's first byte: its deadline counts from here, so time spent queued
-        # behind other requests on a busy event loop counts against it.
-        self.scope[ARRIVED] = time.monotonic()  # type: ignore[literal-required]
+        # behind other requests on a busy event loop counts against it; the first on a
+        # connection counts from its accept, its handshake included.
+        since, self.accepted = self.accepted, None
+        self.scope[ARRIVED] = (  # type: ignore[literal-required]
+            since if since is not None else time.monotonic())
         if self._tls is not None:
             self.scope["extensions"] = {"tls": self._tls}  # type: ignore[dict-item]
 
@@ -210,6 +216,7 @@ class Acceptor:
         self._paused: asyncio.TimerHandle | None = None
         # Accepted, nothing received yet: token -> (socket, its deadline).
         self._silent: dict[int, tuple[socket.socket, asyncio.TimerHandle]] = {}
+        self._accepted: dict[int, float] = {}  # token -> when accepted, until its handshake
         self.loop.add_reader(sock.fileno(), self._accept)
 
     def _accept(self) -> None:
@@ -236,6 +243,7 @@ class Acceptor:
             # ClientHello costs a socket and nothing more, and is closed after the
             # handshake deadline (or sooner, to make room).
             fd = conn.fileno()
+            self._accepted[token] = time.monotonic()
             timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._drop, conn, token)
             self._silent[token] = (conn, timer)
             self.connections.unproven(token, functools.partial(self._drop, conn, token))
@@ -243,6 +251,7 @@ class Acceptor:
 
     def _drop(self, conn: socket.socket, token: int) -> None:
         """Close a connection that has not sent a byte yet (still ours, not the loop's)."""
+        self._accepted.pop(token, None)
         if self._silent.pop(token, None) is None:
             return
         self.loop.remove_reader(conn.fileno())
@@ -263,10 +272,12 @@ class Acceptor:
 
     async def _handshake(self, conn: socket.socket, token: int) -> None:
         protocol: list[AdmissionProtocol] = []
+        accepted = self._accepted.pop(token, None)
 
         def made() -> AdmissionProtocol:
             p: AdmissionProtocol = self.make_protocol()
             p.slot = (self.connections, token)
+            p.accepted = accepted
             protocol.append(p)
             return p
 
