@@ -16,7 +16,9 @@ realistic mix:
    A request's latency is counted from its scheduled time.
 
 Every answer is classified from what the client gets back: ``admitted`` (201),
-``refused`` (403, the policy's own answer), ``shed`` (the webhook answered 429 or 503
+``refused`` (403, the policy's own answer), ``unavailable`` (403: the quota
+commit did not finish within the review's deadline, refused in the policy's words),
+``shed`` (the webhook answered 429 or 503
 and the API server applied the failurePolicy: the message names the webhook and the
 webhook's reason), ``timeout`` (the API server gave up on the webhook:
 ``context deadline exceeded``), ``apiserver-busy`` (the API server's own 429), ``other``.
@@ -56,7 +58,8 @@ from bench.scale import Samples, total
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 from controlplane.cluster import ControlPlane, build_binaries
 
-CLASSES = ("admitted", "refused", "shed", "timeout", "apiserver-busy", "other")
+CLASSES = ("admitted", "refused", "unavailable", "shed", "timeout", "apiserver-busy",
+           "other")
 
 
 def classify(status: int, body: bytes) -> str:
@@ -65,7 +68,9 @@ def classify(status: int, body: bytes) -> str:
     if status == 201:
         return "admitted"
     if status == 403:
-        return "refused"
+        # Refused by the quota step for want of a commit in time (the ledger's API server
+        # as loaded as the rest), or by the policy itself.
+        return "unavailable" if "quota ledger cannot be reached" in text else "refused"
     if status == 429:
         return "apiserver-busy"
     if "deadline exceeded" in text or "Timeout" in text or "timed out" in text:

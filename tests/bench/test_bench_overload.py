@@ -28,6 +28,10 @@ TIMEOUT = ('Internal error occurred: failed calling webhook "validate.gpu-webhoo
 CASES = [
     (201, b"{}", "admitted"),
     (403, _failed("admission webhook denied the request"), "refused"),
+    (403, _failed('admission webhook "validate.gpu-webhook.dev" denied the request: the GPU '
+                  "quota ledger cannot be reached (no commit within 3.2s (0 conflicts so "
+                  "far)), so this GPU pod cannot be counted against its quota."),
+     "unavailable"),
     (500, _failed(SHED), "shed"),
     (500, _failed(TIMEOUT), "timeout"),
     (429, _failed("Too many requests, please try again later."), "apiserver-busy"),
