@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install run test lint unit e2e controlplane promtool helm image-tools image bench bench-quick audit demo demo-down bench-scale
+.PHONY: install run test lint unit e2e controlplane promtool helm image-tools image bench bench-quick audit demo demo-down bench-scale bench-overload
 
 # wrk (Debian) is the load generator of `make bench` and tests/bench; root installs it.
 # A failed install fails `make install`: tests/bench cannot run without it.
@@ -101,6 +101,11 @@ bench: install controlplane
 bench-quick: install controlplane
 	$(BIN)/python -m bench.run --quick
 	$(BIN)/python -m bench.apiserver --quick
+
+# Creations past what the machine answers: what the webhook does at the edge (sheds,
+# refuses what it cannot commit in time, never times out), ~1.5 minutes (bench/README.md).
+bench-overload: install controlplane
+	$(BIN)/python -m bench.overload
 
 # Scale run on the simulated GPU cluster: 500 kwok GPU nodes, 20 tenants, 2 x 10,000 GPU
 # pods through the Job controller with and without the webhook (about 25 minutes on 2
