@@ -103,7 +103,7 @@ bench-quick: install controlplane
 	$(BIN)/python -m bench.apiserver --quick
 
 # Creations past what the machine answers: what the webhook does at the edge (sheds,
-# refuses what it cannot commit in time, never times out), ~1.5 minutes (bench/README.md).
+# refuses what it cannot commit in time), ~1.5 minutes (bench/README.md).
 bench-overload: install controlplane
 	$(BIN)/python -m bench.overload
 
