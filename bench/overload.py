@@ -143,8 +143,11 @@ def shed_counts(conds: Conditions, before: Samples) -> dict[str, float]:
     """The webhook's own refusals for load between ``before`` and now, by reason."""
     after = conds.ours_samples()
     name = "gpu_webhook_overload_refusals_total"
-    return {reason: total(after, name, reason=reason) - total(before, name, reason=reason)
-            for reason in ("inflight", "deadline", "body-timeout")}
+    out = {reason: total(after, name, reason=reason) - total(before, name, reason=reason)
+           for reason in ("inflight", "deadline", "body-timeout")}
+    late = "gpu_webhook_admission_late_answers_total"
+    out["late"] = total(after, late) - total(before, late)  # past the API server's timeout
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{o['p50_ms']} ms, p99 {o['p99_ms']} ms; from its sending p50 "
           f"{o['answer_p50_ms']} ms, p99 {o['answer_p99_ms']} ms")
     print("  " + ", ".join(f"{k} {v}" for k, v in o["counts"].items()))
-    print("  the webhook's own sheds: " + ", ".join(
+    print("  the webhook's own sheds (and answers past the API server's timeout): " + ", ".join(
         f"{k} {v:g}" for k, v in o["webhook_shed"].items()))
     for what, sample in o["samples"].items():
         if what not in ("admitted", "refused"):

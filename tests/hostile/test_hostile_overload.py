@@ -20,6 +20,10 @@ import orjson
 import pytest
 from cases import gpu_pod, review
 from hostilekit import Server, app, call_sync, rss_kib, start, stop
+from prometheus_client import generate_latest
+
+from webhook.server.metrics import REGISTRY
+from webhook.server.web.app import answered_late
 
 # Long enough that on a busy machine the 429 is answered before the slow bodies' 408s
 # (the order the test checks), short enough to keep the test quick.
@@ -221,3 +225,12 @@ def _whole(conn: socket.socket) -> tuple[int, bytes]:
     while len(body) < length:
         body += conn.recv(65536)
     return int(head.split(b" ", 2)[1]), body
+
+
+def test_an_answer_after_the_api_servers_timeout_is_counted_late() -> None:
+    five = {"query_string": b"timeout=5s"}
+    assert not answered_late(five, 100.0, 104.9)
+    assert answered_late(five, 100.0, 105.1)
+    assert not answered_late({"query_string": b""}, 100.0, 1000.0)  # no timeout known
+    # Counted in /metrics by webhook, beside the refusals for load.
+    assert "gpu_webhook_admission_late_answers_total" in generate_latest(REGISTRY).decode()

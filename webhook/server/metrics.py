@@ -66,6 +66,14 @@ OVERLOAD = Counter(
     ["webhook", "reason"],
     registry=REGISTRY,
 )
+LATE = Counter(
+    "gpu_webhook_admission_late_answers_total",
+    "Admission answers written after the API server's own timeout for the call (its "
+    "?timeout=, counted from the request's arrival): it had given up, and applied the "
+    "webhook's failurePolicy.",
+    ["webhook"],
+    registry=REGISTRY,
+)
 INFLIGHT = Gauge(
     "gpu_webhook_inflight_requests",
     "Admission requests being handled now (bounded by --max-inflight).",

@@ -150,7 +150,8 @@ class AdmissionApp:
                             started: float) -> None:
         now = time.monotonic()
         limit = min(self.runtime.request_timeout, _budget(scope))
-        deadline = _arrived(scope, now) + limit
+        arrived = _arrived(scope, now)
+        deadline = arrived + limit
         try:
             body = await self.deadlines.read(scope, receive, self.runtime.max_body, deadline)
         except TimeoutError:
@@ -182,6 +183,8 @@ class AdmissionApp:
         await _send(send, 200, answer)
         elapsed = time.perf_counter() - started
         metrics.child(metrics.LATENCY, webhook).observe(elapsed)
+        if answered_late(scope, arrived, time.monotonic()):
+            metrics.child(metrics.LATE, webhook).inc()  # the API server had given up
 
     async def _overloaded(self, webhook: Phase, scope: Scope, send: Send, status: int,
                           reason: str, message: str) -> None:
@@ -360,20 +363,35 @@ async def _send(send: Send, status: int, payload: dict[str, Any]) -> None:
 DEFAULT_BUDGET = 8.0  # seconds; the API server's default webhook timeout is 10 s
 
 
-def _budget(scope: Scope) -> float:
-    """Time left for a quota commit: the API server puts its deadline in ``?timeout=``
-    (e.g. ``timeout=5s``); keep a margin so the reply arrives before it gives up."""
+def _api_timeout(scope: Scope) -> float | None:
+    """The API server's timeout for this call, from ``?timeout=`` (``timeout=5s``)."""
     qs = scope.get("query_string", b"")
     if b"timeout=" in qs:
         for part in qs.split(b"&"):
             if part.startswith(b"timeout="):
                 value = part[8:].decode("ascii", "replace")
                 try:
-                    seconds = float(value[:-1]) if value.endswith("s") else float(value)
+                    return float(value[:-1]) if value.endswith("s") else float(value)
                 except ValueError:
-                    break
-                return max(0.2, min(DEFAULT_BUDGET, seconds * 0.8))
-    return DEFAULT_BUDGET
+                    return None
+    return None
+
+
+def answered_late(scope: Scope, arrived: float, now: float) -> bool:
+    """Whether an answer written at ``now`` comes after the API server's own timeout for
+    the call (it has given up and applied the failurePolicy): what an operator must
+    know, since the webhook's own deadline (80 % of it) should have answered first."""
+    given = _api_timeout(scope)
+    return given is not None and now - arrived > given
+
+
+def _budget(scope: Scope) -> float:
+    """Time left for a quota commit: the API server puts its deadline in ``?timeout=``
+    (e.g. ``timeout=5s``); keep a margin so the reply arrives before it gives up."""
+    seconds = _api_timeout(scope)
+    if seconds is None:
+        return DEFAULT_BUDGET
+    return max(0.2, min(DEFAULT_BUDGET, seconds * 0.8))
 
 
 ARRIVED = "gpu_webhook.arrived"  # scope key: time.monotonic() of the request's first byte
