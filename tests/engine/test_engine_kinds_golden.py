@@ -1,0 +1,125 @@
+"""The built-in training kinds' readers, held to what they returned when each was
+written by hand (``tests/golden/workloads/readers.json``): on every workload fixture,
+re-keyed for each Kubeflow kind, and on each of those with one field at a time replaced
+by a value of another JSON type (or removed), the Workload read (kinds, nouns, roles,
+counts, minimums, gang, pointers) or the MalformedObject message is the same.
+
+``GOLDEN_REGEN=1`` writes the file again from the readers as they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from webhook.k8s.objects import MalformedObject
+from webhook.k8s.workloads import CRD_KINDS, Workload
+
+TESTS = Path(__file__).resolve().parents[1]
+FIXTURES = TESTS / "fixtures" / "workloads"
+GOLDEN = TESTS / "golden" / "workloads" / "readers.json"
+
+# The keys of the Kubeflow kinds' replica specs: a fixture of one is re-keyed for each.
+REPLICA_KEYS = ("pytorchReplicaSpecs", "tfReplicaSpecs", "xgbReplicaSpecs",
+                "paddleReplicaSpecs", "jaxReplicaSpecs", "mpiReplicaSpecs")
+# Not walked into: what no reader reads past (a pod spec's own fields).
+SKIP = {"containers", "initContainers", "volumes", "affinity", "tolerations",
+        "annotations", "labels", "env", "args", "command"}
+REPLACEMENTS: tuple[Any, ...] = (None, "x", -1, 0, 2, True, [], {}, [None], ...)
+
+
+def examples() -> Iterator[tuple[str, dict[str, Any]]]:
+    for f in sorted(FIXTURES.glob("*.yaml")):
+        for i, doc in enumerate(d for d in yaml.safe_load_all(f.read_text()) if d):
+            yield f"{f.stem}#{i}", doc
+            spec = doc.get("spec")
+            key = next((k for k in REPLICA_KEYS if isinstance(spec, dict) and k in spec), None)
+            for other in REPLICA_KEYS if key else ():
+                if other != key:
+                    d = copy.deepcopy(doc)
+                    d["spec"][other] = d["spec"].pop(key)
+                    yield f"{f.stem}#{i}:{other}", d
+
+
+def mutations(obj: Any, path: tuple[Any, ...] = (), depth: int = 0
+              ) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(path, replacement) for each node below the object's top level."""
+    if depth > 8:
+        return
+    items = (obj.items() if isinstance(obj, dict) else enumerate(obj)
+             if isinstance(obj, list) else ())
+    for k, v in items:
+        if k in SKIP or (depth == 0 and k != "spec"):
+            continue
+        for r in REPLACEMENTS:
+            yield (*path, k), r
+        yield from mutations(v, (*path, k), depth + 1)
+
+
+def mutated(obj: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    cur: Any = out
+    for k in path[:-1]:
+        cur = cur[k]
+    if value is ...:
+        if isinstance(cur, dict):
+            del cur[path[-1]]
+        else:
+            cur.pop(path[-1])
+    else:
+        cur[path[-1]] = value
+    return out
+
+
+def outcome(read: Any, obj: dict[str, Any]) -> Any:
+    try:
+        w: Workload | None = read(obj)
+    except MalformedObject as e:
+        return {"malformed": str(e)}
+    if w is None:
+        return None
+    return {"kind": w.kind, "noun": w.noun, "role_word": w.role_word, "gang": w.gang,
+            "sequential": w.sequential, "reserves": w.reserves,
+            "roles": [{"name": r.name, "pods": r.pods, "minimum": r.minimum,
+                       "patchable": r.patchable, "kind": r.template.kind,
+                       "is_pod": r.template.is_pod, "pointer": r.template.pointer,
+                       "spec": r.template.spec} for r in w.roles]}
+
+
+def digest(values: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=repr).encode()
+                          ).hexdigest()
+
+
+def current() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for b in CRD_KINDS:
+        kind = f"{b.group}/{b.kind}"
+        for name, doc in examples():
+            plain = outcome(b.read, doc)
+            changed = [outcome(b.read, mutated(doc, p, v)) for p, v in mutations(doc)]
+            out[f"{kind} {name}"] = {"read": plain, "mutated": len(changed),
+                                     "digest": digest(changed)}
+    return out
+
+
+def test_the_readers_return_what_they_did() -> None:
+    got = current()
+    if os.environ.get("GOLDEN_REGEN"):
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        pytest.skip("golden written")
+    want = json.loads(GOLDEN.read_text())
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert got[key]["read"] == want[key]["read"], key
+        assert (got[key]["mutated"], got[key]["digest"]) == (
+            want[key]["mutated"], want[key]["digest"]), key
