@@ -1,7 +1,8 @@
 """The built-in training kinds' readers, held to what they returned when each was
 written by hand (``tests/golden/workloads/readers.json``): on every workload fixture,
 re-keyed for each Kubeflow kind, and on each of those with one field at a time replaced
-by a value of another JSON type (or removed), the Workload read (kinds, nouns, roles,
+by a value of another JSON type (or removed), and two fields of one mapping at once
+(which of them is read first), the Workload read (kinds, nouns, roles,
 counts, minimums, gang, pointers) or the MalformedObject message is the same.
 
 ``GOLDEN_REGEN=1`` writes the file again from the readers as they are.
@@ -64,18 +65,38 @@ def mutations(obj: Any, path: tuple[Any, ...] = (), depth: int = 0
         yield from mutations(v, (*path, k), depth + 1)
 
 
-def mutated(obj: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+def pairs(obj: Any, path: tuple[Any, ...] = (), depth: int = 0
+          ) -> Iterator[tuple[tuple[Any, ...], Any, tuple[Any, ...], Any]]:
+    """Two fields of one mapping changed at once (one malformed, the other malformed or
+    removed), for which of them is read first."""
+    if depth > 8 or not isinstance(obj, (dict, list)):
+        return
+    keys = [k for k in (obj if isinstance(obj, dict) else range(len(obj)))
+            if k not in SKIP and (depth or k == "spec")]
+    if isinstance(obj, dict):
+        for a in keys:
+            for b in keys:
+                if a != b:
+                    yield (*path, a), "x", (*path, b), "x"
+                    yield (*path, a), "x", (*path, b), ...
+    for k in keys:
+        yield from pairs(obj[k], (*path, k), depth + 1)
+
+
+def mutated(obj: dict[str, Any], path: tuple[Any, ...], value: Any,
+            *more: Any) -> dict[str, Any]:
     out = copy.deepcopy(obj)
-    cur: Any = out
-    for k in path[:-1]:
-        cur = cur[k]
-    if value is ...:
-        if isinstance(cur, dict):
-            del cur[path[-1]]
+    for at, new in ((path, value), *zip(more[::2], more[1::2], strict=True)):
+        cur: Any = out
+        for k in at[:-1]:
+            cur = cur[k]
+        if new is ...:
+            if isinstance(cur, dict):
+                del cur[at[-1]]
+            else:
+                cur.pop(at[-1])
         else:
-            cur.pop(path[-1])
-    else:
-        cur[path[-1]] = value
+            cur[at[-1]] = new
     return out
 
 
@@ -106,6 +127,7 @@ def current() -> dict[str, Any]:
         for name, doc in examples():
             plain = outcome(b.read, doc)
             changed = [outcome(b.read, mutated(doc, p, v)) for p, v in mutations(doc)]
+            changed += [outcome(b.read, mutated(doc, *m)) for m in pairs(doc)]
             out[f"{kind} {name}"] = {"read": plain, "mutated": len(changed),
                                      "digest": digest(changed)}
     return out
