@@ -35,6 +35,8 @@ REPLICA_KEYS = ("pytorchReplicaSpecs", "tfReplicaSpecs", "xgbReplicaSpecs",
 SKIP = {"containers", "initContainers", "volumes", "affinity", "tolerations",
         "annotations", "labels", "env", "args", "command"}
 REPLACEMENTS: tuple[Any, ...] = (None, "x", -1, 0, 2, True, [], {}, [None], ...)
+# Counts the readers read, set where a fixture leaves them out.
+COUNTS = ("replicas", "minAvailable", "parallelism", "completions")
 
 
 def examples() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -73,8 +75,9 @@ def pairs(obj: Any, path: tuple[Any, ...] = (), depth: int = 0
         return
     keys = [k for k in (obj if isinstance(obj, dict) else range(len(obj)))
             if k not in SKIP and (depth or k == "spec")]
+    absent = [k for k in COUNTS if depth and isinstance(obj, dict) and k not in obj]
     if isinstance(obj, dict):
-        for a in keys:
+        for a in [*keys, *absent]:
             for b in keys:
                 if a != b:
                     yield (*path, a), "x", (*path, b), "x"
