@@ -65,6 +65,7 @@ class Roles:
     zero_is_all: bool = False
 
     def templates(self) -> Templates:
+        """The places the reader finds the pod templates at, for the CEL."""
         return Templates(((*self.items, "*", *self.template),), self.shape)
 
     def reader(self, kind: str, reserves: bool = True) -> Reader:
@@ -79,26 +80,21 @@ class Roles:
         return read
 
     def read(self, kind: str, obj: dict[str, Any]) -> Workload | None:
-        parent: dict[str, Any] | None = obj
-        at = ""
-        for key in self.items[:-1]:
-            parent = child_map(parent, key, at) if parent is not None else None
-            if parent is None:
-                return None
-            at = f"{at}/{escape(key)}"
-        assert parent is not None
+        """The roles of ``obj``, an object of ``kind``, or None when it holds no
+        template. Raises MalformedObject when a level on the way has the wrong type."""
+        found = _walk(obj, self.items[:-1], "")
+        if found is None:
+            return None
+        parent, at = found
         roles = []
         for name, item, ptr in _items(parent, self.items[-1], at):
             count = f"{ptr}/{escape(self.replicas)}"
             n = _count(item.get(self.replicas), count, self.default_replicas
                        ) if self.count_first else None
-            holder: dict[str, Any] | None = item
-            hptr = ptr
-            for key in self.template[:-1]:
-                holder = child_map(holder, key, hptr) if holder is not None else None
-                hptr = f"{hptr}/{escape(key)}"
-            if holder is None:
+            held = _walk(item, self.template[:-1], ptr)
+            if held is None:
                 continue
+            holder, hptr = held
             t = _template_at(kind, holder, self.template[-1], hptr)
             if t is None:
                 continue
@@ -121,6 +117,18 @@ class Roles:
             if gang == 0 and self.zero_is_all:
                 gang = total
         return Workload(kind, self.noun, self.role_word, roles, min(gang, total))
+
+
+def _walk(obj: dict[str, Any], path: tuple[str, ...], ptr: str
+          ) -> tuple[dict[str, Any], str] | None:
+    """The mapping at ``path`` below ``obj`` (at ``ptr``) and its pointer; None when a
+    level is absent. Raises MalformedObject when one is no mapping."""
+    for key in path:
+        nxt = child_map(obj, key, ptr)
+        if nxt is None:
+            return None
+        obj, ptr = nxt, f"{ptr}/{escape(key)}"
+    return obj, ptr
 
 
 def _job_pods(job_spec: dict[str, Any], ptr: str) -> int:
