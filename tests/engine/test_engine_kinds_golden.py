@@ -148,3 +148,12 @@ def test_the_readers_return_what_they_did() -> None:
         assert got[key]["read"] == want[key]["read"], key
         assert (got[key]["mutated"], got[key]["digest"]) == (
             want[key]["mutated"], want[key]["digest"]), key
+
+
+def test_the_kinds_described_as_data() -> None:
+    described = {b.kind for b in CRD_KINDS if b.roles is not None}
+    assert described == {"Job", "CronJob", "JobSet", "PyTorchJob", "TFJob", "XGBoostJob",
+                         "PaddleJob", "JAXJob", "MPIJob"}
+    for b in CRD_KINDS:
+        if b.roles is not None:
+            assert b.templates == b.roles.templates()

@@ -34,6 +34,8 @@ class BuiltIn:
     reserves: bool = True  # a gang may be reserved for it (and released at its DELETE)
     # The label its controllers put on its pods, valued with the workload's name.
     pod_label: str | None = None
+    # Its description, when ``read`` and ``templates`` are derived from one.
+    roles: Roles | None = None
 
 
 def _described(group: str, kind: str, resource: str, versions: tuple[str, ...],
@@ -41,7 +43,7 @@ def _described(group: str, kind: str, resource: str, versions: tuple[str, ...],
                ) -> BuiltIn:
     """A built-in kind whose reader and templates are derived from ``roles``."""
     return BuiltIn(group, kind, resource, versions, roles.reader(kind, reserves),
-                   roles.templates(), reserves, pod_label)
+                   roles.templates(), reserves, pod_label, roles)
 
 
 def _ray_templates(*at: str) -> Templates:
