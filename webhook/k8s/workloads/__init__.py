@@ -10,35 +10,35 @@ progress. Checking the templates when the workload itself is applied is what let
 ``kubectl apply`` show the developer a problem that would otherwise only appear as an
 event on a ReplicaSet, a Job or a PodGroup.
 
-Each built-in kind has a reader written against the project's own API types (sources in
-the readers' docstrings); any other kind is read from JSON Pointers the policy gives
-(:class:`KindPaths`), where a ``*`` segment stands for every item of a list or map and
-each item is one role.
+A built-in kind whose pods are a plain function of its templates (Volcano, JobSet,
+Kubeflow) is described as data (:class:`Roles`), its reader derived from that one
+description; the others have a reader written against the project's own API types
+(sources in the readers' docstrings and the kinds' table). Any other kind is read from
+JSON Pointers the policy gives (:class:`KindPaths`), where a ``*`` segment stands for
+every item of a list or map and each item is one role.
 
-Modules: shapes (templates, roles, workloads; the path helpers), readers (the built-in
-kinds' readers), kinds (the built-in kinds described), configured (kinds the policy
-configures, and ``read_workload``).
+Modules: shapes (templates, roles, workloads; the path helpers), described (the kinds
+described as data, and the reader derived from a description), readers (the built-in
+kinds' hand-written readers), kinds (the built-in kinds' table), configured (kinds the
+policy configures, and ``read_workload``).
 """
 
 from webhook.k8s.workloads.configured import KindPaths, RolePaths, read_workload
+from webhook.k8s.workloads.described import Roles, Templates
 from webhook.k8s.workloads.kinds import (
     CRD_KINDS,
     POD_LABELS,
     READERS,
     RESERVING,
     BuiltIn,
-    Templates,
     owned_by_reserving,
 )
 from webhook.k8s.workloads.readers import (
     TEMPLATE_PATHS,
-    jobset,
     leaderworkerset,
     pod_template,
     replicas,
     trainjob,
-    volcano_cronjob,
-    volcano_job,
 )
 from webhook.k8s.workloads.shapes import PodTemplate, Reader, Role, Workload
 
@@ -54,15 +54,13 @@ __all__ = [
     "Reader",
     "Role",
     "RolePaths",
+    "Roles",
     "Templates",
     "Workload",
-    "jobset",
     "leaderworkerset",
     "owned_by_reserving",
     "pod_template",
     "read_workload",
     "replicas",
     "trainjob",
-    "volcano_cronjob",
-    "volcano_job",
 ]

@@ -1,40 +1,24 @@
 """The built-in kinds described: where their templates are, what the webhook
 configurations need, the labels on their pods, which reserve a gang, and the reader of
-each."""
+each: derived from the kind's :class:`Roles` when its pods are a plain function of its
+templates (Volcano, JobSet, Kubeflow), else hand-written (:mod:`.readers`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from webhook.k8s.workloads.described import Roles, Templates
 from webhook.k8s.workloads.readers import (
     TEMPLATE_PATHS,
     _argo,
-    _kubeflow,
     _ray,
     _single,
-    jobset,
     leaderworkerset,
     trainjob,
-    volcano_cronjob,
-    volcano_job,
 )
 from webhook.k8s.workloads.shapes import Reader
-
-
-@dataclass(frozen=True, slots=True)
-class Templates:
-    """Where a kind's pod specs are, as token paths from the object to each template
-    (the mapping that holds ``spec``), for what reads them outside this module (the API
-    server's match conditions, :mod:`webhook.tools.manifests`). A ``*`` token is every
-    item of a list (``shape`` list) or every value of a map (map). ``made_of`` says what
-    is at a path when it is no pod template: a TrainJob's ``resources`` (one container's
-    resources) or an Argo ``steps`` list (templates whose containers make up a spec)."""
-
-    paths: tuple[tuple[str, ...], ...]
-    shape: Literal["list", "map"] = "list"
-    made_of: Literal["template", "resources", "steps"] = "template"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +34,16 @@ class BuiltIn:
     reserves: bool = True  # a gang may be reserved for it (and released at its DELETE)
     # The label its controllers put on its pods, valued with the workload's name.
     pod_label: str | None = None
+    # Its description, when ``read`` and ``templates`` are derived from one.
+    roles: Roles | None = None
+
+
+def _described(group: str, kind: str, resource: str, versions: tuple[str, ...],
+               roles: Roles, reserves: bool = True, pod_label: str | None = None
+               ) -> BuiltIn:
+    """A built-in kind whose reader and templates are derived from ``roles``."""
+    return BuiltIn(group, kind, resource, versions, roles.reader(kind, reserves),
+                   roles.templates(), reserves, pod_label, roles)
 
 
 def _ray_templates(*at: str) -> Templates:
@@ -58,30 +52,52 @@ def _ray_templates(*at: str) -> Templates:
                       (*at, "workerGroupSpecs", "*", "template"), *extra))
 
 
-_KUBEFLOW = (("PyTorchJob", "pytorchjobs", "pytorchReplicaSpecs"),
-             ("TFJob", "tfjobs", "tfReplicaSpecs"),
-             ("XGBoostJob", "xgboostjobs", "xgbReplicaSpecs"),
-             ("PaddleJob", "paddlejobs", "paddleReplicaSpecs"),
-             ("JAXJob", "jaxjobs", "jaxReplicaSpecs"))
+_KUBEFLOW = (("PyTorchJob", "pytorchjobs", "pytorchReplicaSpecs", ("v1",)),
+             ("TFJob", "tfjobs", "tfReplicaSpecs", ("v1",)),
+             ("XGBoostJob", "xgboostjobs", "xgbReplicaSpecs", ("v1",)),
+             ("PaddleJob", "paddlejobs", "paddleReplicaSpecs", ("v1",)),
+             ("JAXJob", "jaxjobs", "jaxReplicaSpecs", ("v1",)),
+             ("MPIJob", "mpijobs", "mpiReplicaSpecs", ("v1", "v2beta1")))
 _KUBEFLOW_LABEL = "training.kubeflow.org/job-name"
 _JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
+
+def _volcano(noun: str, *at: str) -> Roles:
+    return Roles(noun, "task", (*at, "tasks"), default_replicas=0, count_first=True,
+                 minimum="minAvailable", gang_minimum=("minAvailable",), zero_is_all=True)
+
+
+def _kubeflow(kind: str, key: str) -> Roles:
+    return Roles(kind.lower(), "replica type", ("spec", key), shape="map",
+                 gang_minimum=("runPolicy", "schedulingPolicy", "minAvailable"))
+
+
 # The training and serving kinds known without configuration (core kinds: TEMPLATE_PATHS).
 CRD_KINDS: tuple[BuiltIn, ...] = (
-    BuiltIn("batch.volcano.sh", "Job", "jobs", ("v1alpha1",), volcano_job,
-            Templates((("spec", "tasks", "*", "template"),)), pod_label="volcano.sh/job-name"),
-    BuiltIn("batch.volcano.sh", "CronJob", "cronjobs", ("v1alpha1",), volcano_cronjob,
-            Templates((("spec", "jobTemplate", "spec", "tasks", "*", "template"),)), False),
-    BuiltIn("jobset.x-k8s.io", "JobSet", "jobsets", ("v1alpha2",), jobset,
-            Templates((("spec", "replicatedJobs", "*", "template", "spec", "template"),)),
-            pod_label=_JOBSET_LABEL),
-    *(BuiltIn("kubeflow.org", k, r, ("v1",), _kubeflow(k, key),
-              Templates((("spec", key, "*", "template"),), "map"), pod_label=_KUBEFLOW_LABEL)
-      for k, r, key in _KUBEFLOW),
-    BuiltIn("kubeflow.org", "MPIJob", "mpijobs", ("v1", "v2beta1"),
-            _kubeflow("MPIJob", "mpiReplicaSpecs"),
-            Templates((("spec", "mpiReplicaSpecs", "*", "template"),), "map"),
-            pod_label=_KUBEFLOW_LABEL),
+    # volcano-sh/apis pkg/apis/batch/v1alpha1/job.go: tasks[] of template, replicas
+    # (omitted means 0) and minAvailable (default: the task's replicas); the gang,
+    # spec.minAvailable, defaults to (and at 0 is) every task's replicas.
+    _described("batch.volcano.sh", "Job", "jobs", ("v1alpha1",),
+               _volcano("volcano job", "spec"), pod_label="volcano.sh/job-name"),
+    # volcano-sh/volcano config/crd/volcano/bases/batch.volcano.sh_cronjobs.yaml:
+    # spec.jobTemplate.spec is the JobSpec of the Jobs it makes on schedule, checked at
+    # apply as such a Job; each Job is reserved when it is created, not the CronJob.
+    _described("batch.volcano.sh", "CronJob", "cronjobs", ("v1alpha1",),
+               _volcano("volcano cronjob", "spec", "jobTemplate", "spec"), False),
+    # kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go: replicatedJobs[] of
+    # replicas (default 1) Jobs of template (a JobTemplateSpec), each running
+    # min(parallelism, completions) pods; its Jobs start together: the gang is all.
+    _described("jobset.x-k8s.io", "JobSet", "jobsets", ("v1alpha2",),
+               Roles("jobset", "replicated job", ("spec", "replicatedJobs"),
+                     ("template", "spec", "template"), count_first=True, job=True),
+               pod_label=_JOBSET_LABEL),
+    # kubeflow/training-operator pkg/apis/kubeflow.org/v1 common_types.go (ReplicaSpec,
+    # RunPolicy, SchedulingPolicy; mpi-operator v2beta1 has the same fields):
+    # spec.<key>.<ReplicaType> of replicas (default 1) and template; the gang is
+    # runPolicy.schedulingPolicy.minAvailable, else every pod (the operators make a
+    # PodGroup of all replicas).
+    *(_described("kubeflow.org", k, r, v, _kubeflow(k, key), pod_label=_KUBEFLOW_LABEL)
+      for k, r, key, v in _KUBEFLOW),
     # A TrainJob's pods: TrainJob -> JobSet of the TrainJob's name (kubeflow/trainer
     # pkg/runtime/framework/plugins/jobset) -> Job -> Pod, labelled with the JobSet's name.
     BuiltIn("trainer.kubeflow.org", "TrainJob", "trainjobs", ("v1alpha1",), trainjob,

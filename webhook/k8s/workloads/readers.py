@@ -1,6 +1,9 @@
-"""The readers of the built-in kinds: the core kinds' one template, and the training
-and serving kinds' roles (Volcano, JobSet, Kubeflow, TrainJob, LeaderWorkerSet, Ray,
-Argo), each written against the project's own API types."""
+"""The hand-written readers of the built-in kinds: the core kinds' one template, and
+the training and serving kinds whose pods data cannot say (TrainJob: no template;
+LeaderWorkerSet: a leader standing in for a worker; Ray: counts clamped and suspended;
+Argo: steps made of containers), each written against the project's own API types. The
+kinds whose pods are a plain function of their templates are read from their
+description (:mod:`webhook.k8s.workloads.described`)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from webhook.k8s.workloads.shapes import (
     Workload,
     _count,
     _get,
-    _items,
     _spec,
     _template_at,
 )
@@ -82,100 +84,6 @@ def _single(group: str, kind: str) -> Reader:
             return None
         pods = 1 if template.is_pod else replicas(group, kind, obj)
         return Workload(kind, kind.lower(), "", [Role(None, template, pods)])
-    return read
-
-
-def _job_pods(job_spec: dict[str, Any], ptr: str) -> int:
-    """Pods a batch/v1 Job spec runs at once: parallelism (default 1), at most its
-    completions."""
-    par = _count(job_spec.get("parallelism"), ptr + "/parallelism", 1)
-    comp = job_spec.get("completions")
-    if comp is not None:
-        par = min(par, _count(comp, ptr + "/completions", 1))
-    return par
-
-
-def volcano_job(obj: dict[str, Any]) -> Workload | None:
-    """batch.volcano.sh/v1alpha1 Job (volcano-sh/apis pkg/apis/batch/v1alpha1/job.go):
-    ``spec.tasks[]`` each with ``template``, ``replicas`` (omitted means 0) and
-    ``minAvailable`` (defaults to the task's replicas); ``spec.minAvailable``, the gang,
-    defaults to the sum of the tasks' replicas."""
-    return _volcano("Job", "volcano job", _spec(obj), "/spec")
-
-
-def volcano_cronjob(obj: dict[str, Any]) -> Workload | None:
-    """batch.volcano.sh/v1alpha1 CronJob (volcano-sh/volcano
-    config/crd/volcano/bases/batch.volcano.sh_cronjobs.yaml): ``spec.jobTemplate.spec``
-    is the JobSpec of the Volcano Jobs it makes on schedule. Checked at apply as such a
-    Job; nothing is reserved for it, since each Job is reserved when it is created."""
-    template = child_map(_spec(obj), "jobTemplate", "/spec")
-    spec = child_map(template, "spec", "/spec/jobTemplate") if template is not None else None
-    if spec is None:
-        return None
-    w = _volcano("CronJob", "volcano cronjob", spec, "/spec/jobTemplate/spec")
-    if w is not None:
-        w.reserves = False
-    return w
-
-
-def _volcano(kind: str, noun: str, spec: dict[str, Any], at: str) -> Workload | None:
-    roles = []
-    for name, task, ptr in _items(spec, "tasks", at):
-        n = _count(task.get("replicas"), ptr + "/replicas", 0)
-        t = _template_at(kind, task, "template", ptr)
-        if t is not None:
-            minimum = _count(task.get("minAvailable"), ptr + "/minAvailable", n)
-            roles.append(Role(name, t, n, min(minimum, n)))
-    if not roles:
-        return None
-    total = sum(r.pods for r in roles)
-    gang = _count(spec.get("minAvailable"), at + "/minAvailable", 0) or total
-    return Workload(kind, noun, "task", roles, min(gang, total))
-
-
-def jobset(obj: dict[str, Any]) -> Workload | None:
-    """jobset.x-k8s.io/v1alpha2 JobSet (kubernetes-sigs/jobset
-    api/jobset/v1alpha2/jobset_types.go): ``spec.replicatedJobs[]`` each with ``name``,
-    ``replicas`` (default 1) Jobs of ``template`` (a JobTemplateSpec); each Job runs
-    min(parallelism, completions) pods of ``template.spec.template``. A JobSet's Jobs
-    start together: the gang is every pod."""
-    spec = _spec(obj)
-    roles = []
-    for name, rj, ptr in _items(spec, "replicatedJobs", "/spec"):
-        jobs = _count(rj.get("replicas"), ptr + "/replicas", 1)
-        job = child_map(rj, "template", ptr)
-        job_spec = child_map(job, "spec", ptr + "/template") if job is not None else None
-        if job_spec is None:
-            continue
-        jptr = ptr + "/template/spec"
-        t = _template_at("JobSet", job_spec, "template", jptr)
-        if t is not None:
-            roles.append(Role(name, t, jobs * _job_pods(job_spec, jptr)))
-    if not roles:
-        return None
-    return Workload("JobSet", "jobset", "replicated job", roles, sum(r.pods for r in roles))
-
-
-def _kubeflow(kind: str, key: str) -> Reader:
-    """kubeflow.org/v1 jobs (kubeflow/training-operator pkg/apis/kubeflow.org/v1
-    common_types.go ReplicaSpec, RunPolicy, SchedulingPolicy; mpi-operator v2beta1 has
-    the same fields): ``spec.<key>.<ReplicaType>`` with ``replicas`` (default 1) and
-    ``template``; the gang is ``spec.runPolicy.schedulingPolicy.minAvailable``, else
-    every pod (the operators make a PodGroup of all replicas)."""
-
-    def read(obj: dict[str, Any]) -> Workload | None:
-        spec = _spec(obj)
-        roles = []
-        for name, rs, ptr in _items(spec, key, "/spec"):
-            t = _template_at(kind, rs, "template", ptr)
-            if t is not None:
-                roles.append(Role(name, t, _count(rs.get("replicas"), ptr + "/replicas", 1)))
-        if not roles:
-            return None
-        total = sum(r.pods for r in roles)
-        minimum, mptr = _get(spec, ("runPolicy", "schedulingPolicy", "minAvailable"))
-        gang = _count(minimum, "/spec" + mptr, total)
-        return Workload(kind, kind.lower(), "replica type", roles, min(gang, total))
     return read
 
 

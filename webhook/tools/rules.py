@@ -1,0 +1,154 @@
+"""The rules of the webhook configurations (:mod:`webhook.tools.manifests`): which
+resources and operations each webhook is sent (the built-in training kinds, from their
+table, and the kinds the policy configures among them), and the namespaces each routes
+webhook takes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from webhook.k8s.workloads import CRD_KINDS
+from webhook.policy.model import GPUPolicy, WorkloadKind
+
+GROUP = "gpu-webhook.dev"
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
+
+RULES: list[dict[str, Any]] = [
+    # A pod's resources and placement are immutable: only its creation matters.
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["pods"], "scope": "Namespaced"},
+    # Workloads are checked at `kubectl apply`, so a developer sees the problem there and
+    # not as an event on a ReplicaSet.
+    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"],
+     "scope": "Namespaced"},
+    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["jobs", "cronjobs"], "scope": "Namespaced"},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["replicationcontrollers"], "scope": "Namespaced"},
+]
+
+
+# DRA claims and templates: their spec is immutable, so only their creation matters.
+# Registered for v1; with matchPolicy Equivalent the API server converts a request made
+# through another version (v1beta1's flat request fields) to v1 before sending it.
+CLAIM_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"},
+]
+
+
+def workload_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any]]:
+    """Rules for the training kinds and the configured ones: one per group and versions."""
+    by: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for b in CRD_KINDS:
+        by.setdefault((b.group, b.versions), []).append(b.resource)
+    for w in configured:
+        resources = by.setdefault((w.group, tuple(w.versions)), [])
+        if w.resource not in resources:
+            resources.append(w.resource)
+    return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["CREATE", "UPDATE"],
+             "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
+
+
+def release_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any]]:
+    """DELETE of the kinds that can have a gang: what its reservation still holds is
+    freed when the workload is deleted."""
+    by: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for b in CRD_KINDS:
+        if b.reserves:
+            by.setdefault((b.group, b.versions), []).append(b.resource)
+    for w in configured:
+        if w.gang == "all" or w.gang_minimum is not None:
+            resources = by.setdefault((w.group, tuple(w.versions)), [])
+            if w.resource not in resources:
+                resources.append(w.resource)
+    return [{"apiGroups": [g], "apiVersions": list(v), "operations": ["DELETE"],
+             "resources": r, "scope": "Namespaced"} for (g, v), r in by.items()]
+
+
+# Every pod of a tenant's namespaces, for the routes to a GPU that skip the GPU request
+# (webhook.engine.routes): a pod's creation, and the ephemeral containers added to it
+# (``kubectl debug``), a subresource that a rule of ``pods`` alone does not match.
+ROUTE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+     "resources": ["pods"], "scope": "Namespaced"},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"},
+]
+
+# Tenants chosen by label each get a routes webhook of their own selector; past this many
+# distinct selectors one webhook takes every namespace not excluded.
+MAX_ROUTE_SELECTORS = 8
+
+
+def route_scopes(policy: GPUPolicy, excluded: list[str]
+                 ) -> list[tuple[str, dict[str, Any], list[str] | None]]:
+    """(webhook name, namespaceSelector, namespaces by name or None) of the routes
+    webhooks: the tenants' namespaces by name in one (``request.namespace in [...]``),
+    the tenants chosen by one label each in one per label key (``key In [values]``:
+    the usual ``gpu.example.com/tenant: <tenant>``), and one per other distinct
+    namespaceSelector; the selector ones leave out the namespaces named (so no pod is
+    sent twice). Past 8 selectors one webhook takes every namespace not excluded."""
+    spec = policy.spec
+    named = sorted({ns for t in spec.tenants for ns in t.namespaces} - set(excluded))
+    by_key: dict[str, list[str]] = {}
+    selectors: list[dict[str, Any]] = []
+    for t in spec.tenants:
+        sel = t.namespace_selector
+        if sel is None:
+            continue
+        if len(sel.match_labels) == 1 and not sel.match_expressions:
+            ((key, value),) = sel.match_labels.items()
+            values = by_key.setdefault(key, [])
+            if value not in values:
+                values.append(value)
+            continue
+        dumped = sel.model_dump(by_alias=True, exclude_defaults=True)
+        if dumped not in selectors:
+            selectors.append(dumped)
+    selectors = [{"matchExpressions": [{"key": key, "operator": "In",
+                                        "values": sorted(values)}]}
+                 for key, values in by_key.items()] + selectors
+    out: list[tuple[str, dict[str, Any], list[str] | None]] = []
+    if named:
+        out.append(("routes", {"matchExpressions": [
+            {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": list(excluded)}]}, named))
+    others = {"key": NAMESPACE_LABEL, "operator": "NotIn",
+              "values": sorted({*excluded, *named})}
+    if len(selectors) > MAX_ROUTE_SELECTORS:
+        out.append(("routes-selected", {"matchExpressions": [others]}, None))
+        return out
+    for i, chosen in enumerate(selectors):
+        # The exclusion first, as in every other webhook of the configuration.
+        selector: dict[str, Any] = {"matchExpressions": [
+            others, *chosen.get("matchExpressions", [])]}
+        if chosen.get("matchLabels"):
+            selector = {"matchLabels": chosen["matchLabels"], **selector}
+        out.append((f"routes-{i + 1}", selector, None))
+    return out
+
+
+# GPUPolicy objects (cluster-scoped): what the loader refuses is refused at apply.
+POLICY_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [GROUP], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["gpupolicies"], "scope": "Cluster"},
+]
+
+
+# The scale subresource: only the replica count changes, and only the validating webhook
+# (quota) cares. The pods a scale-up adds are checked when they are created either way.
+SCALE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["deployments/scale", "statefulsets/scale", "replicasets/scale"],
+     "scope": "Namespaced"},
+]
+
+
+# A pod's UPDATE that removes the quota gate (webhook.engine.waiting): only the webhook's
+# own identity may, once it has charged the pod; every other pod update is not sent.
+GATE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["pods"], "scope": "Namespaced"},
+]
