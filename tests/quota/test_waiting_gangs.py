@@ -5,21 +5,24 @@ the line knows which workload each pod's gang is and where to read its size."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
 import orjson
 import pytest
+from fakeapi import FakeAPI
 from kit import validating
-from quotakit import admit, pod
+from quotakit import admit, ledger_replica, pod
 from test_waiting import waiting_policy
 
 from webhook.admission.webhooks import mutating
 from webhook.engine.charge import charge_of_pod
+from webhook.engine.cost import Charge
 from webhook.engine.waiting import is_gated
 from webhook.k8s.review import parse_review, request_review
 from webhook.quota.line import GangOf, gang_of
-from webhook.quota.store import MemoryStore
+from webhook.quota.store import Held, MemoryStore
 
 
 def pytorchjob(name: str = "ddp", workers: int = 3) -> dict[str, Any]:
@@ -141,3 +144,36 @@ def test_a_training_pod_with_a_slot_of_its_gangs_reservation_is_not_gated() -> N
     req = _req(operator_pod("ddp", 0))
     d = mutating(req, p, store=store)
     assert d.allowed and not is_gated(req.object), d.patch
+
+
+# --- its release, when its gang was reserved after all -----------------------------------
+
+
+def test_a_released_pod_draws_its_gangs_slot_instead_of_being_charged_again(
+        api: FakeAPI) -> None:
+    # The gang reserved whole at its creation, on one replica; its pods gated on another
+    # that had not read the ledger since (it knew of no slot). Released, each pod takes a
+    # slot of its gang's reservation, as at admission: the tenant is charged once.
+    def held(i: int) -> Held:
+        charge = Charge("team-a", "team-a", "pytorchjob/ddp", "a100", {"nvidia.com/gpu": 1}, 1)
+        return Held(f"uid-ddp-{i}", charge, f"team-a/ddp-worker-{i}",
+                    lambda view: view.tenant("team-a").gpus + 1 <= 8,
+                    gangs=("uid-ddp", "team-a/training.kubeflow.org/job-name=ddp"))
+
+    async def run(store: Any) -> None:
+        slots = [(Charge("team-a", "team-a", "pytorchjob/ddp", "a100",
+                         {"nvidia.com/gpu": 1}, 1), 4)]
+        assert await store.reserve_gang("uid-ddp", ("uid-ddp",), slots,
+                                        lambda view: True, 300.0, 10.0)
+        busy = Charge("team-a", "team-a", "pod/x", "a100", {"nvidia.com/gpu": 4}, 4)
+        assert await store.reserve("running", busy, lambda view: True, 10.0)
+        assert store.view().tenant("team-a").gpus == 8  # 4 running + 4 reserved: full
+        # Full, yet released: each pod is checked without the slot it replaces.
+        assert await store.reserve_in_order("team-a", [[held(i) for i in range(4)]],
+                                            10.0) == [0]
+        assert store.view().tenant("team-a").gpus == 8  # the slots replaced, not added to
+        # A fifth pod of the gang finds no slot left and no room.
+        assert await store.reserve_in_order("team-a", [[held(4)]], 10.0) == []
+
+    for store in (MemoryStore(), ledger_replica(api)):
+        asyncio.run(run(store))

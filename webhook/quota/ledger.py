@@ -256,20 +256,28 @@ class LedgerStore:
             done: list[int] = []
             changed = False
             for i, unit in enumerate(units):
-                made: list[str] = []
+                made: list[tuple[str, str | None, Entry | None]] = []
                 for h in unit:
                     if h.key in batch.entries or self.state.seen(h.key):
                         continue  # reserved by an earlier round (or leader): no room again
+                    # A pod of a reserved gang replaces a slot of its shape, as at
+                    # admission (_place), and is checked without it.
+                    slot = _slot(batch.entries, h.gangs, h.charge) if h.gangs else None
+                    drawn = batch.pop(slot) if slot is not None else None
                     view = Combined(self.state.pods, self._unseen([batch.unseen]))
                     if not h.fits(view):
-                        for k in made:
+                        if slot is not None and drawn is not None:
+                            batch.put(slot, drawn)  # the entries are shared: put it back
+                        for k, s, e in made:
                             batch.pop(k)
+                            if s is not None and e is not None:
+                                batch.put(s, e)
                         made = []
                         if h.passed(view):
                             break  # its user's caps alone: the units behind it go on
                         return done, changed
                     batch.put(h.key, Entry(h.charge, now + self.ttl, h.name))
-                    made.append(h.key)
+                    made.append((h.key, slot, drawn))
                 else:
                     changed |= bool(made)
                     done.append(i)

@@ -110,6 +110,9 @@ class Held:
     name: str  # "namespace/name"
     fits: Callable[[UsageView], bool]
     passed: Callable[[UsageView], bool] = _never
+    # The gangs it may belong to: a free slot of its gang's reservation is drawn, as at
+    # admission (see GangStore), so a gang reserved whole is not charged twice.
+    gangs: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -255,14 +258,23 @@ class MemoryStore:
     async def reserve_in_order(self, tenant: str, units: list[list[Held]],
                                budget: float = 1.0) -> list[int]:
         done: list[int] = []
+        self._expire()
         for i, unit in enumerate(units):
-            made: list[str] = []
+            made: list[tuple[str, tuple[Gang, str] | None]] = []
             for h in unit:
                 if h.key in self.pods or h.key in self._reservations:
                     continue  # reserved already: a retry needs no room again
+                drawn = self._slot(h.gangs, h.charge) if h.gangs else None
+                if drawn is not None:  # checked without the slot it replaces
+                    self.reserved.put(drawn[1], None)
+                    drawn[0].taken[h.key] = drawn[1]
                 if not h.fits(self.view()):
-                    for k in made:
-                        self._drop(k)
+                    for k, d in [*made, (h.key, drawn)]:
+                        if k in self._reservations:
+                            self._drop(k)
+                        if d is not None:
+                            del d[0].taken[k]
+                            self.reserved.put(d[1], d[0].slots[d[1]])
                     made = []
                     if h.passed(self.view()):
                         break  # its user's caps alone: the units behind it go on
@@ -271,7 +283,7 @@ class MemoryStore:
                                                          h.name)
                 self._named.setdefault(h.name, set()).add(h.key)
                 self.reserved.put(h.key, h.charge)
-                made.append(h.key)
+                made.append((h.key, drawn))
             else:
                 self.commits += bool(made)
                 done.append(i)
