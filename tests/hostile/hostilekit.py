@@ -155,19 +155,25 @@ def raw_request(server: Server, path: str, head_extra: str, body: bytes, *,
     with server.context().wrap_socket(raw, server_hostname="localhost") as conn:
         conn.sendall(f"POST {path} HTTP/1.1\r\nHost: localhost\r\n"
                      f"Content-Type: application/json\r\n{head_extra}\r\n".encode() + body)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            chunk = conn.recv(65536)
-            if not chunk:
-                raise ConnectionError(f"closed after {buf!r}")
-            buf += chunk
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(rest) < length:
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            rest += chunk
-        return status, rest[:length]
+        return read_response(conn)
+
+
+def read_response(conn: socket.socket) -> tuple[int, bytes]:
+    """One HTTP response read to the end of its body (Content-Length): its status and
+    body; the next response on the connection is then read from its own first byte."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {buf!r}")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(rest) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return status, rest[:length]

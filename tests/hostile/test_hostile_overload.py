@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 from cases import gpu_pod, review
-from hostilekit import Server, app, call_sync, rss_kib, start, stop
+from hostilekit import Server, app, call_sync, read_response, rss_kib, start, stop
 from prometheus_client import generate_latest
 
 from webhook.server.metrics import REGISTRY
@@ -204,27 +204,10 @@ def test_a_connections_first_review_counts_its_deadline_from_the_accept(small: S
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY))
     with small.context().wrap_socket(raw, server_hostname="localhost") as conn:
         conn.sendall(head + BODY)
-        status, reply = _whole(conn)
+        status, reply = read_response(conn)
         assert status == 503 and b"deadline" in reply, reply
         conn.sendall(head + BODY)
-        assert _whole(conn)[0] == 200
-
-
-def _whole(conn: socket.socket) -> tuple[int, bytes]:
-    """One response read to the end of its body (the next one on the connection is
-    then read from its own first byte)."""
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed after {buf!r}")
-        buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        body += conn.recv(65536)
-    return int(head.split(b" ", 2)[1]), body
+        assert read_response(conn)[0] == 200
 
 
 def test_an_answer_after_the_api_servers_timeout_is_counted_late() -> None:
