@@ -6,6 +6,7 @@ import pytest
 from quotakit import pod, policy
 
 from webhook.engine.charge import charge_of_pod, owner_of
+from webhook.k8s.identity import ObjectId
 from webhook.quota.usage import Usage
 
 
@@ -84,8 +85,8 @@ def test_a_tenant_spans_its_namespaces_and_each_namespace_keeps_its_own_total() 
 
 def test_owner_names_follow_the_controller() -> None:
     job_pod = pod("llm-0", owner=("Job", "llm-pretrain"))
-    assert owner_of(job_pod) == "job/llm-pretrain"
+    assert owner_of(ObjectId.of(job_pod)) == "job/llm-pretrain"
     rs_pod = pod("web-5d8f-abc", owner=("ReplicaSet", "web-5d8f"))
     rs_pod["metadata"]["labels"] = {"pod-template-hash": "5d8f"}
-    assert owner_of(rs_pod) == "deployment/web"
-    assert owner_of(pod("notebook-x")) == "pod/notebook-x"
+    assert owner_of(ObjectId.of(rs_pod)) == "deployment/web"
+    assert owner_of(ObjectId.of(pod("notebook-x"))) == "pod/notebook-x"

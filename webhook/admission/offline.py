@@ -26,6 +26,7 @@ from webhook.engine.decision import Decision
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s import slices
 from webhook.k8s.claims import GROUP
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.claims import DeviceIndex
@@ -102,11 +103,10 @@ class ClaimBook:
         return self._known.get((kind, namespace, name))
 
     def add(self, req: AdmissionRequest, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata")
-        name = meta.get("name") if isinstance(meta, dict) else None
-        if is_claim(req) and isinstance(name, str):
+        name = ObjectId.of(obj).name
+        if is_claim(req) and name:
             self._known[(req.kind, req.namespace, name)] = obj
-        elif req.group == GROUP and req.kind == slices.SLICE and isinstance(name, str):
+        elif req.group == GROUP and req.kind == slices.SLICE and name:
             parsed = slices.parse(obj)
             if parsed is not None:
                 self._slices[name] = parsed

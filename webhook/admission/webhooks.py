@@ -238,9 +238,8 @@ async def releasing(req: AdmissionRequest, policy: CompiledPolicy, cluster: Clus
     a delete is never the webhook's to refuse, and a release that fails leaves the
     bound to free the slots."""
     store = cluster.store
-    meta = (req.old_object or {}).get("metadata") or {}
-    uid = meta.get("uid") if isinstance(meta, dict) else None
-    if req.dry_run or not isinstance(store, GangStore) or not isinstance(uid, str):
+    uid = req.ident.uid  # the old object's: a DELETE carries no object
+    if req.dry_run or not isinstance(store, GangStore) or not uid:
         return Decision.skip("operation")
     tenant = policy.tenant_for(req.namespace, cluster.labels(req.namespace))
     if tenant is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import child_map
 from webhook.k8s.patch import Patch
 from webhook.policy.compiled import TenantRules
@@ -41,9 +42,7 @@ def borrower_of(key: str) -> str | None:
 
 def is_marked(obj: dict[str, Any]) -> bool:
     """Whether a pod carries the borrowed label (value "true")."""
-    meta = obj.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, dict) else None
-    return isinstance(labels, dict) and labels.get(BORROWED_LABEL) == "true"
+    return ObjectId.of(obj).labels.get(BORROWED_LABEL) == "true"
 
 
 def charged_to(tenant: TenantRules, obj: dict[str, Any]) -> str:

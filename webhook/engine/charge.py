@@ -27,7 +27,8 @@ from webhook.engine.target import Target, read_target
 from webhook.engine.users import recorded_on
 from webhook.engine.waiting import is_gated
 from webhook.k8s import claims as claims_wire
-from webhook.k8s.objects import MalformedObject, shown_name
+from webhook.k8s.identity import ObjectId
+from webhook.k8s.objects import MalformedObject
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
 
@@ -129,8 +130,8 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
         return None, ()
     if is_gated(pod):
         return None, ()  # waiting for quota: it holds nothing until released, charged
-    meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
+    ident = ObjectId.of(pod)
+    namespace = ident.namespace
     try:
         target = read_target("", "Pod", namespace, pod, "", policy, lambda _: labels,
                              claims)
@@ -155,8 +156,8 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
         if bound is not None:
             cost = replace(cost, product=bound)
     # The user recorded on the pod: its creator's, as admission wrote it (engine.users).
-    user = recorded_on(pod) if target.tenant.user_quota is not None else None
-    return (cost.charge(charged_to(target.tenant, pod), namespace, owner_of(pod), user=user),
+    user = recorded_on(ident) if target.tenant.user_quota is not None else None
+    return (cost.charge(charged_to(target.tenant, pod), namespace, owner_of(ident), user=user),
             unknown)
 
 
@@ -215,16 +216,13 @@ def _made_for_a_pod(meta: Mapping[str, Any]) -> bool:
                                       "kube-controller-manager" in managers)
 
 
-def owner_of(pod: Mapping[str, Any]) -> str:
+def owner_of(pod: ObjectId) -> str:
     """A readable owner for messages: the Deployment behind a ReplicaSet, else the
     controller's kind/name, else the pod itself."""
-    meta = pod.get("metadata") or {}
-    for ref in meta.get("ownerReferences") or ():
-        if not isinstance(ref, dict) or not ref.get("controller"):
-            continue
-        kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
-        pth = (meta.get("labels") or {}).get("pod-template-hash")
-        if kind == "ReplicaSet" and pth and name.endswith("-" + pth):
-            return "deployment/" + name[: -len(pth) - 1]
-        return f"{kind.lower()}/{name}"
-    return "pod/" + (shown_name(pod) or "*")
+    ref = pod.controller
+    if ref is None:
+        return "pod/" + (pod.shown() or "*")
+    pth = pod.labels.get("pod-template-hash")
+    if ref.kind == "ReplicaSet" and pth and ref.name.endswith("-" + pth):
+        return "deployment/" + ref.name[: -len(pth) - 1]
+    return f"{ref.kind.lower()}/{ref.name}"

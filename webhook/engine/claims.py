@@ -31,7 +31,7 @@ from webhook.engine.handoff import ClaimQuota, Reservation, Validation
 from webhook.engine.target import NamespaceLabels, no_tenant
 from webhook.k8s import claims
 from webhook.k8s.claims import DeviceRequest
-from webhook.k8s.objects import MalformedObject, child_map, shown_name
+from webhook.k8s.objects import MalformedObject, child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy, TenantRules
@@ -73,7 +73,7 @@ def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabe
     obj = req.object
     raw = obj.get("metadata")
     meta: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    name = shown_name(obj, req.name) or "*"
+    name = req.ident.shown(req.name) or "*"
     subject = f"{req.kind.lower()} {req.namespace}/{name}"
     try:
         found = claims.claim_spec(req.kind, obj)
@@ -138,15 +138,15 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLab
             [policy.product_name(v) or v for v in values]))
     if target.kind != claims.CLAIM or check.denied or not tenant.has_quota:
         return Validation(check.decide())
-    meta = target.obj.get("metadata") or {}
-    owner = f"resourceclaim/{meta.get('name') or req.name}"
+    claim = req.ident.name or req.name
+    owner = f"resourceclaim/{claim}"
     per = cost.as_cost()
     ask = Ask(tenant.name, req.namespace, per, 1, True, 1, target.kind, counts_pods=False)
     reservation = None
     if not req.dry_run:
         # A name no pod can have (":"), so a claim never stands for a pod of its name.
-        name = f"{req.namespace}/resourceclaim:{meta.get('name') or req.name}"
-        reservation = Reservation(key=str(meta.get("uid") or name),
+        name = f"{req.namespace}/resourceclaim:{claim}"
+        reservation = Reservation(key=req.ident.uid or name,
                                   charge=per.charge(tenant.name, req.namespace, owner, pods=0),
                                   name=name)
     return Validation(check.decide(), ClaimQuota(tenant=tenant, subject=target.subject,

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook.engine import messages
-from webhook.k8s.objects import MalformedObject, shown_name
+from webhook.k8s.identity import ObjectId
+from webhook.k8s.objects import MalformedObject
 from webhook.policy.compiled import CompiledPolicy, TenantRules
 from webhook.policy.model import Mode, Rule
 
@@ -166,7 +167,7 @@ class Quiet(Checker):
 
 def subject_of(kind: str, namespace: str, obj: dict[str, Any], request_name: str) -> str:
     """``pod team-a/trainer-0``; ``deployment team-a/web`` for a workload's template."""
-    name = shown_name(obj, request_name) or "(unnamed)"
+    name = ObjectId.of(obj).shown(request_name) or "(unnamed)"
     ref = f"{namespace}/{name}" if namespace else name
     if kind == "Pod":
         return f"pod {ref}"

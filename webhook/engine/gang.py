@@ -14,11 +14,10 @@ against the caps and, when it fits now, reserved (``webhook.quota.gang``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from webhook.engine.cost import Cost
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.workloads import POD_LABELS
 
 
@@ -80,21 +79,11 @@ def workload_ids(group: str, kind: str, namespace: str, name: str, uid: str) -> 
     return (uid, f"{namespace}/{label}={name}") if label else (uid,)
 
 
-def pod_ids(pod: Mapping[str, Any]) -> tuple[str, ...]:
+def pod_ids(pod: ObjectId) -> tuple[str, ...]:
     """The gangs a pod may belong to: its owners' uids and the workload labels it has."""
-    meta = pod.get("metadata") or {}
-    if not isinstance(meta, dict):
-        return ()
-    out: list[str] = []
-    for ref in meta.get("ownerReferences") or ():
-        if isinstance(ref, dict) and isinstance(ref.get("uid"), str):
-            out.append(ref["uid"])
-    labels = meta.get("labels") or {}
-    ns = str(meta.get("namespace") or "")
-    if isinstance(labels, dict):
-        out.extend(f"{ns}/{k}={v}" for k, v in labels.items()
-                   if k in _LABEL_KEYS and isinstance(v, str))
-        uid = labels.get("jobset.sigs.k8s.io/jobset-uid")
-        if isinstance(uid, str):
-            out.append(uid)
+    out = [ref.uid for ref in pod.owners if ref.uid]
+    out.extend(f"{pod.namespace}/{k}={v}" for k, v in pod.labels.items() if k in _LABEL_KEYS)
+    uid = pod.labels.get("jobset.sigs.k8s.io/jobset-uid")
+    if uid is not None:
+        out.append(uid)
     return tuple(out)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.engine.target import Target
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
@@ -32,13 +33,16 @@ def recorded(meta: object) -> str | None:
     if not isinstance(meta, Mapping):
         return None
     ann = meta.get("annotations")
-    value = ann.get(USER_ANNOTATION) if isinstance(ann, Mapping) else None
-    return value if isinstance(value, str) and value and len(value) <= 512 else None
+    return _user(ann.get(USER_ANNOTATION) if isinstance(ann, Mapping) else None)
 
 
-def recorded_on(obj: Mapping[str, Any]) -> str | None:
+def recorded_on(obj: ObjectId) -> str | None:
     """The user recorded on an object seen in the cluster (a pod, for the cache)."""
-    return recorded(obj.get("metadata"))
+    return _user(obj.annotations.get(USER_ANNOTATION))
+
+
+def _user(value: object) -> str | None:
+    return value if isinstance(value, str) and value and len(value) <= 512 else None
 
 
 def _earlier(req: AdmissionRequest) -> str | None:

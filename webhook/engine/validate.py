@@ -49,7 +49,7 @@ from webhook.engine.target import (
 )
 from webhook.engine.tolerations import tolerated_gpu_taints
 from webhook.engine.users import charged_user, recorded
-from webhook.k8s.objects import MalformedObject, shown_name
+from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, replicas
 from webhook.policy.compiled import CompiledPolicy
@@ -137,13 +137,12 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
               user=user)
     reservation = None
     if target.template.is_pod and not req.dry_run:  # a dry run must leave no trace
-        meta = req.object.get("metadata") or {}
-        name = f"{req.namespace}/{meta.get('name') or req.name}"
-        key = str(meta.get("uid") or name)
+        name = f"{req.namespace}/{req.ident.name or req.name}"
+        key = req.ident.uid or name
         reservation = Reservation(
             key=key, charge=cost.charge(charged_to(tenant, req.object), req.namespace,
-                                        owner_of(req.object), user=user),
-            gangs=pod_ids(req.object), name=name)
+                                        owner_of(req.ident), user=user),
+            gangs=pod_ids(req.ident), name=name)
     borrowed = charged_to(tenant, req.object) != tenant.name
     if borrowed and target.template.is_pod and tenant.cohort is not None:
         problem = priority_mismatch(req.object, tenant.cohort.priority)
@@ -222,13 +221,12 @@ def _gang_reservation(req: AdmissionRequest, w: Workload) -> GangReservation | N
         return None
     # The validating webhook sees the final object, uid included: a gang's GPUs are
     # reserved under it, and its pods find it through their owners.
-    meta = req.object.get("metadata") or {}
-    uid = meta.get("uid") if isinstance(meta, dict) else None
+    uid = req.ident.uid
     if not uid:
         return None
-    name = shown_name(req.object, req.name)
-    return GangReservation(key=str(uid), owner=f"{w.kind.lower()}/{name}",
-                           ids=workload_ids(req.group, req.kind, req.namespace, name, str(uid)))
+    name = req.ident.shown(req.name)
+    return GangReservation(key=uid, owner=f"{w.kind.lower()}/{name}",
+                           ids=workload_ids(req.group, req.kind, req.namespace, name, uid))
 
 
 def _old_pods(req: AdmissionRequest, policy: CompiledPolicy) -> dict[str, int] | None:

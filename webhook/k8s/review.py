@@ -13,6 +13,8 @@ from typing import Any, NotRequired, TypedDict
 
 import orjson
 
+from webhook.k8s.identity import ObjectId
+
 API_VERSION = "admission.k8s.io/v1"
 MAX_BODY_BYTES = 4 * 1024 * 1024  # etcd caps objects at ~1.5 MB; a review holds two + slack
 
@@ -83,6 +85,13 @@ class AdmissionRequest:
     groups: list[str] = field(default_factory=list)
     dry_run: bool = False
     api_version: str = API_VERSION
+    # Who the object is (the old object's identity for a DELETE), read once here for
+    # every step of the review; made again when ``dataclasses.replace`` swaps the object.
+    ident: ObjectId = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ident = ObjectId.of(self.object if self.object is not None else self.old_object,
+                                 self.namespace)
 
 
 _OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})

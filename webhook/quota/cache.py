@@ -35,6 +35,7 @@ from typing import Any
 from webhook.engine.charge import charge_and_unknown
 from webhook.engine.cost import Charge
 from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import label_of
 from webhook.k8s.slices import SLICE
 from webhook.policy.compiled import CompiledPolicy
@@ -195,9 +196,9 @@ class ClusterState:
                     self._wait(gone, None, ())  # deleted while the watch was away
             self.pods_synced = True
             return
-        meta = pod.get("metadata") or {}
-        uid = meta.get("uid")
-        if not isinstance(uid, str):
+        ident = ObjectId.of(pod)
+        uid = ident.uid
+        if not uid:
             return
         into = self._relisting or self._pods
         old = into.usage.charge(uid)
@@ -210,7 +211,7 @@ class ClusterState:
             self._end(uid)
             self.line.gone(uid)
             return
-        ns = str(meta.get("namespace") or "")
+        ns = ident.namespace
         charge, unknown = charge_and_unknown(pod, self.policy(), self.labels.get(ns),
                                              self.claim_lookup, self.node_products.get)
         self._note_node(uid, pod)
@@ -220,7 +221,7 @@ class ClusterState:
             self._end(uid)  # reached a terminal phase
         if old is not None and old.gpus > (charge.gpus if charge is not None else 0.0):
             self.freed[old.tenant] = self._clock()
-        into.put(uid, f"{ns}/{meta.get('name') or ''}", charge)
+        into.put(uid, ident.key, charge)
         self.line.seen(uid, pod, charge is not None)
 
     def claim_event(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
@@ -246,8 +247,8 @@ class ClusterState:
                 if charge is None and typ == "DELETED":
                     self._end(uid)  # a reservation for it must not count again
             if kind == TEMPLATE and typ in ("ADDED", "MODIFIED"):
-                meta = obj.get("metadata") or {}
-                key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+                ident = ObjectId.of(obj)
+                key = (ident.namespace, ident.name)
                 for uid in sorted(self._waiting_on.get(key, ())):
                     self._pod("MODIFIED", self._waiting[uid][0])  # charged in full now
             if first_sync and kind == TEMPLATE and self.pods_synced and self.on_templates_synced:
@@ -275,15 +276,15 @@ class ClusterState:
             if first and self.on_relabel and self._any_pod():
                 self.on_relabel()
             return
-        meta = ns.get("metadata") or {}
-        name = meta.get("name")
-        if not isinstance(name, str):
+        ident = ObjectId.of(ns)
+        name = ident.name
+        if not name:
             return
         before = self.labels.get(name)
         if typ == "DELETED":
             self.labels.pop(name, None)
         else:
-            self.labels[name] = dict(meta.get("labels") or {})
+            self.labels[name] = dict(ident.labels)
         if before != self.labels.get(name):
             self._recharge_claims()  # a claim's tenant by selector may have changed
         if self.namespaces_synced and before != self.labels.get(name) and self.on_relabel:
@@ -295,9 +296,8 @@ class ClusterState:
         node arrives, or when its product label changes."""
         if typ == "RESET":
             return  # the relist delivers each node again; a stale label is replaced then
-        meta = node.get("metadata") or {}
-        name = meta.get("name")
-        if not isinstance(name, str):
+        name = ObjectId.of(node).name
+        if not name:
             return
         if typ == "DELETED":
             self.node_products.pop(name, None)
@@ -356,7 +356,7 @@ class ClusterState:
                 waiting.discard(uid)
                 if not waiting:
                     del self._waiting_on[key]
-        ns = str(((pod or {}).get("metadata") or {}).get("namespace") or "")
+        ns = ObjectId.of(pod).namespace
         missing = frozenset((ns, t) for t in templates)
         if missing and pod is not None:
             self._waiting[uid] = (pod, missing)

@@ -25,6 +25,7 @@ from webhook.engine.charge import charge_of_claim
 from webhook.engine.cost import Charge
 from webhook.k8s import slices
 from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.slices import SLICE
 from webhook.policy.compiled import CompiledPolicy
 
@@ -79,11 +80,9 @@ class ClaimCache:
                 if uid is not None and self.charges.pop(uid, None) is not None:
                     out.append((uid, None))
             return out
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        if not isinstance(meta, dict):
-            return []
-        name, ns, uid = meta.get("name"), meta.get("namespace"), meta.get("uid")
-        if not (isinstance(name, str) and isinstance(ns, str) and isinstance(uid, str)):
+        ident = ObjectId.of(obj)
+        name, ns, uid = ident.name, ident.namespace, ident.uid
+        if not (name and ns and uid):
             return []
         key = (kind, ns, name)
         if typ == "DELETED":
@@ -120,9 +119,8 @@ class ClaimCache:
             return []
         if typ == "PROGRESS":
             return []
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        if not isinstance(name, str):
+        name = ObjectId.of(obj).name
+        if not name:
             return []
         before = self.slices.get(name)
         parsed = slices.parse(obj) if typ != "DELETED" else None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine.waiting import is_gated
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.workloads import CRD_KINDS, BuiltIn
 
 # A LeaderWorkerSet starts each group of ``size`` pods as one gang: its pods carry the
@@ -89,19 +90,6 @@ def releasable(units: Iterable[Unit]) -> list[Unit]:
     return [u for u in units if u.complete]
 
 
-def owner_uid(pod: Mapping[str, Any], kind: str = "Job",
-              api_version: str = "batch/v1") -> str | None:
-    """The uid of the pod's controller when it is of ``kind`` in ``api_version`` (a
-    Volcano Job is a ``Job`` too, of ``batch.volcano.sh``: not a batch Job's pod)."""
-    meta = pod.get("metadata")
-    for ref in (meta.get("ownerReferences") or ()) if isinstance(meta, dict) else ():
-        if (isinstance(ref, dict) and ref.get("controller") and ref.get("kind") == kind
-                and ref.get("apiVersion") == api_version):
-            uid = ref.get("uid")
-            return uid if isinstance(uid, str) else None
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class GangOf:
     """The gang a pod belongs to in the line: its key, and the workload to read its
@@ -139,18 +127,11 @@ def gang_of(pod: Mapping[str, Any]) -> GangOf | None:
     it carries (of a label several kinds share, the kind its owners name, else the first
     that makes pods itself: a TrainJob's pods are its JobSet's), one group of a
     LeaderWorkerSet, else the batch Job that controls it; None for a pod of neither."""
-    meta = pod.get("metadata")
-    if not isinstance(meta, dict):
-        return None
-    ns = str(meta.get("namespace") or "")
-    labels = meta.get("labels")
-    labels = labels if isinstance(labels, dict) else {}
-    refs = [r for r in meta.get("ownerReferences") or ()
-            if isinstance(r, dict) and isinstance(r.get("apiVersion"), str)]
+    ident = ObjectId.of(pod)
+    ns, labels = ident.namespace, ident.labels
     # (group, kind) -> (version, name) of the pod's owners: the version its controller
     # wrote is one the API server serves.
-    owned = {(g, r.get("kind")): (v, str(r.get("name") or ""))
-             for r in refs for g, _, v in [r["apiVersion"].rpartition("/")]}
+    owned = {(r.group, r.kind): (r.version, r.name) for r in ident.owners if r.api_version}
     for label, kinds in _BY_LABEL.items():
         owner = next((k for k in kinds if (k.group, k.kind) in owned), None)
         name = labels.get(label)
@@ -165,11 +146,11 @@ def gang_of(pod: Mapping[str, Any]) -> GangOf | None:
             key = f"{key}/{group}"
         version = owned.get((b.group, b.kind), (b.versions[0], ""))[0]
         return GangOf(key, b.kind, b.group, version, b.resource, ns, name)
-    job = owner_uid(pod)
-    if job is None:
+    # A Volcano Job is a ``Job`` too, of batch.volcano.sh: not a batch Job's pod.
+    job = ident.controlled_by("Job", "batch/v1")
+    if job is None or not job.uid:
         return None
-    name = next((str(r.get("name")) for r in refs if r.get("uid") == job), "")
-    return GangOf(job, "Job", "batch", "v1", "jobs", ns, name)
+    return GangOf(job.uid, "Job", "batch", "v1", "jobs", ns, job.name)
 
 
 class WaitLine:

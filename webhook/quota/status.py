@@ -19,6 +19,7 @@ from webhook.engine import messages
 from webhook.engine.borrowed import account
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.waiting import is_gated, ungated
+from webhook.k8s.identity import ObjectId
 from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
 from webhook.quota.borrow import cohort_members
 from webhook.quota.cohort import overdrawn, room
@@ -224,9 +225,7 @@ def waiting_of(pods: Iterable[Mapping[str, Any]], policy: CompiledPolicy,
     for pod in pods:
         if not is_gated(pod):
             continue
-        meta = pod.get("metadata") or {}
-        ns = str(meta.get("namespace") or "")
-        charge = charge_of_pod(ungated(pod), policy, labels(ns))
+        charge = charge_of_pod(ungated(pod), policy, labels(ObjectId.of(pod).namespace))
         if charge is None:
             continue
         n, g = out.get(charge.tenant, (0, 0.0))

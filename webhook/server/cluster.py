@@ -17,6 +17,7 @@ from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
 from webhook.engine.routes import Sights, carries_gpus, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.slices import SLICE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
@@ -63,9 +64,8 @@ class SightCache:
         if typ == "RESET":
             self.nodes.clear()
             return
-        meta = node.get("metadata") or {}
-        name = meta.get("name")
-        if not isinstance(name, str):
+        name = ObjectId.of(node).name
+        if not name:
             return
         if typ == "DELETED":
             self.nodes.pop(name, None)
@@ -76,8 +76,8 @@ class SightCache:
         if typ == "RESET":
             self.classes.clear()
             return
-        name = (pc.get("metadata") or {}).get("name")
-        if not isinstance(name, str):
+        name = ObjectId.of(pc).name
+        if not name:
             return
         if typ == "DELETED":
             self.classes.pop(name, None)

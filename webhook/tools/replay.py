@@ -19,7 +19,6 @@ import jsonpatch
 import orjson
 
 from webhook.admission.offline import through_both
-from webhook.k8s.objects import shown_name
 from webhook.k8s.review import AdmissionRequest, BadReview, parse_review
 from webhook.policy.compiled import CompiledPolicy
 
@@ -101,7 +100,7 @@ def replay(raw_lines: list[bytes], baseline: CompiledPolicy, candidate: Compiled
 
 
 def _subject(req: AdmissionRequest) -> str:
-    name = shown_name(req.object, req.name) or "*"
+    name = req.ident.shown(req.name) or "*"
     who = f" by {req.username}" if req.username else ""
     return f"{req.kind} {req.namespace}/{name} ({req.operation}{who})"
 

@@ -40,9 +40,10 @@ from webhook.engine import messages
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Quiet
 from webhook.engine.handoff import PodQuota, Validation
-from webhook.engine.users import recorded
+from webhook.engine.users import recorded_on
 from webhook.engine.validate import OWNED, validate
 from webhook.engine.waiting import ungate_ops, ungated
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import READERS
@@ -112,16 +113,15 @@ class Releaser:
             if uid in self._released:
                 continue
             self._arrived.setdefault(uid, now)
-            meta = pod.get("metadata") or {}
-            ns = str(meta.get("namespace") or "")
+            ident = ObjectId.of(pod)
+            ns = ident.namespace
             tenant = policy.tenant_for(ns, self.state.namespace_labels(ns))
             pods[uid] = pod
             if tenant is None or not tenant.has_quota:
                 await self._ungate(uid, pod, "")  # nothing to charge it to
                 continue
             gang = await self._gang(pod)
-            w = Waiting(uid, ns, str(meta.get("name") or ""), _priority(pod),
-                        str(meta.get("creationTimestamp") or ""), gang,
+            w = Waiting(uid, ns, ident.name, _priority(pod), ident.created, gang,
                         self._decided(uid, pod, policy).gpus)
             lines.setdefault(tenant.name, (tenant, []))[1].append(w)
         for name in self._tenants - set(lines):
@@ -144,19 +144,18 @@ class Releaser:
         now. Kept while the pod (its resourceVersion), the policy and its namespace's
         labels stay the same: a line of 1,000 pods is not decided 1,000 times a second.
         A pod naming DRA claims is decided every time (its claims may change)."""
-        meta = pod.get("metadata") or {}
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        ident = ObjectId.of(pod)
+        ns, name = ident.namespace, ident.name
         labels = self.state.namespace_labels(ns)
-        version = meta.get("resourceVersion")
+        version = ident.resource_version
         key = (version, tuple(sorted(labels.items())) if labels else ())
         known = self._decisions.get(uid)
-        if (known is not None and known.policy is policy and known.key == key
-                and version is not None):
+        if known is not None and known.policy is policy and known.key == key and version:
             return known
         # Decided as its creation by the user it records: its own CREATE wrote that name
         # (a bare pod) or checked it against its creator (a controller's), so its
         # per-user cap binds the release as it bound the admission.
-        user = recorded(meta) or ""
+        user = recorded_on(ident) or ""
         obj = ungated(pod)
         req = AdmissionRequest(uid="release", group="", version="v1", kind="Pod",
                                operation="CREATE", namespace=ns, name=name,
@@ -247,8 +246,8 @@ class Releaser:
         """The pod's charge and quota test as admission would decide its creation now:
         a Held, its quota step when it is marked as borrowed, True when it is charged
         nothing (its tenant caps nothing it asks), False when the policy refuses it now."""
-        meta = pod.get("metadata") or {}
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        ident = ObjectId.of(pod)
+        ns, name = ident.namespace, ident.name
         v = self._decided(uid, pod, policy).validation
         if not v.decision.allowed:
             logs.event("waiting pod refused by the policy now; it stays waiting",
@@ -309,8 +308,8 @@ class Releaser:
 
     async def _ungate(self, uid: str, pod: dict[str, Any], tenant: str) -> None:
         ops = ungate_ops(pod)
-        meta = pod.get("metadata") or {}
-        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        ident = ObjectId.of(pod)
+        ns, name = ident.namespace, ident.name
         if ops is None:
             return
         try:
@@ -322,7 +321,7 @@ class Releaser:
                        namespace=ns, name=name, error=str(exc))
             return
         now = self._released[uid] = time.monotonic()
-        waited = max(self.wall() - _timestamp(meta.get("creationTimestamp")), 0.0)
+        waited = max(self.wall() - _timestamp(ident.created), 0.0)
         metrics.RELEASED.labels(tenant or "none").inc()
         metrics.RELEASE_SECONDS.labels(tenant or "none").observe(waited)
         could = max(self.state.freed.get(tenant, 0.0), self._arrived.pop(uid, now))
