@@ -32,7 +32,8 @@ from webhook.admission.offline import Outcome, through_both
 from webhook.engine import routes
 from webhook.engine.charge import TERMINAL_PHASES
 from webhook.engine.target import NamespaceLabels
-from webhook.engine.users import recorded
+from webhook.engine.users import recorded_on
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy
@@ -74,8 +75,9 @@ def audit(policy: CompiledPolicy, pods: Iterable[dict[str, Any]],
     out: list[Finding] = []
     store = MemoryStore(ttl=1e9)  # reservations stand for the pods: they never expire here
     live = [p for p in pods if (p.get("status") or {}).get("phase") not in TERMINAL_PHASES]
-    live.sort(key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""),
-                             str(p["metadata"].get("namespace")), str(p["metadata"]["name"])))
+    idents = {id(p): ObjectId.of(p) for p in live}
+    live.sort(key=lambda p: (idents[id(p)].created, idents[id(p)].namespace,
+                             idents[id(p)].name))
     for pod in live:
         out += _decided(pod, policy, labels, store, node_gpus)
     for obj in workloads:
@@ -86,11 +88,10 @@ def audit(policy: CompiledPolicy, pods: Iterable[dict[str, Any]],
 def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabels,
              store: MemoryStore, node_gpus: routes.NodeLookup = routes.no_nodes
              ) -> list[Finding]:
-    meta = obj["metadata"]
-    subject = f"{str(obj['kind']).lower()} {meta.get('namespace')}/{meta['name']}"
+    meta, ident = obj["metadata"], ObjectId.of(obj)
+    subject = f"{str(obj['kind']).lower()} {ident.namespace}/{ident.name}"
     ref = {"apiVersion": str(obj["apiVersion"]), "kind": str(obj["kind"]),
-           "namespace": str(meta.get("namespace") or ""), "name": str(meta["name"]),
-           "uid": str(meta.get("uid") or "")}
+           "namespace": ident.namespace, "name": ident.name, "uid": ident.uid}
     spec = obj.get("spec")
     if obj["kind"] == "Pod" and isinstance(spec, dict):
         # Where the scheduler bound it, and the containers kubectl debug added: not part
@@ -100,8 +101,8 @@ def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabel
                 "metadata": {k: meta[k] for k in ("name", "namespace", "labels",
                                                    "annotations", "ownerReferences")
                              if k in meta}}
-    req = parse_review(orjson.dumps(request_review(stripped, uid=str(meta.get("uid") or subject),
-                                                   username=_creator(meta))))
+    req = parse_review(orjson.dumps(request_review(stripped, uid=ident.uid or subject,
+                                                   username=_creator(ident))))
     o: Outcome = through_both(req, policy, labels, store)
     rules = tuple(RuleFinding(f.rule.value, f.mode.value, f.message)
                   for d in o.decisions for f in d.findings)
@@ -124,15 +125,14 @@ def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabel
     return []
 
 
-def _creator(meta: dict[str, Any]) -> str:
+def _creator(ident: ObjectId) -> str:
     """Who the object is decided as created by: the user recorded on it (userQuota
     charges it to them, as the cache does); for a controller's pod that records no one,
     the controller manager (charged to no user, as the cache charges it)."""
-    user = recorded(meta)
+    user = recorded_on(ident)
     if user is not None:
         return user
-    owners = meta.get("ownerReferences") or ()
-    if any(isinstance(o, dict) and o.get("controller") for o in owners):
+    if ident.controller is not None:
         return CONTROLLER_MANAGER
     return "developer"  # request_review's default: a bare pod's unknown creator
 
@@ -145,7 +145,7 @@ def _held(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabels,
         found = routes.held(policy, obj, labels, node_gpus)
     except MalformedObject:
         return ()  # the pipeline has said so
-    ns = str(obj["metadata"].get("namespace") or "")
+    ns = ObjectId.of(obj).namespace
     tenant = policy.tenant_for(ns, labels(ns))
     return tuple(RuleFinding(rule.value, policy.mode_for(rule, tenant).value,
                              f"{subject}: {text} [rule {rule.value}, tenant "

@@ -35,15 +35,12 @@ def check_requests(check: Checker, containers: list[ContainerGPUs], patch: Patch
             # API server copies a limit into a missing request before admission, so a bad
             # limit arrives as a bad request too and must be named as what was written.
             try:
+                field = "limit"
                 lim = gpu_count(lim_raw) if lim_raw is not None else None
-            except QuantityError as exc:
-                check.report(Rule.GPU_QUANTITY, messages.bad_quantity(res, "limit", str(exc)),
-                             where)
-                continue
-            try:
+                field = "request"
                 req = gpu_count(req_raw) if req_raw is not None else None
             except QuantityError as exc:
-                check.report(Rule.GPU_QUANTITY, messages.bad_quantity(res, "request", str(exc)),
+                check.report(Rule.GPU_QUANTITY, messages.bad_quantity(res, field, str(exc)),
                              where)
                 continue
             if req is not None and lim is not None and req != lim:

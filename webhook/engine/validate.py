@@ -214,7 +214,7 @@ def _role_cost(check: Checker, policy: CompiledPolicy, target: Target, patchable
 def _gang_reservation(req: AdmissionRequest, w: Workload) -> GangReservation | None:
     """The reservation of a gang workload's CREATE (not a dry run), under its uid."""
     if (w.gang is None or not w.reserves or req.operation != "CREATE" or req.dry_run
-            or req.object is None or owned_by_reserving(req.object)):
+            or req.object is None or owned_by_reserving(req.ident)):
         # A workload made by a reserved one (a TrainJob's JobSet) is checked only: its
         # pods draw from its owner's reservation, and reserving again would hold the
         # GPUs twice.

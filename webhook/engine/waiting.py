@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.patch import Patch
 
 GATE = "gpu-webhook.dev/quota"
@@ -69,9 +70,8 @@ def ungate_ops(pod: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     and our gate at that index): if the pod was replaced, or its gates moved, the API
     server refuses the patch instead of removing someone else's gate. None: not gated."""
     i = gate_index(pod)
-    meta = pod.get("metadata")
-    uid = meta.get("uid") if isinstance(meta, dict) else None
-    if i is None or not isinstance(uid, str):
+    uid = ObjectId.of(pod).uid
+    if i is None or not uid:
         return None
     path = f"/spec/schedulingGates/{i}"
     return [{"op": "test", "path": "/metadata/uid", "value": uid},

@@ -61,20 +61,17 @@ class MalformedObject(ValueError):
 def child_map(parent: dict[str, Any], key: str, ptr: str) -> dict[str, Any] | None:
     """``parent[key]`` when it is a mapping, None when absent/null; raise if another type."""
     value = parent.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise MalformedObject(ptr + "/" + escape(key), "a mapping")
-    return value
+    if value is None or isinstance(value, dict):
+        return value
+    raise MalformedObject(ptr + "/" + escape(key), "a mapping")
 
 
 def child_list(parent: dict[str, Any], key: str, ptr: str) -> list[Any] | None:
+    """``parent[key]`` when it is a list, None when absent/null; raise if another type."""
     value = parent.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise MalformedObject(ptr + "/" + escape(key), "a list")
-    return value
+    if value is None or isinstance(value, list):
+        return value
+    raise MalformedObject(ptr + "/" + escape(key), "a list")
 
 
 def label_of(obj: object, key: str) -> str | None:

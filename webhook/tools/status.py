@@ -20,6 +20,7 @@ from typing import Any
 
 from webhook.engine import holding, messages
 from webhook.engine.charge import charge_of_pod
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import label_of
 from webhook.libs import kube
 from webhook.policy.compiled import CompiledPolicy, TenantRules
@@ -74,11 +75,10 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
     seen, held = Usage(), Usage()
     uids = set()
     for pod in cluster.pods:
-        meta = pod.get("metadata") or {}
-        ns = str(meta.get("namespace") or "")
-        charge = charge_of_pod(pod, policy, cluster.namespaces.get(ns),
+        ident = ObjectId.of(pod)
+        charge = charge_of_pod(pod, policy, cluster.namespaces.get(ident.namespace),
                                node_product=cluster.nodes.get)
-        uid = str(meta.get("uid") or "")
+        uid = ident.uid
         uids.add(uid)
         seen.put(uid, charge)
     for name, data in cluster.ledgers.items():

@@ -5,10 +5,9 @@ templates (Volcano, JobSet, Kubeflow), else hand-written (:mod:`.readers`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.workloads.described import Roles, Templates
 from webhook.k8s.workloads.readers import (
     TEMPLATE_PATHS,
@@ -135,16 +134,10 @@ RESERVING: frozenset[tuple[str, str]] = frozenset(
     (b.group, b.kind) for b in CRD_KINDS if b.reserves)
 
 
-def owned_by_reserving(obj: Mapping[str, Any]) -> bool:
+def owned_by_reserving(obj: ObjectId) -> bool:
     """Whether a controller of a reserving kind made ``obj`` (a TrainJob's JobSet): its
     pods are that workload's, already reserved with it."""
-    meta = obj.get("metadata")
-    for ref in (meta.get("ownerReferences") or () if isinstance(meta, dict) else ()):
-        if isinstance(ref, dict) and isinstance(ref.get("apiVersion"), str):
-            group = ref["apiVersion"].rpartition("/")[0]
-            if (group, ref.get("kind")) in RESERVING:
-                return True
-    return False
+    return any((ref.group, ref.kind) in RESERVING for ref in obj.owners)
 
 
 READERS: dict[tuple[str, str], Reader] = {
