@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from webhook.admission.audit import audit, policy_reports
-from webhook.engine.routes import node_lookup
+from webhook.engine.routes.sights import node_lookup
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 

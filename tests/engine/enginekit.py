@@ -26,7 +26,7 @@ from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
-from webhook.engine.routes import Sights, no_sights
+from webhook.engine.routes.sights import Sights, no_sights
 from webhook.engine.target import NamespaceLabels
 from webhook.k8s.review import AdmissionRequest, parse_review, request_review
 from webhook.policy.compiled import CompiledPolicy, compile_policy

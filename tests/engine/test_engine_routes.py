@@ -33,7 +33,7 @@ from enginekit import (
 )
 
 from webhook.admission.webhooks import mutating
-from webhook.engine.routes import Sights
+from webhook.engine.routes.sights import Sights
 from webhook.k8s.review import parse_review, request_review
 from webhook.policy.model import Rule
 

@@ -29,8 +29,9 @@ from typing import Any
 import orjson
 
 from webhook.admission.offline import Outcome, through_both
-from webhook.engine import routes
 from webhook.engine.charge import TERMINAL_PHASES
+from webhook.engine.routes.held import held
+from webhook.engine.routes.sights import NodeLookup, no_nodes
 from webhook.engine.target import NamespaceLabels
 from webhook.engine.users import recorded_on
 from webhook.k8s.identity import ObjectId
@@ -68,7 +69,7 @@ class Finding:
 
 def audit(policy: CompiledPolicy, pods: Iterable[dict[str, Any]],
           workloads: Iterable[dict[str, Any]], labels: NamespaceLabels,
-          node_gpus: routes.NodeLookup = routes.no_nodes) -> list[Finding]:
+          node_gpus: NodeLookup = no_nodes) -> list[Finding]:
     """Every object the policy would refuse (or admit changed), in the order decided,
     and the pods that hold a route to a GPU on their node (``node_gpus``: which nodes
     carry GPUs; unknown nodes are taken to)."""
@@ -86,7 +87,7 @@ def audit(policy: CompiledPolicy, pods: Iterable[dict[str, Any]],
 
 
 def _decided(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabels,
-             store: MemoryStore, node_gpus: routes.NodeLookup = routes.no_nodes
+             store: MemoryStore, node_gpus: NodeLookup = no_nodes
              ) -> list[Finding]:
     meta, ident = obj["metadata"], ObjectId.of(obj)
     subject = f"{str(obj['kind']).lower()} {ident.namespace}/{ident.name}"
@@ -138,11 +139,11 @@ def _creator(ident: ObjectId) -> str:
 
 
 def _held(obj: dict[str, Any], policy: CompiledPolicy, labels: NamespaceLabels,
-          node_gpus: routes.NodeLookup, subject: str) -> tuple[RuleFinding, ...]:
+          node_gpus: NodeLookup, subject: str) -> tuple[RuleFinding, ...]:
     if obj["kind"] != "Pod":
         return ()
     try:
-        found = routes.held(policy, obj, labels, node_gpus)
+        found = held(policy, obj, labels, node_gpus)
     except MalformedObject:
         return ()  # the pipeline has said so
     ns = ObjectId.of(obj).namespace

@@ -38,7 +38,8 @@ from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.handoff import PodAsk, PodQuota
 from webhook.engine.mutate import mutate
-from webhook.engine.routes import Sights, no_sights, recheck
+from webhook.engine.routes.recheck import recheck
+from webhook.engine.routes.sights import Sights, no_sights
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels, prepare
 from webhook.engine.validate import validate

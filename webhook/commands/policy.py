@@ -153,22 +153,22 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from webhook.tools import policytest
+    from webhook.tools import policyresults, policysuite, policytest
 
     target = Path(args.path)
     if not target.exists():
         print(f"gpu-webhook test: {target} does not exist", file=sys.stderr)
         return 2
-    paths = policytest.discover(target)
+    paths = policysuite.discover(target)
     if not paths:
-        print(f"gpu-webhook test: no policy test suites (kind {policytest.KIND}) under "
+        print(f"gpu-webhook test: no policy test suites (kind {policysuite.KIND}) under "
               f"{target}", file=sys.stderr)
         return 2
     results = [policytest.run_path(p) for p in paths]
     if args.output != "text":
-        print(dump(policytest.as_json(results), args.output))
+        print(dump(policyresults.as_json(results), args.output))
     else:
-        print(policytest.render_text(results))
+        print(policyresults.render_text(results))
     if any(s.error is not None for s in results):
         return 2
     return 1 if any(s.failed for s in results) else 0

@@ -18,7 +18,7 @@ completed and pinned when they are created.
 from __future__ import annotations
 
 from webhook.engine import claims as claims_engine
-from webhook.engine import holding, messages, routes, spot, users
+from webhook.engine import holding, messages, spot, users
 from webhook.engine.charge import unknown_templates
 from webhook.engine.claims import is_claim
 from webhook.engine.decision import (
@@ -32,6 +32,11 @@ from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.gpu import check_requests
 from webhook.engine.pinning import requirements
 from webhook.engine.placement import Placement
+from webhook.engine.routes import pods as route_pods
+from webhook.engine.routes.devicetaints import claim_tolerations
+from webhook.engine.routes.ephemeral import ephemeral, is_ephemeral
+from webhook.engine.routes.rules import RULES as ROUTE_RULES
+from webhook.engine.routes.sights import Sights, no_sights
 from webhook.engine.target import NamespaceLabels, Target, no_labels, no_tenant, prepare
 from webhook.engine.tolerations import add_missing, tolerated_gpu_taints
 from webhook.k8s.objects import MalformedObject, child_map
@@ -45,18 +50,18 @@ OWNED = frozenset({
     Rule.TENANT_REQUIRED, Rule.GPU_QUANTITY, Rule.REQUESTS_MATCH_LIMITS,
     Rule.ALLOWED_RESOURCES, Rule.ALLOWED_PRODUCTS, Rule.TOPOLOGY, Rule.NON_GPU_TOLERATIONS,
     Rule.SPOT_PLACEMENT,
-}) | routes.RULES | holding.RULES
+}) | ROUTE_RULES | holding.RULES
 
 
 def mutate(req: AdmissionRequest, policy: CompiledPolicy,
            labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims,
-           sights: routes.Sights = routes.no_sights) -> Decision:
+           sights: Sights = no_sights) -> Decision:
     if is_claim(req):
         d = claims_engine.mutate(req, policy, labels)
-        return d.adding(routes.claim_tolerations(
+        return d.adding(claim_tolerations(
             req, policy, labels, claims_engine.CLAIM_CONTROLLER_USERS).findings)
-    if routes.is_ephemeral(req):
-        return routes.ephemeral(req, policy, labels, sights)
+    if is_ephemeral(req):
+        return ephemeral(req, policy, labels, sights)
     targets = prepare(req, policy, labels, claims)
     if isinstance(targets, Decision):
         return targets
@@ -87,7 +92,7 @@ def mutate(req: AdmissionRequest, policy: CompiledPolicy,
             if rt.role.patchable:
                 # After the tolerations are stripped: whether the pod can reach a GPU node
                 # is read from the tolerations it keeps.
-                routes.pod(check, policy, target, patch, changes, sights, req.username)
+                route_pods.pod(check, policy, target, patch, changes, sights, req.username)
                 # After the routes: a PriorityClass the tenant's default gave picks the
                 # kind of work of a maximum runtime.
                 if target.has_gpu:

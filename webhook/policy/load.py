@@ -158,7 +158,7 @@ Model = TypeVar("Model", bound=BaseModel)
 def load_document(text: str, source: str, model: type[Model], kind: str) -> Model:
     """One YAML document validated as ``model`` (whose ``apiVersion`` is API_VERSION and
     ``kind`` is ``kind``), with every problem located; shared by the policy and the
-    policy test suites (``webhook.tools.policytest``)."""
+    policy test suites (``webhook.tools.policysuite``)."""
     try:
         docs = [d for d in yaml.compose_all(text, Loader=_NoAliasLoader) if not _empty(d)]
     except yaml.MarkedYAMLError as exc:

@@ -15,7 +15,7 @@ from typing import Any
 
 from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
-from webhook.engine.routes import Sights, carries_gpus, no_sights
+from webhook.engine.routes.sights import Sights, carries_gpus, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.slices import SLICE

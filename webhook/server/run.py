@@ -19,7 +19,7 @@ import uvicorn
 import uvloop
 
 from webhook.engine.devices import no_claims
-from webhook.engine.routes import no_sights
+from webhook.engine.routes.sights import no_sights
 from webhook.engine.target import no_labels
 from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable

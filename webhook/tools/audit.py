@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from webhook.admission.audit import Finding, audit
-from webhook.engine.routes import node_lookup
+from webhook.engine.routes.sights import node_lookup
 from webhook.libs import kube
 
 __all__ = ["Finding", "audit", "node_lookup", "read", "read_all"]

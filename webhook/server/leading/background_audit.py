@@ -29,7 +29,7 @@ from webhook.admission.audit import (
     policy_reports,
     same_results,
 )
-from webhook.engine.routes import NodeLookup, no_nodes
+from webhook.engine.routes.sights import NodeLookup, no_nodes
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState

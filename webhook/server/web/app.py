@@ -49,7 +49,7 @@ from webhook.admission.webhooks import (
 )
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
-from webhook.engine.routes import Sights, no_sights
+from webhook.engine.routes.sights import Sights, no_sights
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
