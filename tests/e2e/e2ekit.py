@@ -417,6 +417,55 @@ def get(cp: ControlPlane, namespace: str, kind: str, name: str) -> dict[str, Any
     return obj
 
 
+def get_if_there(cp: ControlPlane, namespace: str, kind: str, name: str
+                 ) -> dict[str, Any] | None:
+    """The object as ``get`` returns it, or None when ``kubectl get`` finds none."""
+    out = cp.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    if out.returncode != 0:
+        return None
+    obj: dict[str, Any] = orjson.loads(out.stdout)
+    return obj
+
+
+def absent(cp: ControlPlane, namespace: str, kind: str, name: str) -> bool:
+    """Whether ``kubectl get`` finds no ``kind`` ``name`` in ``namespace``."""
+    return cp.kubectl("get", kind, name, "-n", namespace, check=False).returncode != 0
+
+
+def assert_succeeded(out: subprocess.CompletedProcess[str], said: str) -> None:
+    """kubectl succeeded and printed exactly ``said`` (e.g. ``pod/x created``)."""
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == said, out.stdout
+
+
+def assert_refused_at_create(out: subprocess.CompletedProcess[str], webhook: str,
+                             message: str) -> None:
+    """``kubectl apply`` failed creating its object, printing exactly ``webhook``'s denial
+    ``message``."""
+    assert out.returncode != 0
+    expected = ('Error from server (Forbidden): error when creating "STDIN": '
+                + denial_prefix(webhook) + message)
+    assert out.stderr.strip() == expected, out.stderr
+
+
+def service_account_kubeconfig(cp: ControlPlane, ns: str, path: Path,
+                               *rolebinding: str) -> Path:
+    """A kubeconfig at ``path`` for a new ServiceAccount ``dev`` of ``ns``, granted only
+    the RoleBinding in ``ns`` made by ``kubectl create rolebinding *rolebinding``."""
+    cp.kubectl("create", "serviceaccount", "dev", "-n", ns)
+    cp.kubectl("create", "rolebinding", *rolebinding, f"--serviceaccount={ns}:dev", "-n", ns)
+    token = cp.kubectl("create", "token", "dev", "-n", ns).stdout.strip()
+    admin = yaml.safe_load(Path(cp.kubeconfig).read_text())
+    cluster = admin["clusters"][0]
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+        "users": [{"name": "dev", "user": {"token": token}}],
+        "contexts": [{"name": "dev", "context": {"cluster": cluster["name"], "user": "dev",
+                                                 "namespace": ns}}],
+        "current-context": "dev"}))
+    return path
+
+
 def sees_free_gpus(webhook: Deployment, namespace: str, gpus: int) -> bool:
     """Whether every replica would now admit a pod of ``gpus`` GPUs in ``namespace``: a
     dry-run review sent to each replica directly, which reserves nothing."""

@@ -16,14 +16,17 @@ from typing import Any
 
 import orjson
 import pytest
-import yaml
 from controlplane.cluster import ControlPlane
 from e2ekit import (
     LEDGER_NAMESPACE,
     Deployment,
     NamespaceFactory,
+    absent,
     apply,
+    assert_refused_at_create,
+    assert_succeeded,
     denial_prefix,
+    get_if_there,
     gpu_pod,
     sees_free_gpus,
     wait_until,
@@ -72,12 +75,8 @@ def pod_names(core: client.CoreV1Api, namespace: str) -> set[str]:
 
 
 def ledger(cp: ControlPlane, tenant: str) -> dict[str, Any] | None:
-    out = cp.kubectl("get", "configmap", f"gpu-webhook-ledger-{tenant}", "-n", LEDGER_NAMESPACE,
-                     "-o", "yaml", check=False)
-    if out.returncode != 0:
-        return None
-    obj: dict[str, Any] = yaml.safe_load(out.stdout)
-    return obj
+    """The quota ledger ConfigMap of ``tenant``, or None while there is none."""
+    return get_if_there(cp, LEDGER_NAMESPACE, "configmap", f"gpu-webhook-ledger-{tenant}")
 
 
 def test_parallel_creates_across_two_replicas_admit_exactly_the_quota(
@@ -131,8 +130,7 @@ def test_dry_run_never_consumes_quota(
 
     # Later real creates still fit: the dry runs left the whole quota free.
     out = apply(control_plane, ns, gpu_pod("real", limits="4"))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "pod/real created"
+    assert_succeeded(out, "pod/real created")
 
     # A dry run is still checked: with the quota now full it is refused, with numbers.
     out = apply(control_plane, ns, gpu_pod("one-more", limits="1"), dry_run=True)
@@ -152,15 +150,12 @@ def test_a_job_that_can_never_fit_is_refused_at_apply(
     }
     out = apply(control_plane, ns, job)
 
-    assert out.returncode != 0
-    assert out.stderr.strip() == (
-        'Error from server (Forbidden): error when creating "STDIN": '
-        + denial_prefix(webhook.validating)
-        + f"job {ns}/allreduce, pod template: asks for 5 pods x 4 = 20 GPUs at once, but "
+    assert_refused_at_create(
+        out, webhook.validating,
+        f"job {ns}/allreduce, pod template: asks for 5 pods x 4 = 20 GPUs at once, but "
         "tenant gang's quota is 16 GPUs: it can never run in full. Run at most 4 pods of "
         "this size, or fewer GPUs per pod. [rule quota, tenant gang]")
-    assert control_plane.kubectl("get", "job", "allreduce", "-n", ns,
-                                 check=False).returncode != 0
+    assert absent(control_plane, ns, "job", "allreduce")
 
 
 def test_a_deployment_larger_than_the_free_quota_is_created_with_a_warning(
@@ -179,8 +174,7 @@ def test_a_deployment_larger_than_the_free_quota_is_created_with_a_warning(
                  "template": {"metadata": {"labels": {"app": "serve"}}, "spec": pod["spec"]}},
     })
 
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "deployment.apps/serve created"
+    assert_succeeded(out, "deployment.apps/serve created")
     assert (f"Warning: deployment {ns}/serve, pod template: asks for 3 pods x 4 GPUs, but only "
             "8 of tenant gang's 16 GPUs are free now: 2 of its pods can start now and the rest "
             "will be refused until quota frees up.") in out.stderr

@@ -21,6 +21,7 @@ from e2ekit import (
     Deployment,
     NamespaceFactory,
     apply,
+    assert_succeeded,
     denial_prefix,
     get,
     gpu_pod,
@@ -56,8 +57,7 @@ def test_kubectl_scale_of_a_gpu_deployment_is_checked_against_quota(
     cp = control_plane
     ns = namespace("scale")  # tenant scale: 8 GPUs
     out = apply(cp, ns, workload("Deployment", "trainer", gpu_pod("trainer", limits="2")))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "deployment.apps/trainer created"
+    assert_succeeded(out, "deployment.apps/trainer created")
 
     # 5 x 2 = 10 GPUs can never fit a quota of 8: refused, with the numbers.
     out = scale(cp, ns, "deployment/trainer", 5)
@@ -75,8 +75,7 @@ def test_kubectl_scale_of_a_gpu_deployment_is_checked_against_quota(
     wait_until("the webhook to count the running pod",
                lambda: not sees_free_gpus(webhook, ns, 5), timeout=20, every=0.2)
     out = scale(cp, ns, "deployment/trainer", 3)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "deployment.apps/trainer scaled"
+    assert_succeeded(out, "deployment.apps/trainer scaled")
     assert "Warning" not in out.stderr
     assert replicas(cp, ns, "deployment", "trainer") == 3
 
@@ -87,8 +86,7 @@ def test_kubectl_scale_of_a_gpu_deployment_is_checked_against_quota(
     wait_until("the webhook to count the second pod",
                lambda: not sees_free_gpus(webhook, ns, 1), timeout=20, every=0.2)
     out = scale(cp, ns, "deployment/trainer", 4)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "deployment.apps/trainer scaled"
+    assert_succeeded(out, "deployment.apps/trainer scaled")
     assert (f"Warning: deployment {ns}/trainer, scaled from 3 to 4 replicas: asks for 1 pod "
             "x 2 GPUs, but only 0 of tenant scale's 8 GPUs are free now: 0 of its pods can "
             "start now and the rest will be refused until quota frees up. A refused pod is "
@@ -98,8 +96,7 @@ def test_kubectl_scale_of_a_gpu_deployment_is_checked_against_quota(
 
     # Scaling down is always allowed, quota full or not.
     out = scale(cp, ns, "deployment/trainer", 1)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "deployment.apps/trainer scaled"
+    assert_succeeded(out, "deployment.apps/trainer scaled")
     assert out.stderr == ""
     assert replicas(cp, ns, "deployment", "trainer") == 1
 

@@ -27,8 +27,10 @@ from e2ekit import (
     apply,
     create_namespace,
     deployed,
+    get_if_there,
     gpu_pod,
     gpu_webhook,
+    service_account_kubeconfig,
     short_id,
     wait_until,
 )
@@ -92,18 +94,7 @@ def replicas(cluster: ControlPlane, policy_file: Path,
 def developer(cp: ControlPlane, ns: str, path: Path) -> list[str]:
     """kubectl as a ServiceAccount of ``ns`` whose only grant is the `view` ClusterRole
     in its own namespace (a RoleBinding, as a platform team gives a team)."""
-    cp.kubectl("create", "serviceaccount", "dev", "-n", ns)
-    cp.kubectl("create", "rolebinding", "dev-view", "--clusterrole=view",
-               f"--serviceaccount={ns}:dev", "-n", ns)
-    token = cp.kubectl("create", "token", "dev", "-n", ns).stdout.strip()
-    admin = yaml.safe_load(Path(cp.kubeconfig).read_text())
-    c = admin["clusters"][0]
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "clusters": [c],
-        "users": [{"name": "dev", "user": {"token": token}}],
-        "contexts": [{"name": "dev", "context": {"cluster": c["name"], "user": "dev",
-                                                 "namespace": ns}}],
-        "current-context": "dev"}))
+    service_account_kubeconfig(cp, ns, path, "dev-view", "--clusterrole=view")
     return [str(cp.bin_dir / "kubectl"), f"--kubeconfig={path}"]
 
 
@@ -115,12 +106,8 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 
 def report_of(cp: ControlPlane, ns: str) -> dict[str, Any] | None:
-    out = cp.kubectl("get", "policyreports.wgpolicyk8s.io", "gpu-webhook", "-n", ns,
-                     "-o", "json", check=False)
-    if out.returncode != 0:
-        return None
-    obj: dict[str, Any] = orjson.loads(out.stdout)
-    return obj
+    """The webhook's PolicyReport of ``ns``, or None while there is none."""
+    return get_if_there(cp, ns, "policyreports.wgpolicyk8s.io", "gpu-webhook")
 
 
 def test_a_developer_sees_used_and_free_gpus_and_the_audit_lists_pods_over_a_lowered_cap(

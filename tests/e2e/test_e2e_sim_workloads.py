@@ -11,7 +11,16 @@ could never fit refused at once, with the numbers.
 from __future__ import annotations
 
 import pytest
-from e2ekit import MUTATED_ANNOTATION, apply, denial_prefix, get, wait_until
+from e2ekit import (
+    MUTATED_ANNOTATION,
+    absent,
+    apply,
+    assert_refused_at_create,
+    assert_succeeded,
+    denial_prefix,
+    get,
+    wait_until,
+)
 from gpucluster.fixtures import (
     SimNamespaceFactory,
     deployment,
@@ -35,8 +44,7 @@ def test_a_deployment_of_3_gpu_pods_runs_and_kubectl_scale_over_quota_is_refused
     assert sim.webhook is not None
     ns = sim_namespace("serving")  # tenant serving: 8 GPUs, A100 only
     out = apply(sim.cp, ns, deployment("llm", replicas=3, count=2))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "deployment.apps/llm created"
+    assert_succeeded(out, "deployment.apps/llm created")
 
     found = running(core, ns, 3, "app=llm")
     for p in found:
@@ -69,8 +77,7 @@ def test_a_job_over_quota_is_refused_in_its_events_and_runs_when_the_first_job_c
 
     out = apply(sim.cp, ns, job("second", parallelism=1, count=4, run_for="1s"))
     # It fits the quota, just not now: created, with a warning kubectl prints.
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "job.batch/second created"
+    assert_succeeded(out, "job.batch/second created")
     assert ("asks for 1 pod x 4 GPUs, but only 0 of tenant batch's 8 GPUs are free now"
             in out.stderr)
 
@@ -104,17 +111,14 @@ def test_a_gang_that_fits_runs_all_4_pods_and_one_that_never_fits_is_refused_at_
     assert sim.webhook is not None
     ns = sim_namespace("gang")  # tenant gang: 16 GPUs
     out = apply(sim.cp, ns, job("fits", parallelism=4, count=4, run_for="10m"))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "job.batch/fits created"
+    assert_succeeded(out, "job.batch/fits created")
     found = running(core, ns, 4, "job-name=fits")
     assert len({p.metadata.name for p in found}) == 4
 
     out = apply(sim.cp, ns, job("never", parallelism=4, count=5, run_for="1s"))
-    assert out.returncode != 0
-    assert out.stderr.strip() == (
-        'Error from server (Forbidden): error when creating "STDIN": '
-        + denial_prefix(sim.webhook.validating)
-        + f"job {ns}/never, pod template: asks for 4 pods x 5 = 20 GPUs at once, but "
+    assert_refused_at_create(
+        out, sim.webhook.validating,
+        f"job {ns}/never, pod template: asks for 4 pods x 5 = 20 GPUs at once, but "
         "tenant gang's quota is 16 GPUs: it can never run in full. Run at most 3 pods of "
         "this size, or fewer GPUs per pod. [rule quota, tenant gang]")
-    assert sim.cp.kubectl("get", "job", "never", "-n", ns, check=False).returncode != 0
+    assert absent(sim.cp, ns, "job", "never")

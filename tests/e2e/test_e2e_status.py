@@ -12,7 +12,14 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from e2ekit import LEDGER_NAMESPACE, POLICY, apply, gpu_pod, gpu_webhook
+from e2ekit import (
+    LEDGER_NAMESPACE,
+    POLICY,
+    apply,
+    gpu_pod,
+    gpu_webhook,
+    service_account_kubeconfig,
+)
 
 from webhook.quota.entries import LABELS, LEDGER_PREFIX
 
@@ -34,21 +41,9 @@ def ledger(tenant: str, namespace: str, gpus: float) -> str:
 def developer_kubeconfig(control_plane, ns: str, path: Path) -> Path:
     """A ServiceAccount in ``ns`` that may list pods there and nothing else."""
     cp = control_plane
-    cp.kubectl("create", "serviceaccount", "dev", "-n", ns)
     cp.kubectl("create", "role", "pod-reader", "--verb=get,list", "--resource=pods",
                "-n", ns)
-    cp.kubectl("create", "rolebinding", "dev-pods", "--role=pod-reader",
-               f"--serviceaccount={ns}:dev", "-n", ns)
-    token = cp.kubectl("create", "token", "dev", "-n", ns).stdout.strip()
-    admin = yaml.safe_load(Path(cp.kubeconfig).read_text())
-    cluster = admin["clusters"][0]
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
-        "users": [{"name": "dev", "user": {"token": token}}],
-        "contexts": [{"name": "dev", "context": {"cluster": cluster["name"], "user": "dev",
-                                                 "namespace": ns}}],
-        "current-context": "dev"}))
-    return path
+    return service_account_kubeconfig(cp, ns, path, "dev-pods", "--role=pod-reader")
 
 
 def test_status_shows_used_reserved_free_and_top_consumers(control_plane, namespace,

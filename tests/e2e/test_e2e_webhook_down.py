@@ -16,7 +16,9 @@ from controlplane.cluster import ControlPlane
 from e2ekit import (
     Deployment,
     NamespaceFactory,
+    absent,
     apply,
+    assert_succeeded,
     create_namespace,
     deployed,
     gpu_pod,
@@ -48,7 +50,7 @@ def test_gpu_pods_are_refused_while_the_webhook_is_down(
         f'occurred: failed calling webhook "{down.mutating}": failed to call webhook: '
         f'Post "{down.url}/mutate?timeout=5s"'), out.stderr
     assert "connection refused" in out.stderr
-    assert control_plane.kubectl("get", "pod", "train", "-n", ns, check=False).returncode != 0
+    assert absent(control_plane, ns, "pod", "train")
 
 
 def test_pods_without_gpus_outside_tenants_are_not_sent_to_the_webhook(
@@ -56,8 +58,7 @@ def test_pods_without_gpus_outside_tenants_are_not_sent_to_the_webhook(
 ) -> None:
     ns = namespace("no-such-tenant")
     out = apply(control_plane, ns, plain_pod("web"))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "pod/web created"
+    assert_succeeded(out, "pod/web created")
 
 
 def test_a_tenants_pods_without_gpus_wait_for_the_webhook(

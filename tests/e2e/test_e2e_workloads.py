@@ -14,8 +14,10 @@ from e2ekit import (
     MUTATED_ANNOTATION,
     Deployment,
     NamespaceFactory,
+    absent,
     apply,
-    denial_prefix,
+    assert_refused_at_create,
+    assert_succeeded,
     get,
     gpu_pod,
 )
@@ -54,8 +56,7 @@ def test_deployment_template_is_mutated_at_apply(
 ) -> None:
     ns = namespace("research")
     out = apply(control_plane, ns, deployment("trainer", limits="2"))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "deployment.apps/trainer created"
+    assert_succeeded(out, "deployment.apps/trainer created")
 
     stored = get(control_plane, ns, "deployment", "trainer")
     spec = template_spec(stored)
@@ -76,8 +77,7 @@ def test_job_template_requests_are_completed_at_apply(
     # Templates are not defaulted like pods: a request without a limit would be
     # refused by the API server's own validation if the webhook did not complete it.
     out = apply(control_plane, ns, job("finetune", requests="1"))
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "job.batch/finetune created"
+    assert_succeeded(out, "job.batch/finetune created")
 
     spec = template_spec(get(control_plane, ns, "job", "finetune"))
     assert spec["containers"][0]["resources"] == {
@@ -91,16 +91,13 @@ def test_a_bad_template_is_refused_at_apply(
     ns = namespace("research")
     out = apply(control_plane, ns, deployment("half", limits="500m"))
 
-    assert out.returncode != 0
-    assert out.stderr.strip() == (
-        'Error from server (Forbidden): error when creating "STDIN": '
-        + denial_prefix(webhook.mutating)
-        + f"deployment {ns}/half, pod template, container \"train\": nvidia.com/gpu limit "
+    assert_refused_at_create(
+        out, webhook.mutating,
+        f"deployment {ns}/half, pod template, container \"train\": nvidia.com/gpu limit "
         "0.5 is not a whole number. GPUs are whole devices: ask for a whole number of 1 "
         'or more, e.g. "1" (or remove it, or write 0, for no GPU). '
         "[rule gpu-whole-number, tenant research]")
-    assert control_plane.kubectl("get", "deployment", "half", "-n", ns,
-                                 check=False).returncode != 0
+    assert absent(control_plane, ns, "deployment", "half")
 
 
 def test_warn_mode_tenant_sees_warnings_and_the_pod_is_created(
@@ -109,8 +106,7 @@ def test_warn_mode_tenant_sees_warnings_and_the_pod_is_created(
     ns = namespace("trial")
     out = apply(control_plane, ns, gpu_pod("big", limits="2"))
 
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "pod/big created"
+    assert_succeeded(out, "pod/big created")
     assert (f"Warning: pod {ns}/big: asks for 2 GPUs in all (counted as Kubernetes does: app "
             "containers and sidecars together, or the largest init container); tenant trial "
             "allows at most 1 GPU per pod. Ask for 1 or fewer, or split the work across pods. "
@@ -126,6 +122,5 @@ def test_warn_mode_deployment_warns_at_apply(
     ns = namespace("trial")
     out = apply(control_plane, ns, deployment("serve", limits="4"))
 
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "deployment.apps/serve created"
+    assert_succeeded(out, "deployment.apps/serve created")
     assert (f"Warning: deployment {ns}/serve, pod template: asks for 4 GPUs in all") in out.stderr
