@@ -14,6 +14,21 @@ Run = Callable[..., subprocess.CompletedProcess[str]]  # the gpu_webhook fixture
 SUITES = Path(__file__).resolve().parent / "suites"
 
 
+def usage_suite(tmp_path: Path, usage: str) -> Path:
+    """A one-case suite against policies/multi-tenant.yaml whose one usage pod is
+    ``usage`` (a YAML flow mapping), written to ``tmp_path/suite.yaml``."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicyTest\nmetadata: {name: s}\n"
+        f"policy: {ROOT / 'policies' / 'multi-tenant.yaml'}\n"
+        f"usage: [{usage}]\n"
+        "cases:\n"
+        "  - name: c\n"
+        "    resource: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {}}\n"
+        "    expect: {outcome: allowed}\n")
+    return suite
+
+
 def test_the_shipped_policy_suites_pass(gpu_webhook: Run) -> None:
     r = gpu_webhook("test", "policies/tests")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -98,15 +113,7 @@ def test_a_broken_suite_names_file_line_and_field(gpu_webhook: Run, tmp_path: Pa
 
 def test_a_usage_pod_outside_every_tenant_is_an_error(gpu_webhook: Run, tmp_path: Path
                                                       ) -> None:
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(
-        "apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicyTest\nmetadata: {name: s}\n"
-        f"policy: {ROOT / 'policies' / 'multi-tenant.yaml'}\n"
-        "usage: [{namespace: nobody, gpus: 1}]\n"
-        "cases:\n"
-        "  - name: c\n"
-        "    resource: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {}}\n"
-        "    expect: {outcome: allowed}\n")
+    suite = usage_suite(tmp_path, "{namespace: nobody, gpus: 1}")
     r = gpu_webhook("test", str(suite))
     assert r.returncode == 2
     assert "usage[0]: this pod holds no GPU quota under policy shared-gpu-cluster" in r.stdout
@@ -122,15 +129,7 @@ def test_a_directory_without_suites_is_a_usage_error(gpu_webhook: Run, tmp_path:
 
 def test_a_spot_usage_pod_under_a_policy_without_spot_is_an_error(gpu_webhook: Run,
                                                                    tmp_path: Path) -> None:
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(
-        "apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicyTest\nmetadata: {name: s}\n"
-        f"policy: {ROOT / 'policies' / 'multi-tenant.yaml'}\n"
-        "usage: [{namespace: research, gpus: 1, spot: true}]\n"
-        "cases:\n"
-        "  - name: c\n"
-        "    resource: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {}}\n"
-        "    expect: {outcome: allowed}\n")
+    suite = usage_suite(tmp_path, "{namespace: research, gpus: 1, spot: true}")
     r = gpu_webhook("test", str(suite))
     assert r.returncode == 2
     assert "usage[0].spot: policy shared-gpu-cluster has no spot capacity (spec.spot)" \
