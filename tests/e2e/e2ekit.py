@@ -480,6 +480,16 @@ def sees_free_gpus(webhook: Deployment, namespace: str, gpus: int) -> bool:
     return True
 
 
+def apply_until_counted(cp: ControlPlane, webhook: Deployment, namespace: str,
+                        pod: dict[str, Any], what: str, *, refused: int) -> None:
+    """Create ``pod`` (kubectl must succeed) and wait, as ``what``, until every replica
+    counts it: until none would admit a pod of ``refused`` GPUs in ``namespace``."""
+    out = apply(cp, namespace, pod)
+    assert out.returncode == 0, out.stderr
+    wait_until(what, lambda: not sees_free_gpus(webhook, namespace, refused), timeout=20,
+               every=0.2)
+
+
 def denial_prefix(webhook: str) -> str:
     """What kubectl prints before our message when a webhook denies an apply."""
     return f'admission webhook "{webhook}" denied the request: '

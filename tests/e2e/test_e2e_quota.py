@@ -23,6 +23,7 @@ from e2ekit import (
     NamespaceFactory,
     absent,
     apply,
+    apply_until_counted,
     assert_refused_at_create,
     assert_succeeded,
     denial_prefix,
@@ -162,10 +163,8 @@ def test_a_deployment_larger_than_the_free_quota_is_created_with_a_warning(
     control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
 ) -> None:
     ns = namespace("gang")  # tenant gang: 16 GPUs
-    out = apply(control_plane, ns, gpu_pod("holder", limits="8"))
-    assert out.returncode == 0, out.stderr
-    wait_until("both replicas to count the running pod",
-               lambda: not sees_free_gpus(webhook, ns, 9), timeout=20, every=0.2)
+    apply_until_counted(control_plane, webhook, ns, gpu_pod("holder", limits="8"),
+                        "both replicas to count the running pod", refused=9)
 
     pod = gpu_pod("serve", limits="4")
     out = apply(control_plane, ns, {

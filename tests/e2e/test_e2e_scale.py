@@ -21,13 +21,12 @@ from e2ekit import (
     Deployment,
     NamespaceFactory,
     apply,
+    apply_until_counted,
     assert_succeeded,
     denial_prefix,
     get,
     gpu_pod,
     plain_pod,
-    sees_free_gpus,
-    wait_until,
 )
 
 pytestmark = pytest.mark.e2e
@@ -70,10 +69,8 @@ def test_kubectl_scale_of_a_gpu_deployment_is_checked_against_quota(
     assert replicas(cp, ns, "deployment", "trainer") == 1
 
     # A pod of 4 GPUs runs in the tenant: 4 are free. 1 -> 3 adds 2 pods x 2 = 4: fits.
-    out = apply(cp, ns, gpu_pod("holder", limits="4"))
-    assert out.returncode == 0, out.stderr
-    wait_until("the webhook to count the running pod",
-               lambda: not sees_free_gpus(webhook, ns, 5), timeout=20, every=0.2)
+    apply_until_counted(cp, webhook, ns, gpu_pod("holder", limits="4"),
+                        "the webhook to count the running pod", refused=5)
     out = scale(cp, ns, "deployment/trainer", 3)
     assert_succeeded(out, "deployment.apps/trainer scaled")
     assert "Warning" not in out.stderr
@@ -81,10 +78,8 @@ def test_kubectl_scale_of_a_gpu_deployment_is_checked_against_quota(
 
     # 3 -> 4 fits the quota (4 x 2 = 8) but not what is free now (no pod of the
     # deployment exists here; the holder's 4 GPUs do): allowed, with a warning.
-    out = apply(cp, ns, gpu_pod("holder-2", limits="4"))
-    assert out.returncode == 0, out.stderr
-    wait_until("the webhook to count the second pod",
-               lambda: not sees_free_gpus(webhook, ns, 1), timeout=20, every=0.2)
+    apply_until_counted(cp, webhook, ns, gpu_pod("holder-2", limits="4"),
+                        "the webhook to count the second pod", refused=1)
     out = scale(cp, ns, "deployment/trainer", 4)
     assert_succeeded(out, "deployment.apps/trainer scaled")
     assert (f"Warning: deployment {ns}/trainer, scaled from 3 to 4 replicas: asks for 1 pod "
