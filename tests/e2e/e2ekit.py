@@ -41,6 +41,8 @@ LEDGER_NAMESPACE = "gpu-webhook"
 TENANT_LABEL = "gpu.example.com/tenant"
 MUTATED_ANNOTATION = "gpu-webhook.dev/mutated"
 START_TIMEOUT = 60.0
+# The toleration the webhook gives every GPU pod (the e2e policy's default).
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 
@@ -90,6 +92,18 @@ def gpu_pod(name: str, *, limits: Any = "1", requests: Any = None,
     if labels:
         meta["labels"] = labels
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def assert_gpu_template_patched(spec: dict[str, Any], gpus: str) -> None:
+    """A pod spec as the webhook patched it in research: ``gpus`` GPUs requested and
+    limited, the GPU toleration, and node affinity on the product and the rack."""
+    assert spec["containers"][0]["resources"] == {
+        "limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+    assert GPU_TOLERATION in spec["tolerations"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert {e["key"] for t in terms for e in t["matchExpressions"]} == {
+        "nvidia.com/gpu.product", "topology.example.com/gpu-rack"}
 
 
 def plain_pod(name: str) -> dict[str, Any]:

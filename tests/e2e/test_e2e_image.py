@@ -20,6 +20,7 @@ import imagekit
 import pytest
 from controlplane.cluster import ControlPlane
 from e2ekit import (
+    GPU_TOLERATION,
     LEDGER_NAMESPACE,
     MUTATED_ANNOTATION,
     Deployment,
@@ -36,8 +37,6 @@ from kit import free_port
 from webhook import __version__
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 @pytest.fixture(scope="module")

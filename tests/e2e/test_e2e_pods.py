@@ -13,6 +13,7 @@ import pytest
 import yaml
 from controlplane.cluster import ControlPlane
 from e2ekit import (
+    GPU_TOLERATION,
     MUTATED_ANNOTATION,
     Deployment,
     NamespaceFactory,
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.e2e
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 PRODUCT_LABEL, RACK_LABEL = "nvidia.com/gpu.product", "topology.example.com/gpu-rack"
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2ekit import short_id, to_yaml, wait_until
-from gpucluster.fixtures import GPU_TOLERATION, SimNamespaceFactory, pod
+from e2ekit import GPU_TOLERATION, short_id, to_yaml, wait_until
+from gpucluster.fixtures import SimNamespaceFactory, pod
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
 

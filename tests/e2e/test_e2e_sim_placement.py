@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2ekit import apply, short_id, to_yaml, wait_until
+from e2ekit import GPU_TOLERATION, apply, short_id, to_yaml, wait_until
 from gpucluster.fixtures import (
     EXEMPT,
-    GPU_TOLERATION,
     SimNamespaceFactory,
     node_labels,
     pod,

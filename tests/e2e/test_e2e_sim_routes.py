@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2ekit import short_id, to_yaml, wait_until
+from e2ekit import GPU_TOLERATION, short_id, to_yaml, wait_until
 from gpucluster.fixtures import (
     EXEMPT,
-    GPU_TOLERATION,
     SCHEDULE_TIMEOUT,
     SimNamespaceFactory,
     node_labels,

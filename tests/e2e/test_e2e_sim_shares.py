@@ -19,8 +19,8 @@ import re
 from typing import Any
 
 import pytest
-from e2ekit import short_id, to_yaml, wait_until
-from gpucluster.fixtures import GPU_TOLERATION, SimNamespaceFactory, wait_event
+from e2ekit import GPU_TOLERATION, short_id, to_yaml, wait_until
+from gpucluster.fixtures import SimNamespaceFactory, wait_event
 from gpucluster.sim import SimCluster
 from kubernetes import client as k8s
 

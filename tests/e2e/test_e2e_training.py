@@ -12,12 +12,19 @@ from typing import Any
 
 import pytest
 from controlplane.cluster import ControlPlane
-from e2ekit import Deployment, NamespaceFactory, apply, denial_prefix, get, wait_until
+from e2ekit import (
+    Deployment,
+    NamespaceFactory,
+    apply,
+    assert_gpu_template_patched,
+    denial_prefix,
+    get,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
 CRDS = Path(__file__).resolve().parent / "crds"
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -149,13 +156,7 @@ def test_a_fitting_workload_has_every_gpu_template_patched(
                  if "limits" in s["containers"][0].get("resources", {})]
     assert gpu_specs
     for spec in gpu_specs:
-        assert spec["containers"][0]["resources"] == {
-            "limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}
-        assert GPU_TOLERATION in spec["tolerations"]
-        terms = spec["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert {e["key"] for t in terms for e in t["matchExpressions"]} == {
-            "nvidia.com/gpu.product", "topology.example.com/gpu-rack"}
+        assert_gpu_template_patched(spec, "2")
     for spec in templates(obj["kind"], stored):
         if spec not in gpu_specs:
             assert "tolerations" not in spec  # the CPU master is left alone

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from controlplane.cluster import ControlPlane
 from e2ekit import (
+    GPU_TOLERATION,
     MUTATED_ANNOTATION,
     Deployment,
     NamespaceFactory,
     absent,
     apply,
+    assert_gpu_template_patched,
     assert_refused_at_create,
     assert_succeeded,
     get,
@@ -23,8 +25,6 @@ from e2ekit import (
 )
 
 pytestmark = pytest.mark.e2e
-
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def deployment(name: str, limits: str, replicas: int = 2) -> dict[str, Any]:
@@ -59,14 +59,7 @@ def test_deployment_template_is_mutated_at_apply(
     assert_succeeded(out, "deployment.apps/trainer created")
 
     stored = get(control_plane, ns, "deployment", "trainer")
-    spec = template_spec(stored)
-    assert spec["containers"][0]["resources"] == {
-        "limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "2"}}
-    assert GPU_TOLERATION in spec["tolerations"]
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"]
-    assert {e["key"] for t in terms for e in t["matchExpressions"]} == {
-        "nvidia.com/gpu.product", "topology.example.com/gpu-rack"}
+    assert_gpu_template_patched(template_spec(stored), "2")
     assert MUTATED_ANNOTATION in stored["spec"]["template"]["metadata"]["annotations"]
 
 

@@ -220,8 +220,6 @@ def requested_on(core: k8s.CoreV1Api, node: str, resource: str) -> int:
 
 # --------------------------------------------------------------------------- objects
 
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
 
 def pod_spec(count: int | str = 1, resource: str = "nvidia.com/gpu",
              tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:
