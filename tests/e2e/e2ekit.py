@@ -36,6 +36,7 @@ from kit import answering, await_serving, console_script, free_port, serve
 from webhook.k8s.review import request_review
 
 E2E = Path(__file__).resolve().parent
+ROOT = E2E.parents[1]  # the repository
 POLICY = E2E / "policies" / "e2e.yaml"
 LEDGER_NAMESPACE = "gpu-webhook"
 TENANT_LABEL = "gpu.example.com/tenant"

@@ -28,9 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from e2ekit import Replica
+from e2ekit import ROOT, Replica
 
-ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpu-webhook"
 IMAGE = "localhost/gpu-webhook:e2e"
 

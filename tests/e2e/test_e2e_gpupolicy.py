@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 from controlplane.cluster import ControlPlane
-from e2ekit import Deployment, delete_crds, denial_prefix, gpu_webhook, wait_until
+from e2ekit import ROOT, Deployment, delete_crds, denial_prefix, gpu_webhook, wait_until
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "deploy" / "base" / "crd-gpupolicy.yaml"
 EXAMPLE = ROOT / "policies" / "multi-tenant.yaml"
 SHIPPED = sorted((ROOT / "policies").glob("*.yaml")) + sorted(

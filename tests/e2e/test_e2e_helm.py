@@ -26,6 +26,7 @@ import yaml
 from controlplane.cluster import ControlPlane
 from e2ekit import (
     LEDGER_NAMESPACE,
+    ROOT,
     Replica,
     apply,
     crd_gone,
@@ -41,7 +42,6 @@ from kit import console_script, free_port, helm
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gpu-webhook"
 CRD = "gpupolicies.gpu-webhook.dev"
 NS = LEDGER_NAMESPACE  # the README's namespace, which the session has created already

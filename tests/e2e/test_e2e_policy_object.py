@@ -22,6 +22,7 @@ from controlplane.cluster import ControlPlane
 from e2ekit import (
     LEDGER_NAMESPACE,
     POLICY,
+    ROOT,
     Deployment,
     Replica,
     RoundRobinProxy,
@@ -37,7 +38,6 @@ from kit import console_script, free_port
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "deploy" / "base" / "crd-gpupolicy.yaml"
 NAME = "e2e-served"
 PODS = ("gpu-webhook-7d9f-a", "gpu-webhook-7d9f-b")

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 from controlplane.cluster import ControlPlane
-from e2ekit import LEDGER_NAMESPACE, delete_crds
+from e2ekit import LEDGER_NAMESPACE, ROOT, delete_crds
 
 pytestmark = pytest.mark.e2e
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = ROOT / "deploy"
 ACCOUNT = f"system:serviceaccount:{LEDGER_NAMESPACE}:gpu-webhook"
 RBAC_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 

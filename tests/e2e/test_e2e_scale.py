@@ -11,13 +11,13 @@ does not fit what is free now, and scaling down always allowed.
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 from controlplane.cluster import ControlPlane
 from e2ekit import (
     LEDGER_NAMESPACE,
+    ROOT,
     Deployment,
     NamespaceFactory,
     apply,
@@ -124,7 +124,7 @@ def test_the_shipped_rbac_lets_the_webhook_get_workloads_and_nothing_more(
     # The replicas here run with admin credentials; the ServiceAccount of deploy/base must
     # be allowed the one read a scale-up needs (a GET), in any namespace.
     cp = control_plane
-    rbac = Path(__file__).resolve().parents[2] / "deploy" / "base" / "rbac.yaml"
+    rbac = ROOT / "deploy" / "base" / "rbac.yaml"
     cp.kubectl("apply", "-n", LEDGER_NAMESPACE, "-f", str(rbac))
     ns = namespace("scale")
     account = f"system:serviceaccount:{LEDGER_NAMESPACE}:gpu-webhook"

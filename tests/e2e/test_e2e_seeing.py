@@ -23,6 +23,7 @@ from controlplane.cluster import CONTROLLER_MANAGER, ControlPlane, build_binarie
 from e2ekit import (
     LEDGER_NAMESPACE,
     POLICY,
+    ROOT,
     Deployment,
     apply,
     create_namespace,
@@ -40,7 +41,6 @@ from webhook.server.leading.leader import Leadership
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "base"
 REPORT_CRD = Path(__file__).parent / "crds" / "wgpolicyk8s.io_policyreports.yaml"
 ARGS = ["--quota-status-seconds", "1", "--audit-seconds", "2", "--policy-poll-seconds", "0.5"]

@@ -26,12 +26,11 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from e2ekit import short_id, wait_until
+from e2ekit import ROOT, short_id, wait_until
 from gpucluster.fixtures import (
     SCHEDULE_TIMEOUT,
     a100_cluster,
@@ -49,7 +48,6 @@ from kubernetes import client as k8s
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 BORROWED = "gpu-webhook.dev/borrowed"
 
 CLUSTER = a100_cluster("cohort-sim", "a100-lab", 1, 8)
