@@ -95,6 +95,28 @@ def gpu_pod(name: str, *, limits: Any = "1", requests: Any = None,
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def gpu_deployment(name: str, limits: str, replicas: int = 2) -> dict[str, Any]:
+    """A Deployment of ``replicas`` pods, each :func:`gpu_pod` ``name`` with ``limits``."""
+    pod = gpu_pod(name, limits=limits)
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]}},
+    }
+
+
+def gpu_job(name: str, limits: str | None = None, requests: str | None = None,
+            parallelism: int = 1) -> dict[str, Any]:
+    """A Job of ``parallelism`` pods at once (as many completions), each :func:`gpu_pod`
+    ``name`` with ``limits`` and ``requests``, never restarted."""
+    pod = gpu_pod(name, limits=limits, requests=requests)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"parallelism": parallelism, "completions": parallelism,
+                 "template": {"spec": {**pod["spec"], "restartPolicy": "Never"}}},
+    }
+
+
 def assert_gpu_template_patched(spec: dict[str, Any], gpus: str) -> None:
     """A pod spec as the webhook patched it in research: ``gpus`` GPUs requested and
     limited, the GPU toleration, and node affinity on the product and the rack."""

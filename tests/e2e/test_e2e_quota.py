@@ -28,6 +28,8 @@ from e2ekit import (
     assert_succeeded,
     denial_prefix,
     get_if_there,
+    gpu_deployment,
+    gpu_job,
     gpu_pod,
     sees_free_gpus,
     wait_until,
@@ -144,12 +146,7 @@ def test_a_job_that_can_never_fit_is_refused_at_apply(
     control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
 ) -> None:
     ns = namespace("gang")  # tenant gang: 16 GPUs
-    job = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "allreduce"},
-        "spec": {"parallelism": 5, "completions": 5, "template": {"spec": {
-            **gpu_pod("allreduce", limits="4")["spec"], "restartPolicy": "Never"}}},
-    }
-    out = apply(control_plane, ns, job)
+    out = apply(control_plane, ns, gpu_job("allreduce", limits="4", parallelism=5))
 
     assert_refused_at_create(
         out, webhook.validating,
@@ -166,12 +163,7 @@ def test_a_deployment_larger_than_the_free_quota_is_created_with_a_warning(
     apply_until_counted(control_plane, webhook, ns, gpu_pod("holder", limits="8"),
                         "both replicas to count the running pod", refused=9)
 
-    pod = gpu_pod("serve", limits="4")
-    out = apply(control_plane, ns, {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "serve"},
-        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "serve"}},
-                 "template": {"metadata": {"labels": {"app": "serve"}}, "spec": pod["spec"]}},
-    })
+    out = apply(control_plane, ns, gpu_deployment("serve", limits="4", replicas=3))
 
     assert_succeeded(out, "deployment.apps/serve created")
     assert (f"Warning: deployment {ns}/serve, pod template: asks for 3 pods x 4 GPUs, but only "

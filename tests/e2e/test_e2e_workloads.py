@@ -21,29 +21,12 @@ from e2ekit import (
     assert_refused_at_create,
     assert_succeeded,
     get,
+    gpu_deployment,
+    gpu_job,
     gpu_pod,
 )
 
 pytestmark = pytest.mark.e2e
-
-
-def deployment(name: str, limits: str, replicas: int = 2) -> dict[str, Any]:
-    pod = gpu_pod(name, limits=limits)
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]}},
-    }
-
-
-def job(name: str, limits: str | None = None, requests: str | None = None,
-        parallelism: int = 1) -> dict[str, Any]:
-    pod = gpu_pod(name, limits=limits, requests=requests)
-    return {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
-        "spec": {"parallelism": parallelism, "completions": parallelism,
-                 "template": {"spec": {**pod["spec"], "restartPolicy": "Never"}}},
-    }
 
 
 def template_spec(obj: dict[str, Any]) -> dict[str, Any]:
@@ -55,7 +38,7 @@ def test_deployment_template_is_mutated_at_apply(
     control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
 ) -> None:
     ns = namespace("research")
-    out = apply(control_plane, ns, deployment("trainer", limits="2"))
+    out = apply(control_plane, ns, gpu_deployment("trainer", limits="2"))
     assert_succeeded(out, "deployment.apps/trainer created")
 
     stored = get(control_plane, ns, "deployment", "trainer")
@@ -69,7 +52,7 @@ def test_job_template_requests_are_completed_at_apply(
     ns = namespace("research")
     # Templates are not defaulted like pods: a request without a limit would be
     # refused by the API server's own validation if the webhook did not complete it.
-    out = apply(control_plane, ns, job("finetune", requests="1"))
+    out = apply(control_plane, ns, gpu_job("finetune", requests="1"))
     assert_succeeded(out, "job.batch/finetune created")
 
     spec = template_spec(get(control_plane, ns, "job", "finetune"))
@@ -82,7 +65,7 @@ def test_a_bad_template_is_refused_at_apply(
     control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
 ) -> None:
     ns = namespace("research")
-    out = apply(control_plane, ns, deployment("half", limits="500m"))
+    out = apply(control_plane, ns, gpu_deployment("half", limits="500m"))
 
     assert_refused_at_create(
         out, webhook.mutating,
@@ -113,7 +96,7 @@ def test_warn_mode_deployment_warns_at_apply(
     control_plane: ControlPlane, webhook: Deployment, namespace: NamespaceFactory,
 ) -> None:
     ns = namespace("trial")
-    out = apply(control_plane, ns, deployment("serve", limits="4"))
+    out = apply(control_plane, ns, gpu_deployment("serve", limits="4"))
 
     assert_succeeded(out, "deployment.apps/serve created")
     assert (f"Warning: deployment {ns}/serve, pod template: asks for 4 GPUs in all") in out.stderr
