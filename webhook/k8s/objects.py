@@ -35,20 +35,6 @@ def parse_pointer(pointer: str) -> tuple[str, ...]:
     return tuple(unescape(t) for t in pointer[1:].split("/"))
 
 
-def shown_name(obj: object, request_name: str = "") -> str:
-    """How an object is named to people: the request's name, else its own, else its
-    ``generateName`` and ``*`` (the API server names it after mutating admission), else ""."""
-    if request_name:
-        return request_name
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if not isinstance(meta, dict):
-        return ""
-    name, prefix = meta.get("name"), meta.get("generateName")
-    if isinstance(name, str) and name:
-        return name
-    return prefix + "*" if isinstance(prefix, str) and prefix else ""
-
-
 class MalformedObject(ValueError):
     """The object has the wrong JSON type where the pod spec needs a mapping or list."""
 

@@ -11,7 +11,7 @@ from webhook.engine.decision import Checker, Decision, malformed
 from webhook.engine.routes.rules import RULES
 from webhook.engine.target import NamespaceLabels
 from webhook.k8s import claims
-from webhook.k8s.objects import MalformedObject, child_list, child_map, shown_name
+from webhook.k8s.objects import MalformedObject, child_list, child_map
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
@@ -30,7 +30,7 @@ def claim_tolerations(req: AdmissionRequest, policy: CompiledPolicy,
     tenant = policy.tenant_for(req.namespace, labels(req.namespace))
     if tenant is None or not tenant.routes.device_taint_tolerations:
         return Decision.skip("no-tenant")
-    subject = f"{req.kind.lower()} {req.namespace}/{shown_name(obj, req.name) or '(unnamed)'}"
+    subject = f"{req.kind.lower()} {req.namespace}/{req.ident.shown(req.name) or '(unnamed)'}"
     check = Checker(policy, tenant, subject, RULES)
     try:
         found = claims.claim_spec(req.kind, obj)

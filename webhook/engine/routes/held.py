@@ -18,6 +18,7 @@ from webhook.engine.routes.containers import (
 )
 from webhook.engine.routes.sights import NodeLookup, no_nodes
 from webhook.engine.target import NamespaceLabels, template_target
+from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import child_list
 from webhook.k8s.workloads import pod_template
 from webhook.policy.compiled import CompiledPolicy
@@ -31,8 +32,7 @@ def held(policy: CompiledPolicy, pod_obj: dict[str, Any], labels: NamespaceLabel
     (the variable not ``void``, privilege) and ``/dev`` mounts. A pod on a node known to
     carry no GPU holds none; a pod's ``nodeName`` itself is not one (the scheduler sets
     it too). Raises MalformedObject."""
-    meta = pod_obj.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "")
+    namespace = ObjectId.of(pod_obj).namespace
     if namespace in policy.exempt_namespaces:
         return []
     tenant = policy.tenant_for(namespace, labels(namespace))

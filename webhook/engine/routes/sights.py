@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.k8s.identity import ObjectId
 from webhook.policy.compiled import CompiledPolicy
 
 NodeLookup = Callable[[str], "bool | None"]  # True: has GPUs; False: known, none; None: unknown
@@ -44,9 +45,7 @@ def carries_gpus(policy: CompiledPolicy, node: dict[str, Any]) -> bool:
         held_ = status.get(field) if isinstance(status, dict) else None
         if isinstance(held_, dict) and any(policy.is_gpu(str(r)) for r in held_):
             return True
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") if isinstance(meta, dict) else None
-    if isinstance(labels, dict) and policy.product_label in labels:
+    if policy.product_label in ObjectId.of(node).labels:
         return True
     keys = {t.get("key") for t in policy.tolerations}
     spec = node.get("spec") or {}
@@ -56,6 +55,5 @@ def carries_gpus(policy: CompiledPolicy, node: dict[str, Any]) -> bool:
 
 def node_lookup(policy: CompiledPolicy, nodes: Iterable[dict[str, Any]]) -> NodeLookup:
     """A NodeLookup of listed nodes (``audit``, read once)."""
-    known = {str((n.get("metadata") or {}).get("name")): carries_gpus(policy, n)
-             for n in nodes}
+    known = {ObjectId.of(n).name: carries_gpus(policy, n) for n in nodes}
     return known.get
