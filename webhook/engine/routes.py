@@ -42,8 +42,9 @@ from webhook.k8s.objects import MalformedObject, child_list, child_map, shown_na
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import pod_template
-from webhook.policy.compiled import CompiledPolicy, RouteRules, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
+from webhook.policy.tenantrules import RouteRules, TenantRules
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOID = "void"  # no devices and no driver libraries: as runc (NVIDIA container toolkit)
