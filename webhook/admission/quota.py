@@ -17,8 +17,9 @@ from webhook.engine import messages
 from webhook.engine.decision import Checker, Decision, Finding
 from webhook.engine.handoff import ClaimQuota, GangQuota, PodQuota, QuotaStep, Validation
 from webhook.engine.validate import OWNED
-from webhook.policy.compiled import CohortRules, CompiledPolicy
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
+from webhook.policy.tenantrules import CohortRules
 from webhook.quota.borrow import check_borrowed, why_not_borrowed
 from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
 from webhook.quota.gang import GANG_BOUND_SECONDS

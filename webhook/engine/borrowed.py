@@ -23,8 +23,8 @@ from typing import Any
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import child_map
 from webhook.k8s.patch import Patch
-from webhook.policy.compiled import TenantRules
 from webhook.policy.model import BorrowedPriority
+from webhook.policy.tenantrules import TenantRules
 
 BORROWED_LABEL = "gpu-webhook.dev/borrowed"
 ACCOUNT_SUFFIX = "/borrowed"  # a tenant name is a DNS label: it never contains "/"

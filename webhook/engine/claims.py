@@ -34,8 +34,9 @@ from webhook.k8s.claims import DeviceRequest
 from webhook.k8s.objects import MalformedObject, child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
+from webhook.policy.tenantrules import TenantRules
 
 # Rules the mutating webhook reports in every mode for claims (validating: enforce only).
 MUTATE_OWNED = frozenset({Rule.TENANT_REQUIRED, Rule.ALLOWED_DEVICE_CLASSES,

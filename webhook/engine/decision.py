@@ -17,8 +17,9 @@ from typing import Any
 from webhook.engine import messages
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import MalformedObject
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
+from webhook.policy.tenantrules import TenantRules
 
 PROVENANCE_ANNOTATION = "gpu-webhook.dev/mutated"
 _SEVERITY = {Mode.AUDIT: 0, Mode.WARN: 1, Mode.ENFORCE: 2}

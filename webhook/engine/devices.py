@@ -31,8 +31,9 @@ from webhook.engine.decision import Checker
 from webhook.k8s.claims import Allocated, Alternative, DeviceRequest
 from webhook.k8s.objects import parse_pointer
 from webhook.k8s.patch import Patch
-from webhook.policy.compiled import IMPLICIT_PREFIX, CompiledPolicy, TenantRules
+from webhook.policy.compiled import IMPLICIT_PREFIX, CompiledPolicy
 from webhook.policy.model import Rule
+from webhook.policy.tenantrules import TenantRules
 
 # (kind, namespace, name) -> the ResourceClaim or ResourceClaimTemplate, or None when the
 # webhook has not seen it (a watch cache online; the manifests given offline).

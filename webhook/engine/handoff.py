@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from webhook.engine.cost import Ask, Charge
 from webhook.engine.decision import Decision
 from webhook.engine.gang import GangAsk
-from webhook.policy.compiled import CohortRules, TenantRules
+from webhook.policy.tenantrules import CohortRules, TenantRules
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

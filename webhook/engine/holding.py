@@ -40,8 +40,9 @@ from webhook.k8s.patch import Patch
 from webhook.k8s.quantity import QuantityError, gpu_count, parse
 from webhook.k8s.resources import ContainerKind, effective_request
 from webhook.k8s.review import AdmissionRequest
-from webhook.policy.compiled import CapabilityRules, CompiledPolicy, TenantRules
+from webhook.policy.compiled import CapabilityRules, CompiledPolicy
 from webhook.policy.model import Mode, Rule
+from webhook.policy.tenantrules import TenantRules
 
 RUNTIME_ANNOTATION = "gpu-webhook.dev/max-runtime"
 DEADLINE = "activeDeadlineSeconds"

@@ -38,8 +38,9 @@ from webhook.engine.users import recorded
 from webhook.engine.validate import OWNED
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
+from webhook.policy.tenantrules import TenantRules
 
 # Resources of the apps group whose scale subresource is checked, and their kinds.
 SCALABLE: dict[str, str] = {

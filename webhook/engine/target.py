@@ -28,7 +28,8 @@ from webhook.k8s.objects import MalformedObject
 from webhook.k8s.resources import ContainerGPUs, gpu_containers
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import PodTemplate, Role, Workload, pod_template, read_workload
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.tenantrules import TenantRules
 
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 

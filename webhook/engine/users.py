@@ -24,8 +24,8 @@ from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import child_map
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
-from webhook.policy.compiled import TenantRules
 from webhook.policy.model import USER_ANNOTATION
+from webhook.policy.tenantrules import TenantRules
 
 
 def recorded(meta: object) -> str | None:

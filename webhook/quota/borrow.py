@@ -30,8 +30,9 @@ from webhook.engine.target import NamespaceLabels
 from webhook.engine.validate import OWNED
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Rule
+from webhook.policy.tenantrules import TenantRules
 from webhook.quota.check import EPSILON, UsageView, check_pod, lines
 from webhook.quota.cohort import Member, members, room
 

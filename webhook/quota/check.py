@@ -20,8 +20,9 @@ from webhook.engine import messages
 from webhook.engine.cost import Ask
 from webhook.engine.decision import Checker
 from webhook.engine.gang import GangAsk
-from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
+from webhook.policy.tenantrules import Limits, TenantRules
 from webhook.quota.cohort import ceiling
 from webhook.quota.usage import Totals
 

@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from webhook.engine.borrowed import account, borrower_of
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.tenantrules import TenantRules
 from webhook.quota.usage import Totals
 
 __all__ = ["Member", "Room", "account", "borrower_of", "ceiling", "fits", "members",

@@ -43,7 +43,12 @@ commit: the slot of its shape is replaced by the pod's reservation, in the same 
 A slot is counted like any reservation until it is drawn, released (the workload's
 DELETE) or expired; no pod sees it, so it never stops counting early.
 
-What a ledger holds, and how a corrupt entry is dropped, is :mod:`webhook.quota.entries`.
+What a ledger holds, and how a corrupt entry is dropped, is :mod:`webhook.quota.entries`;
+a commit's bookkeeping (its batch, its asks, the ledger as last read) is
+:mod:`webhook.quota.batch`; which entries a replica counts, and when one leaves its
+ledger, :mod:`webhook.quota.counting`; the cohorts' ledgers of borrowed pods
+:mod:`webhook.quota.cohortledger`. This module holds the store and the tenants' ledgers'
+group commit.
 """
 
 from __future__ import annotations
@@ -52,32 +57,24 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from webhook.engine.cost import Charge
 from webhook.libs import logs
 from webhook.libs.kube import ConfigMaps, Conflict, KubeError, StoredMap
+from webhook.quota.batch import Ask, Batch, Decided, Op, Read, slot_for
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView
-from webhook.quota.entries import (
-    BORROWED_LABELS,
-    BORROWED_PREFIX,
-    LABELS,
-    LEDGER_PREFIX,
-    Entry,
-    decode,
-    decode_borrowed,
-    encode,
-    encode_borrowed,
-)
-from webhook.quota.gang import same_shape, slots_of
+from webhook.quota.cohortledger import CohortLedger
+from webhook.quota.entries import LABELS, LEDGER_PREFIX, Entry, decode, encode
+from webhook.quota.gang import slots_of
 from webhook.quota.store import Combined, Held, NameTaken, ReservationUnavailable, covers
 from webhook.quota.usage import Usage
 
 
-class LedgerStore:
+class LedgerStore(CohortLedger):
     """The usage store for a cluster: watch-fed pods + the shared reservation ledger."""
 
     def __init__(self, state: ClusterState, maps: ConfigMaps, ttl: float = 60.0,
@@ -107,9 +104,9 @@ class LedgerStore:
         self._known: dict[str, dict[str, Entry]] = {}
         # Group commit (see _drain): operations waiting per tenant, the task committing
         # them, and the ledger as this replica last wrote it.
-        self._queued: dict[str, list[_Ask]] = {}
+        self._queued: dict[str, list[Ask]] = {}
         self._committers: dict[str, asyncio.Task[None]] = {}
-        self._cached: dict[str, _Read] = {}
+        self._cached: dict[str, Read] = {}
         self._encoded: dict[str, dict[str, tuple[Entry, dict[str, Any]]]] = {}  # see encode
         self.conflicts = 0
         self.commits = 0
@@ -122,49 +119,6 @@ class LedgerStore:
 
     def ready(self) -> bool:
         return self.state.synced()
-
-    def _pending(self, entries: Mapping[str, Entry], now: float) -> dict[str, Entry]:
-        """Of ``entries``, those live at ``now`` for pods this replica has not seen."""
-        seen = self.state.seen
-        return {k: e for k, e in entries.items() if e.expires > now and not seen(k)}
-
-    def _unseen(self, tenants: Iterable[dict[str, Entry]], prune: bool = False) -> Usage:
-        """Reservations to count on top of the pods this replica sees: live, for pods
-        not seen yet, and of each name only the one that covers the rest (see the
-        module docstring). With ``prune``, entries that no longer count (expired, or
-        their pod seen) are dropped from the dicts given: only for views of what is
-        unseen (``_known``), never for a ledger about to be written."""
-        now = self.wall()
-        usage = Usage()
-        for entries in tenants:
-            by_name: dict[str, list[tuple[str, Entry]]] = {}
-            gone: list[str] = []
-            for key, e in entries.items():
-                if e.expires <= now or self.state.seen(key):
-                    gone.append(key)
-                    continue
-                if e.name is None:
-                    usage.put(key, e.charge)
-                else:
-                    by_name.setdefault(e.name, []).append((key, e))
-            for name, pending in by_name.items():
-                for key, e in self._counted(name, pending):
-                    usage.put(key, e.charge)
-            if prune:
-                for key in gone:
-                    del entries[key]
-        return usage
-
-    def _counted(self, name: str, pending: list[tuple[str, Entry]]
-                 ) -> list[tuple[str, Entry]]:
-        holder = self.state.holder(name)
-        if holder is not None and holder[1] is not None and all(
-                covers(holder[1], e.charge) for _, e in pending):
-            return []  # the pod holding the name is counted, and is at least as big
-        for key, e in pending:
-            if all(covers(e.charge, o.charge) for _, o in pending):
-                return [(key, e)]
-        return pending  # no one covers the rest: count them all, never too little
 
     def view(self) -> UsageView:
         return Combined(self.state.pods,
@@ -188,7 +142,7 @@ class LedgerStore:
         if name is not None:
             await self._name_free(key, name)
 
-        def place(batch: _Batch, now: float) -> tuple[bool, bool]:
+        def place(batch: Batch, now: float) -> tuple[bool, bool]:
             return self._place(key, charge, fits, name, gangs, batch, now)
 
         return bool(await self._enqueue(charge.tenant, place, budget))
@@ -221,7 +175,7 @@ class LedgerStore:
             return True
         slots = slots_of(key, charges)
 
-        def place(batch: _Batch, now: float) -> tuple[bool, bool]:
+        def place(batch: Batch, now: float) -> tuple[bool, bool]:
             if any(k in batch.entries for k in slots):
                 return True, False  # a retried review: reserved already
             if not fits(Combined(self.state.pods, self._unseen([batch.unseen]))):
@@ -236,7 +190,7 @@ class LedgerStore:
         """Drop the slots of ``key``'s gang that no pod took from the tenant's ledger;
         how many."""
 
-        def place(batch: _Batch, now: float) -> tuple[int, bool]:
+        def place(batch: Batch, now: float) -> tuple[int, bool]:
             mine = [k for k, e in batch.entries.items() if e.gang and e.gang[0] == key]
             for k in mine:
                 batch.pop(k)
@@ -252,7 +206,7 @@ class LedgerStore:
         does not fit whole stops the line and leaves nothing of itself; one refused by
         its user's own caps alone is passed over."""
 
-        def place(batch: _Batch, now: float) -> tuple[list[int], bool]:
+        def place(batch: Batch, now: float) -> tuple[list[int], bool]:
             done: list[int] = []
             changed = False
             for i, unit in enumerate(units):
@@ -262,7 +216,7 @@ class LedgerStore:
                         continue  # reserved by an earlier round (or leader): no room again
                     # A pod of a reserved gang replaces a slot of its shape, as at
                     # admission (_place), and is checked without it.
-                    slot = _slot(batch.entries, h.gangs, h.charge) if h.gangs else None
+                    slot = slot_for(batch.entries, h.gangs, h.charge) if h.gangs else None
                     drawn = batch.pop(slot) if slot is not None else None
                     view = Combined(self.state.pods, self._unseen([batch.unseen]))
                     if not h.fits(view):
@@ -288,12 +242,12 @@ class LedgerStore:
     def has_slot(self, gangs: tuple[str, ...], charge: Charge) -> bool:
         """Whether a gang reservation this replica knows of holds a free slot of the
         pod's shape (the mutating webhook then never gates it: the slot admits it)."""
-        return _slot(self._known.get(charge.tenant, {}), gangs, charge) is not None
+        return slot_for(self._known.get(charge.tenant, {}), gangs, charge) is not None
 
-    async def _enqueue(self, tenant: str, op: _Op, budget: float) -> Any:
+    async def _enqueue(self, tenant: str, op: Op, budget: float) -> Any:
         """Queue ``op`` for the tenant's next commit and wait for its answer."""
         now = time.monotonic()
-        ask = _Ask(op, now + budget, asyncio.get_running_loop().create_future(), now)
+        ask = Ask(op, now + budget, asyncio.get_running_loop().create_future(), now)
         self._queued.setdefault(tenant, []).append(ask)
         if tenant not in self._committers:
             task = asyncio.get_running_loop().create_task(self._drain(tenant))
@@ -306,13 +260,6 @@ class LedgerStore:
                 f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
         finally:
             self.phase("commit", time.monotonic() - now)
-
-    def _unavailable(self, ledger: str, exc: KubeError) -> ReservationUnavailable:
-        # The developer reads ``reason`` in product words; the client library's text
-        # (exception chain, the API server's address) goes to the log only.
-        logs.event("quota ledger unavailable", logging.WARNING, ledger=ledger,
-                   error=str(exc), detail=exc.detail)
-        return ReservationUnavailable(exc.reason)
 
     # -- group commit ------------------------------------------------------------------
     #
@@ -343,7 +290,7 @@ class LedgerStore:
         finally:
             del self._committers[tenant]
 
-    async def _read(self, tenant: str, ledger: str) -> _Read:
+    async def _read(self, tenant: str, ledger: str) -> Read:
         cached = self._cached.pop(tenant, None)
         if cached is not None:
             return replace(cached, fresh=False)
@@ -353,9 +300,9 @@ class LedgerStore:
         except KubeError as exc:
             raise self._unavailable(ledger, exc) from None
         self.phase("read", time.monotonic() - t0)  # a reused last write costs no read
-        return _Read(decode(tenant, stored.data, self.wall(), ledger), stored.resource_version)
+        return Read(decode(tenant, stored.data, self.wall(), ledger), stored.resource_version)
 
-    async def _commit(self, tenant: str, batch: list[_Ask]) -> None:
+    async def _commit(self, tenant: str, batch: list[Ask]) -> None:
         ledger = LEDGER_PREFIX + tenant
         attempt = 0
         began = time.monotonic()
@@ -365,11 +312,7 @@ class LedgerStore:
             live = [a for a in batch if not a.done.done()]  # a caller past its budget left
             if not live:
                 return
-            if not self.state.synced():
-                # A cache that is not known to be current would count expired reservations
-                # as free for pods it has not seen (a stalled watch): refuse to decide.
-                raise ReservationUnavailable(
-                    "the webhook's view of the cluster's pods is not up to date")
+            self._require_synced()
             try:
                 read = await self._read(tenant, ledger)
             except ReservationUnavailable as exc:
@@ -377,19 +320,10 @@ class LedgerStore:
                     a.fail(exc)
                 return
             t1 = time.monotonic()
-            now = self.wall()
-            settled = self._settled(ledger, read.entries)
-            entries = {k: e for k, e in read.entries.items()
-                       if e.expires > now and k not in settled}
-            dropped = len(read.entries) - len(entries)
-            working = _Batch(entries, self._pending(entries, now))
-            # Views decided while this commit is in flight count its reservations too.
-            self._known[tenant] = working.unseen
-            outcomes = [(a, *a.op(working, now)) for a in live]
+            decided = self._decide(tenant, ledger, read, live)
             t2 = time.monotonic()
             self.phase("decide", t2 - t1)
-            changed = sum(1 for _, _, c in outcomes if c)
-            if not changed:
+            if not decided.changed:
                 if not read.fresh:
                     # Nothing to write, so no write would catch a stale copy: another
                     # replica may have freed room or written slots since. An answer
@@ -397,13 +331,10 @@ class LedgerStore:
                     # given on the ledger as it is now.
                     continue
                 self._cached[tenant] = read  # unchanged: still the ledger as last known
-                for a, answer, _ in outcomes:
-                    a.succeed(answer)
+                decided.answer()
                 return
             try:
-                data = encode(entries, self._encoded.setdefault(tenant, {}))
-                version = await asyncio.to_thread(self.maps.write, ledger, data,
-                                                  read.version, LABELS)
+                version = await self._write(tenant, ledger, decided.working.entries, read)
             except Conflict:
                 self.phase("write", time.monotonic() - t2)
                 attempt += 1
@@ -415,18 +346,43 @@ class LedgerStore:
                     a.fail(error)
                 return
             self.phase("write", time.monotonic() - t2)
-            self._known[tenant] = working.unseen
-            if version is not None:
-                self._cached[tenant] = _Read(dict(entries), version)
-            self.commits += changed
-            # Counted once the write that drops them has won, so a retry never recounts.
-            self.settled += len(settled)
-            self.expired += dropped - len(settled)
-            for a, answer, _ in outcomes:
-                a.succeed(answer)
+            self._won(tenant, decided, version)
             return
 
-    async def _back_off(self, live: list[_Ask], attempt: int) -> None:
+    def _decide(self, tenant: str, ledger: str, read: Read, live: list[Ask]) -> Decided:
+        """One attempt's decisions: the live asks, in arrival order, on the ledger read
+        less the entries that leave it (expired, or settled)."""
+        now = self.wall()
+        settled = self._settled(ledger, read.entries)
+        entries = {k: e for k, e in read.entries.items()
+                   if e.expires > now and k not in settled}
+        dropped = len(read.entries) - len(entries)
+        working = Batch(entries, self._pending(entries, now))
+        # Views decided while this commit is in flight count its reservations too.
+        self._known[tenant] = working.unseen
+        outcomes = [(a, *a.op(working, now)) for a in live]
+        return Decided(working, outcomes, settled, dropped)
+
+    async def _write(self, tenant: str, ledger: str, entries: dict[str, Entry],
+                     read: Read) -> str | None:
+        """The compare-and-swap write of the decided entries over the ledger read (the
+        resourceVersion written; raises Conflict when another write came first)."""
+        data = encode(entries, self._encoded.setdefault(tenant, {}))
+        return await asyncio.to_thread(self.maps.write, ledger, data, read.version, LABELS)
+
+    def _won(self, tenant: str, decided: Decided, version: str | None) -> None:
+        """After the write won: the ledger as written is the next read, and the asks
+        get their answers."""
+        self._known[tenant] = decided.working.unseen
+        if version is not None:
+            self._cached[tenant] = Read(dict(decided.working.entries), version)
+        self.commits += decided.changed
+        # Counted once the write that drops them has won, so a retry never recounts.
+        self.settled += len(decided.settled)
+        self.expired += decided.dropped - len(decided.settled)
+        decided.answer()
+
+    async def _back_off(self, live: list[Ask], attempt: int) -> None:
         """After a write conflict: a jittered pause, so racing replicas do not collide in
         lockstep; the asks it would take past their budget are refused."""
         self.conflicts += 1
@@ -437,24 +393,8 @@ class LedgerStore:
         await asyncio.sleep(pause)
         self.phase("backoff", pause)
 
-    def _settled(self, ledger: str, entries: Mapping[str, Entry]) -> set[str]:
-        """The entries of a ledger about to be written whose pods this replica has seen
-        for the settle time (noticed by a commit: a later notice only keeps an entry
-        longer). Slots of gangs are never seen; they leave when drawn or released."""
-        known = self._seen_at.get(ledger, {})
-        now, settle = self.clock(), self.state.settle_time()
-        seen_at: dict[str, float] = {}
-        out: set[str] = set()
-        for k in entries:
-            if self.state.seen(k):
-                at = seen_at[k] = known.get(k, now)
-                if now - at >= settle:
-                    out.add(k)
-        self._seen_at[ledger] = seen_at  # only keys still in the ledger
-        return out
-
     def _place(self, key: str, charge: Charge, fits: Callable[[UsageView], bool],
-               name: str | None, gangs: tuple[str, ...], batch: _Batch,
+               name: str | None, gangs: tuple[str, ...], batch: Batch,
                now: float) -> tuple[bool, bool]:
         """Decide one pod against ``batch`` (the ledger as read plus the operations
         before it), adding its entry when it needs room and fits: whether it is
@@ -475,7 +415,7 @@ class LedgerStore:
 
         # A pod of a reserved gang replaces a slot of its shape, in this same write,
         # and is checked without it (store.GangStore: a forged slot admits nothing).
-        slot = None if taken or not gangs else _slot(entries, gangs, charge)
+        slot = None if taken or not gangs else slot_for(entries, gangs, charge)
         drawn = batch.pop(slot) if slot is not None else None
         if not taken and not fits(Combined(self.state.pods, self._unseen([batch.unseen]))):
             if slot is not None and drawn is not None:
@@ -484,144 +424,6 @@ class LedgerStore:
         batch.put(key, Entry(charge, now + self.ttl, name))
         return True, True
 
-    # --- borrowed pods: one ledger per cohort ----------------------------------------
-
-    async def reserve_borrowed(self, key: str, charge: Charge, cohort: str,
-                               lenders: tuple[str, ...], fits: Callable[[UsageView], bool],
-                               budget: float, name: str | None = None) -> bool:
-        """Commit a pod on borrowed GPUs to its cohort's ledger (see
-        :data:`BORROWED_PREFIX`): every borrowed reservation of the cohort lives in that
-        one object, so two commits (any replicas) that would lend the same idle GPUs
-        conflict there and the second decides again. What is idle is computed at each
-        attempt from the lenders' pods and their own ledgers, read afresh. The lenders'
-        own commits never read this ledger: their quota is always their own."""
-        deadline = time.monotonic() + budget
-        lock = self._cohort_locks.setdefault(cohort, asyncio.Lock())
-        try:
-            async with asyncio.timeout(budget):
-                async with lock:
-                    return await self._commit_borrowed(key, charge, cohort, lenders, fits,
-                                                       deadline, name)
-        except TimeoutError:
-            raise ReservationUnavailable(
-                f"no commit within {budget:.1f}s ({self.conflicts} conflicts so far)") from None
-
-    async def _commit_borrowed(self, key: str, charge: Charge, cohort: str,
-                               lenders: tuple[str, ...], fits: Callable[[UsageView], bool],
-                               deadline: float, name: str | None) -> bool:
-        ledger = BORROWED_PREFIX + cohort
-        if not self.state.synced():
-            raise ReservationUnavailable(
-                "the webhook's view of the cluster's pods is not up to date")
-        attempt = 0
-        while True:
-            try:
-                stored: StoredMap = await asyncio.to_thread(self.maps.read, ledger)
-                own = {t: await asyncio.to_thread(self.maps.read, LEDGER_PREFIX + t)
-                       for t in lenders}
-            except KubeError as exc:
-                raise self._unavailable(ledger, exc) from None
-            now = self.wall()
-            for t, m in own.items():
-                self._known[t] = self._pending(decode(t, m.data, now, LEDGER_PREFIX + t), now)
-            stored_entries = decode_borrowed(stored.data, now, ledger)
-            settled = self._settled(ledger, stored_entries)
-            entries = {k: e for k, e in stored_entries.items()
-                       if e.expires > now and k not in settled}
-            self._borrowed[cohort] = self._pending(entries, now)
-            if key in entries or self.state.seen(key):
-                return True  # a retried review of a pod already counted
-            if name is not None and any(
-                    e.name == name and not self.state.seen(k) and covers(e.charge, charge)
-                    for k, e in entries.items()):
-                return True  # the same pod created again: one charge for a name
-            view = Combined(self.state.pods, self._unseen(
-                [*(self._known[t] for t in lenders if t in self._known), entries]))
-            if not fits(view):
-                return False
-            entries[key] = Entry(charge, now + self.ttl, name)
-            try:
-                await asyncio.to_thread(self.maps.write, ledger, encode_borrowed(entries),
-                                        stored.resource_version, BORROWED_LABELS)
-            except Conflict:
-                self.conflicts += 1
-                attempt += 1
-                pause = min(0.2, 0.005 * (2 ** min(attempt, 6))) * random.random()
-                if time.monotonic() + pause >= deadline:
-                    raise ReservationUnavailable(
-                        f"the ledger kept changing ({attempt} conflicts)") from None
-                await asyncio.sleep(pause)
-                continue
-            except KubeError as exc:
-                raise self._unavailable(ledger, exc) from None
-            self._borrowed[cohort] = self._pending(entries, now)
-            self.commits += 1
-            self.settled += len(settled)
-            self.expired += len(stored_entries) - (len(entries) - 1) - len(settled)
-            return True
-
-
-@dataclass(slots=True)
-class _Batch:
-    """A tenant's ledger as its commit decides it: the live entries (as read, edited by
-    the operations before in the batch) and, of them, those for pods this replica has
-    not seen, kept beside so that deciding a pod walks what counts, not the whole
-    ledger."""
-
-    entries: dict[str, Entry]
-    unseen: dict[str, Entry]
-
-    def put(self, key: str, e: Entry) -> None:
-        self.entries[key] = e
-        self.unseen[key] = e  # a new entry is for a pod not created yet, or a gang slot
-
-    def pop(self, key: str) -> Entry:
-        self.unseen.pop(key, None)
-        return self.entries.pop(key)
-
-
-# An operation on a tenant's ledger, decided in its commit: given the batch and the
-# time, it edits the batch and returns its answer and whether it changed the entries.
-_Op = Callable[[_Batch, float], tuple[Any, bool]]
-
 
 def _no_phase(phase: str, seconds: float) -> None:
-    return None
-
-
-@dataclass(slots=True)
-class _Ask:
-    """One operation waiting for its tenant's next commit."""
-
-    op: _Op
-    deadline: float  # time.monotonic()
-    done: asyncio.Future[Any]
-    queued: float = 0.0  # time.monotonic() when it was asked
-
-    def succeed(self, answer: Any) -> None:
-        if not self.done.done():
-            self.done.set_result(answer)
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.done.done():
-            self.done.set_exception(exc)
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    """A tenant's ledger as last read or written: its valid entries and version."""
-
-    entries: dict[str, Entry]
-    version: str | None
-    fresh: bool = True  # read from the API server for this commit, not kept from the last
-
-
-def _slot(entries: dict[str, Entry], gangs: tuple[str, ...], charge: Charge) -> str | None:
-    """A slot of a gang the pod belongs to (by owner uid or label), of the pod's shape
-    and counting at least what the pod counts."""
-    ids = set(gangs)
-    for k, e in sorted(entries.items()):
-        if e.gang and ids.intersection(e.gang) and same_shape(e.charge, charge) \
-                and covers(e.charge, charge):
-            return k
     return None

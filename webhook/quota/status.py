@@ -20,7 +20,8 @@ from webhook.engine.borrowed import account
 from webhook.engine.charge import charge_of_pod
 from webhook.engine.waiting import is_gated, ungated
 from webhook.k8s.identity import ObjectId
-from webhook.policy.compiled import CompiledPolicy, Limits, TenantRules
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.tenantrules import Limits, TenantRules
 from webhook.quota.borrow import cohort_members
 from webhook.quota.cohort import overdrawn, room
 from webhook.quota.store import Combined

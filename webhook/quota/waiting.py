@@ -41,7 +41,8 @@ from webhook.engine.validate import OWNED
 from webhook.engine.waiting import REASON, gate, is_gated
 from webhook.k8s.patch import Patch
 from webhook.k8s.review import AdmissionRequest
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.tenantrules import TenantRules
 from webhook.quota.borrow import check_borrowed
 from webhook.quota.check import EPSILON, UsageView, check_pod, lines
 from webhook.quota.line import gang_of

@@ -16,7 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # types only: metrics must stay importable from every layer
-    from webhook.policy.compiled import CompiledPolicy, Limits
+    from webhook.policy.compiled import CompiledPolicy
+    from webhook.policy.tenantrules import Limits
     from webhook.quota.check import UsageView
     from webhook.quota.usage import Totals
 

@@ -23,7 +23,8 @@ from webhook.engine.charge import charge_of_pod
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import label_of
 from webhook.libs import kube
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.tenantrules import TenantRules
 from webhook.quota import status as quota_status
 from webhook.quota.entries import (
     BORROWED_LABELS,

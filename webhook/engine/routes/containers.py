@@ -14,8 +14,8 @@ from webhook.engine.decision import Checker
 from webhook.engine.target import Target
 from webhook.k8s.objects import child_list
 from webhook.k8s.patch import Patch
-from webhook.policy.compiled import RouteRules
 from webhook.policy.model import Rule
+from webhook.policy.tenantrules import RouteRules
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOID = "void"  # no devices and no driver libraries: as runc (NVIDIA container toolkit)

@@ -10,8 +10,8 @@ from webhook.engine import messages
 from webhook.engine.decision import Checker
 from webhook.engine.routes.sights import Sights
 from webhook.k8s.patch import Patch
-from webhook.policy.compiled import TenantRules
 from webhook.policy.model import Rule
+from webhook.policy.tenantrules import TenantRules
 
 
 def priority(check: Checker, tenant: TenantRules, spec: dict[str, Any], sptr: str,

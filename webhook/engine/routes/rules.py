@@ -4,8 +4,8 @@ pod template): its tenant's ``gpuRoutes``."""
 from __future__ import annotations
 
 from webhook.engine.target import Target
-from webhook.policy.compiled import RouteRules
 from webhook.policy.model import Rule
+from webhook.policy.tenantrules import RouteRules
 
 # The rules these checks report; the mutating webhook owns them.
 RULES = frozenset({Rule.VISIBLE_DEVICES, Rule.PRIVILEGED, Rule.DEVICE_HOST_PATHS,

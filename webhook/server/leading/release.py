@@ -48,8 +48,9 @@ from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import READERS
 from webhook.libs import kube, logs
-from webhook.policy.compiled import CompiledPolicy, TenantRules
+from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode
+from webhook.policy.tenantrules import TenantRules
 from webhook.quota.borrow import cohort_members
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView, check_pod, users_cap_alone
