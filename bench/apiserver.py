@@ -68,7 +68,7 @@ TENANT_LABEL = "gpu.example.com/tenant"
 TENANTS = ["vision", "speech", "llm", "rl"]
 LEDGER_NAMESPACE = "gpu-webhook"
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
-CONDITIONS = ("none", "nothing", "ours", "kyverno")
+CONDITIONS = ("none", "nothing", "ours", "memory", "kyverno")
 KYVERNO_TOOL = ROOT / "tools" / "kyverno.sh"
 KYVERNO_NAMESPACE = "kyverno"
 KYVERNO_PORT_ENV = "GPU_WEBHOOK_BENCH_KYVERNO_PORT"
@@ -400,6 +400,18 @@ class Conditions:
         ours = self._render(f"https://127.0.0.1:{port}")
         self.configs["ours"] = ours
         self.names["ours"] = _hook_names(ours)
+        # The same webhook with no cluster: its quota decided and held in this process,
+        # no ledger write. The floor of a design where one replica decides a tenant's
+        # quota in memory (it would also run the watches "ours" runs).
+        port = free_port()
+        self.procs["memory"] = spawn("gpu-webhook-memory", [
+            str(Path(sys.executable).with_name("gpu-webhook")), "serve", "--host", "127.0.0.1",
+            "--port", str(port), "--cert-dir", str(self.cert_dir), "--policy", str(self.policy)],
+            self.work / "memory.log", env={"KUBERNETES_SERVICE_HOST": ""})
+        wait_https(self.procs["memory"], port)
+        memory = self._render(f"https://127.0.0.1:{port}")
+        self.configs["memory"] = memory
+        self.names["memory"] = _hook_names(memory)
         port = free_port()
         self.procs["nothing"] = spawn("do-nothing", [
             sys.executable, "-m", "bench.baseline", "--host", "127.0.0.1", "--port", str(port),
@@ -441,13 +453,13 @@ class Conditions:
         """Take the current condition out and put ``condition`` in, then wait until a pod
         creation calls exactly its webhooks."""
         cp = self.cp
-        if self.current in ("ours", "nothing"):
+        if self.current in ("ours", "memory", "nothing"):
             _kubectl(cp, "delete", "--wait=true", "-f", "-", input=self.configs[self.current])
         elif self.current == "kyverno":
             _kubectl(cp, "delete", "clusterpolicy", "gpu-pods", "--wait=true")
         self.current = "none"
         wait_calls(cp, lambda called: not called, "no webhook to be called")
-        if condition in ("ours", "nothing"):
+        if condition in ("ours", "memory", "nothing"):
             _kubectl(cp, "apply", "-f", "-", input=self.configs[condition])
             names = self.names[condition]
             # Pods go through its pod webhooks, not the ones for claims or scale requests.
@@ -764,6 +776,11 @@ def summarize(results: list[dict[str, Any]], conditions: list[str]) -> dict[str,
                 a, b = (entry["ours"]["apiserver_mean_ms_per_call"],
                         entry[other]["apiserver_mean_ms_per_call"])
                 entry[f"ours/{other}_apiserver_mean"] = round(a / b, 2) if a and b else None
+        if "memory" in entry and "nothing" in entry:
+            for q in ("p50", "p99"):
+                mine, theirs = (entry["memory"][f"added_{q}_ms"],
+                                entry["nothing"][f"added_{q}_ms"])
+                entry[f"memory/nothing_{q}"] = round(mine / theirs, 2) if theirs > 0 else None
         out[f"{mode}/{clients}"] = entry
     return out
 

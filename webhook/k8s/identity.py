@@ -11,12 +11,13 @@ engine, the quota line, the caches and the offline tools ask it instead of walki
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+V = TypeVar("V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +124,20 @@ def _owners(value: object) -> tuple[Owner, ...]:
         Owner(_str(r, "apiVersion"), _str(r, "kind"), _str(r, "name"), _str(r, "uid"),
               r.get("controller") is True)
         for r in value if isinstance(r, Mapping))
+
+
+def track(table: dict[str, V], typ: str, obj: object,
+          value: Callable[[dict[str, Any]], V | None]) -> str:
+    """Keep ``table``, by object name, as a watch event (ADDED, MODIFIED, DELETED) says:
+    a deleted object leaves it, another is stored as ``value(obj)`` (None: left as it
+    was). Returns the object's name, "" for a nameless one (nothing is done)."""
+    name = ObjectId.of(obj).name
+    if not name or not isinstance(obj, dict):
+        return ""
+    if typ == "DELETED":
+        table.pop(name, None)
+        return name
+    got = value(obj)
+    if got is not None:
+        table[name] = got
+    return name

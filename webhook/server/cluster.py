@@ -17,7 +17,7 @@ from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
 from webhook.engine.routes.sights import Sights, carries_gpus, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
-from webhook.k8s.identity import ObjectId
+from webhook.k8s.identity import track
 from webhook.k8s.slices import SLICE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
@@ -64,28 +64,21 @@ class SightCache:
         if typ == "RESET":
             self.nodes.clear()
             return
-        name = ObjectId.of(node).name
-        if not name:
-            return
-        if typ == "DELETED":
-            self.nodes.pop(name, None)
-            return
-        self.nodes[name] = carries_gpus(self.policy(), node)
+        track(self.nodes, typ, node, lambda n: carries_gpus(self.policy(), n))
 
     def class_event(self, typ: str, pc: dict[str, Any]) -> None:
         if typ == "RESET":
             self.classes.clear()
             return
-        name = ObjectId.of(pc).name
-        if not name:
-            return
-        if typ == "DELETED":
-            self.classes.pop(name, None)
-            return
-        value = pc.get("value")
-        if isinstance(value, int) and not isinstance(value, bool):
-            self.classes[name] = (value, str(pc.get("preemptionPolicy")
-                                             or "PreemptLowerPriority"))
+        track(self.classes, typ, pc, _priority_class)
+
+
+def _priority_class(pc: dict[str, Any]) -> tuple[int, str] | None:
+    """A PriorityClass's value and preemption policy; None for a value not an integer."""
+    value = pc.get("value")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, str(pc.get("preemptionPolicy") or "PreemptLowerPriority")
+    return None
 
 
 @dataclass(frozen=True)

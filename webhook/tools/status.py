@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from webhook.engine import holding, messages
 from webhook.engine.charge import charge_of_pod
@@ -36,6 +37,8 @@ from webhook.quota.entries import (
 from webhook.quota.entries import LABELS as LEDGER_LABELS
 from webhook.quota.status import Report, Row
 from webhook.quota.usage import Usage
+
+T = TypeVar("T")
 
 __all__ = ["Cluster", "Report", "Row", "read_cluster", "report", "table"]
 
@@ -194,6 +197,16 @@ def _ledgers(api: Any, namespace: str, labels: dict[str, str], prefix: str
             if str(cm["metadata"]["name"]).startswith(prefix)}
 
 
+def _listed(out: Cluster, read: Callable[[], T], unread: str) -> T | None:
+    """What ``read`` lists, or None with the note ``unread`` (``{}``: the API server's
+    answer) when the account may not list it: the rest is still reported."""
+    try:
+        return read()
+    except kube.KubeError as exc:
+        out.unread.append(unread.format(exc))
+        return None
+
+
 def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
                  product_label: str) -> Cluster:
     """Pods (of ``namespace``, or all), namespace labels and the ledger ConfigMaps. A
@@ -210,30 +223,23 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
         out.pods = kube.list_objects(api, "pods", namespace)
         out.unread.append(f"pods of other namespaces not read ({exc}): tenant-wide USED "
                           f"counts only namespace {namespace}'s pods")
-    try:
-        out.namespaces = {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {})
-                          for n in kube.list_objects(api, "namespaces")}
-    except kube.KubeError as exc:
-        out.unread.append(f"namespace labels not read ({exc}): tenants chosen by label "
-                          "selector are not found")
-    try:
-        out.ledgers = _ledgers(api, ledger_namespace, LEDGER_LABELS, LEDGER_PREFIX)
-    except kube.KubeError as exc:
-        out.unread.append(f"quota reservations not read ({exc}): RESERVED shows 0; pods "
-                          "admitted in the last minute may not be counted yet")
-    else:
-        try:
-            out.borrowed = _ledgers(api, ledger_namespace, BORROWED_LABELS, BORROWED_PREFIX)
-        except kube.KubeError as exc:
-            out.unread.append(f"borrowed reservations not read ({exc}): RESERVED of "
-                              "borrowed gpus shows 0")
-    try:
-        out.nodes = {str(n["metadata"]["name"]): label_of(n, product_label)
-                     for n in kube.list_objects(api, "nodes")}
-    except kube.KubeError as exc:
-        out.unread.append(f"nodes not read ({exc}): a running pod allowed several GPU "
-                          "products counts on the one admission charged it to, which may "
-                          "not be the one it runs on")
+    out.namespaces = _listed(out, lambda: {
+        i.name: dict(i.labels) for i in map(ObjectId.of, kube.list_objects(api, "namespaces"))},
+        "namespace labels not read ({}): tenants chosen by label selector are not found") or {}
+    ledgers = _listed(out, lambda: _ledgers(api, ledger_namespace, LEDGER_LABELS, LEDGER_PREFIX),
+                      "quota reservations not read ({}): RESERVED shows 0; pods admitted in "
+                      "the last minute may not be counted yet")
+    out.ledgers = ledgers or {}
+    if ledgers is not None:
+        out.borrowed = _listed(out, lambda: _ledgers(api, ledger_namespace, BORROWED_LABELS,
+                                                     BORROWED_PREFIX),
+                               "borrowed reservations not read ({}): RESERVED of borrowed "
+                               "gpus shows 0") or {}
+    out.nodes = _listed(out, lambda: {ObjectId.of(n).name: label_of(n, product_label)
+                                      for n in kube.list_objects(api, "nodes")},
+                        "nodes not read ({}): a running pod allowed several GPU products "
+                        "counts on the one admission charged it to, which may not be the "
+                        "one it runs on") or {}
     if namespace is not None and out.unread:
         # What the webhook keeps for such an account (readable under the namespace's
         # `view`): none there (an older install, no quota) leaves the notes as they are.
