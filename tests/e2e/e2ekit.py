@@ -382,11 +382,12 @@ class Deployment:
         self.cp.kubectl("apply", "-f", "-", input=text)
 
     @contextlib.contextmanager
-    def installed(self, docs: list[dict[str, Any]] | None = None) -> Iterator[Deployment]:
-        """The webhook configurations (rendered, or ``docs``) applied and answering for
-        the block; taken out, and waited out, at its end."""
+    def installed(self, docs: list[dict[str, Any]] | None = None, url: str | None = None
+                  ) -> Iterator[Deployment]:
+        """The webhook configurations (rendered, for ``url`` if given, or ``docs``)
+        applied and answering for the block; taken out, and waited out, at its end."""
         if docs is None:
-            self.install()
+            self.install(url)
         else:
             self.manifests = docs
             self.cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))

@@ -22,6 +22,7 @@ from webhook.policy.model import Mode, Rule
 from webhook.policy.tenantrules import CohortRules
 from webhook.quota.borrow import check_borrowed, why_not_borrowed
 from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
+from webhook.quota.decider import NotDeciding
 from webhook.quota.gang import GANG_BOUND_SECONDS
 from webhook.quota.store import (
     BorrowStore,
@@ -130,8 +131,9 @@ def _unavailable(policy: CompiledPolicy, step: QuotaStep, exc: ReservationUnavai
     """No commit could be made (the ledger unreachable, kept changing, or the cache not
     current): the pod is refused, or warned where the policy fails open on quota."""
     check = _checker(policy, step)
-    check.report(Rule.QUOTA, messages.quota_unavailable(str(exc)),
-                 at_most=Mode.WARN if policy.quota_fail_open else None)
+    text = (messages.quota_not_decided(str(exc)) if isinstance(exc, NotDeciding)
+            else messages.quota_unavailable(str(exc)))
+    check.report(Rule.QUOTA, text, at_most=Mode.WARN if policy.quota_fail_open else None)
     return check.findings, ["ledger-unavailable"]
 
 

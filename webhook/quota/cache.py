@@ -113,6 +113,9 @@ class ClusterState:
         self.node_products: dict[str, str | None] = {}
         self._on_node: dict[str, set[str]] = {}
         self._bound: dict[str, dict[str, Any]] = {}  # uid -> pod, while its node is unseen
+        # Told each uid the watch shows with all it costs (or ended): a store deciding
+        # in this process drops its reservation then (webhook.quota.decider).
+        self.on_seen: Callable[[str], None] | None = None
 
     def watch_claims(self, slices: bool = False) -> ClaimCache:
         """Keep DRA claims and templates too (their watches then count for liveness),
@@ -210,6 +213,8 @@ class ClusterState:
             self._note_node(uid, None)
             self._end(uid)
             self.line.gone(uid)
+            if self.on_seen is not None:
+                self.on_seen(uid)
             return
         ns = ident.namespace
         charge, unknown = charge_and_unknown(pod, self.policy(), self.labels.get(ns),
@@ -223,6 +228,8 @@ class ClusterState:
             self.freed[old.tenant] = self._clock()
         into.put(uid, ident.key, charge)
         self.line.seen(uid, pod, charge is not None)
+        if self.on_seen is not None and self.seen(uid):
+            self.on_seen(uid)
 
     def claim_event(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
         """The event handler for one DRA kind's watch (CLAIM, TEMPLATE or SLICE)."""

@@ -197,7 +197,7 @@ class MemoryStore:
     """Pods and reservations held in this process only."""
 
     def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.pods = Usage()
+        self._own_pods = Usage()
         self.reserved = Usage()
         # In the order made: with one TTL for all, that is the order they expire in, so
         # expiring walks only the expired ones (an admission's view must not cost the
@@ -209,6 +209,12 @@ class MemoryStore:
         self.commits = 0  # reservations made, and dropped unseen: read by /metrics
         self.expired = 0
         self.gangs: dict[str, Gang] = {}  # workload uid -> its gang reservation
+
+    @property
+    def pods(self) -> Usage:
+        """The pods that count as themselves (see ``webhook.quota.decider`` for a store
+        whose pods are a watch's)."""
+        return self._own_pods
 
     def ready(self) -> bool:
         return True

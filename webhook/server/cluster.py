@@ -22,6 +22,7 @@ from webhook.k8s.slices import SLICE
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
+from webhook.quota.decider import DecidingStore
 from webhook.quota.ledger import LedgerStore
 from webhook.server import metrics
 from webhook.server.sources.reload import PolicySource
@@ -87,7 +88,7 @@ class Cluster:
     reader of scale requests' workloads, and the watches to stop at shutdown."""
 
     state: ClusterState
-    store: LedgerStore
+    store: LedgerStore | DecidingStore
     read_workload: WorkloadReader
     watchers: list[kube.Watcher]
     api: Any = None  # the API client, for what the leader replica writes (server.upkeep)
@@ -103,7 +104,7 @@ class Cluster:
 
 
 def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
-           loop: asyncio.AbstractEventLoop) -> Cluster:
+           loop: asyncio.AbstractEventLoop, quota_commit: str = "ledger") -> Cluster:
     """Start the pod and namespace watches and the ledger store, before the server is
     built from them. Raises kube.Unreachable when credentials cannot even be loaded."""
     api = kube.connect(kubeconfig)
@@ -118,8 +119,13 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     ns = ledger_namespace(namespace)
     # A create of a name the cache sees held asks the API server who holds it now (rare;
     # short timeout: an unanswered read records the create as before, see LedgerStore).
-    store = LedgerStore(state, kube.ConfigMaps(api, ns), ttl=active.policy.reservation_ttl,
-                        holder=kube.Pods(api, timeout=2.0).holder, phase=ledger_phase)
+    holder = kube.Pods(api, timeout=2.0).holder
+    # --quota-commit leader: decided in the leader's memory (webhook.quota.decider).
+    store: LedgerStore | DecidingStore = (
+        DecidingStore(state, ttl=active.policy.reservation_ttl, holder=holder)
+        if quota_commit == "leader" else
+        LedgerStore(state, kube.ConfigMaps(api, ns), ttl=active.policy.reservation_ttl,
+                    holder=holder, phase=ledger_phase))
     pods = kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event))
     namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
     # DRA: the claims and templates pods name, found without an API call on admission.

@@ -75,6 +75,20 @@ LATE = Counter(
     ["webhook"],
     registry=REGISTRY,
 )
+RELAYS = Counter(
+    "gpu_webhook_relayed_reviews_total",
+    "Reviews relayed to the replica that decides GPU quota (--quota-commit leader), by "
+    "outcome: answered (its answer was sent on), failed (no answer: decided here, where "
+    "a quota commit is refused).",
+    ["webhook", "outcome"],
+    registry=REGISTRY,
+)
+DECIDING = Gauge(
+    "gpu_webhook_quota_deciding",
+    "1 while this replica decides GPU quota (--quota-commit leader: it leads and its "
+    "hand-over is over), else 0.",
+    registry=REGISTRY,
+)
 INFLIGHT = Gauge(
     "gpu_webhook_inflight_requests",
     "Admission requests being handled now (bounded by --max-inflight).",

@@ -35,6 +35,7 @@ from webhook.server.settings import Settings
 from webhook.server.sources.policyobject import ObjectUnavailable, policy_source
 from webhook.server.sources.reload import Active, PolicySource
 from webhook.server.web.app import AdmissionApp, Runtime
+from webhook.server.web.forward import Relay
 from webhook.server.web.listen import (
     KEEP_ALIVE_TIMEOUT,
     AdmissionProtocol,
@@ -177,7 +178,7 @@ def _attach(settings: Settings, source: PolicySource
         return None, {}
     try:
         cluster = attach(source, settings.kubeconfig, settings.namespace,
-                         asyncio.get_running_loop())
+                         asyncio.get_running_loop(), settings.quota_commit)
     except Unreachable as exc:
         logs.event("cannot use the cluster; not ready until it can", logging.ERROR,
                    error=str(exc))
@@ -186,7 +187,8 @@ def _attach(settings: Settings, source: PolicySource
 
 
 def _runtime(settings: Settings, source: PolicySource, active: Active,
-             cluster: Cluster | None, ready: dict[str, Callable[[], bool]]) -> Runtime:
+             cluster: Cluster | None, ready: dict[str, Callable[[], bool]],
+             relay: Relay | None = None) -> Runtime:
     """What the app reads: the cluster's caches and ledger, or none of them."""
     return Runtime(
         policy=source,
@@ -202,7 +204,8 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         ready_checks=ready,
         max_inflight=settings.max_inflight,
         request_timeout=settings.request_timeout,
-        clock=clock(settings.test_clock_offset_file))
+        clock=clock(settings.test_clock_offset_file),
+        relay=relay)
 
 
 def _server(settings: Settings, runtime: Runtime, context: ssl.SSLContext) -> BoundedServer:
@@ -224,17 +227,29 @@ async def _serve(settings: Settings, source: PolicySource, active: Active,
     # The cluster first, then the app built on it once: nothing is swapped into a
     # running server.
     cluster, ready = _attach(settings, source)
-    server = _server(settings, _runtime(settings, source, active, cluster, ready), context)
+    # The leader's work before the app: with --quota-commit leader the app relays to the
+    # leader the Lease names.
+    namespace = ledger_namespace(settings.namespace)
+    kept = upkeep.start(cluster, source, namespace,
+                        settings.quota_status_seconds,
+                        settings.audit_seconds,
+                        clock(settings.test_clock_offset_file),
+                        release_seconds=settings.release_seconds,
+                        address=settings.advertised() if settings.quota_commit == "leader"
+                        else "") if cluster is not None else None
+    relay = None
+    if kept is not None and settings.quota_commit == "leader":
+        ca = settings.leader_ca()
+        assert ca is not None  # checked with the settings
+        leadership = kept.leadership
+        relay = Relay(lambda: leadership.leader_address, ca, settings.leader_name(namespace))
+    server = _server(settings, _runtime(settings, source, active, cluster, ready, relay),
+                     context)
     watchers = [asyncio.ensure_future(source.watch(settings.policy_poll_seconds)),
                 asyncio.ensure_future(reloader.watch(settings.cert_poll_seconds))]
     if renewer is not None:
         watchers.append(asyncio.ensure_future(
             renewer.keep_renewed(settings.cert_check_seconds)))
-    kept = upkeep.start(cluster, source, ledger_namespace(settings.namespace),
-                        settings.quota_status_seconds,
-                        settings.audit_seconds,
-                        clock(settings.test_clock_offset_file),
-                        release_seconds=settings.release_seconds) if cluster is not None else None
     # Out of the garbage collector's full passes: what start-up made, the caches'
     # first list, each new policy (webhook.server.heap).
     metrics.HEAP_FROZEN.set_function(heap.frozen)
@@ -250,6 +265,8 @@ async def _serve(settings: Settings, source: PolicySource, active: Active,
             w.cancel()
         if kept is not None:
             await kept.stop()
+        if relay is not None:
+            await relay.close()
         if cluster is not None:
             cluster.stop()
         # uvicorn re-raises SIGTERM after its shutdown, which skips atexit: write the

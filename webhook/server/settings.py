@@ -56,6 +56,10 @@ class Settings:
     quota_status_seconds: float = 10.0
     audit_seconds: float = 300.0
     release_seconds: float = 1.0
+    quota_commit: str = "ledger"
+    leader_url: str | None = None
+    leader_ca_file: str | None = None
+    leader_server_name: str | None = None
     test_clock_offset_file: str | None = None
 
     @staticmethod
@@ -90,6 +94,8 @@ class Settings:
             s._check_policy_object(s.policy_object)
         if s.self_managed_certs:
             s._check_self_managed()
+        if s.quota_commit == "leader":
+            s._check_leader()
         return s
 
     def _check_serving(self) -> None:
@@ -125,6 +131,47 @@ class Settings:
             raise SystemExit("--policy-object reads the GPUPolicy from the cluster: give "
                              "--kubeconfig (or run in a pod)")
 
+    def _check_leader(self) -> None:
+        if not self.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise SystemExit("--quota-commit leader elects its leader in the cluster: give "
+                             "--kubeconfig (or run in a pod)")
+        if not (self.leader_url or "https://").startswith("https://"):
+            raise SystemExit(f"--leader-url {self.leader_url!r} must be an https:// URL")
+        if not self.advertised():
+            raise SystemExit("--quota-commit leader: the other replicas cannot reach this one "
+                             f"at --host {self.host}; give --leader-url https://ADDRESS:PORT "
+                             "(or set POD_IP)")
+        if self.leader_ca() is None:
+            raise SystemExit("--quota-commit leader checks the leader's certificate: give "
+                             "--leader-ca-file (no ca.crt or ca.pem in --cert-dir)")
+
+    def advertised(self) -> str:
+        """Where this replica answers the others (--leader-url, or its default)."""
+        if self.leader_url:
+            return self.leader_url.rstrip("/")
+        if os.environ.get("POD_IP"):
+            return f"https://{os.environ['POD_IP']}:{self.port}"
+        if self.host not in ("0.0.0.0", "::", ""):
+            return f"https://{self.host}:{self.port}"
+        return ""
+
+    def leader_ca(self) -> str | None:
+        """The CA the leader's certificate is checked against (see --leader-ca-file)."""
+        if self.leader_ca_file:
+            return self.leader_ca_file
+        for name in ("ca.crt", "ca.pem"):
+            if os.path.isfile(os.path.join(self.cert_dir, name)):
+                return os.path.join(self.cert_dir, name)
+        return None
+
+    def leader_name(self, namespace: str) -> str | None:
+        """The name the leader's certificate must hold (None: the URL's host)."""
+        if self.leader_server_name:
+            return self.leader_server_name
+        if os.environ.get("POD_IP") and not self.leader_url:
+            return f"{self.service}.{namespace}.svc"
+        return None
+
     def _check_self_managed(self) -> None:
         self.certificate_targets()  # named errors for a bad value
         if not self.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -152,6 +199,9 @@ class Settings:
         if self.log_level not in LOG_LEVELS:
             raise SystemExit(f"--log-level must be one of {', '.join(LOG_LEVELS)}, "
                              f"not {self.log_level!r}")
+        if self.quota_commit not in ("ledger", "leader"):
+            raise SystemExit(f"--quota-commit must be ledger or leader, not "
+                             f"{self.quota_commit!r}")
         if not 0 <= self.port <= 65535:
             raise SystemExit(f"--port must be 0-65535, not {self.port}")
         for name in ("quota_status_seconds", "audit_seconds", "release_seconds"):
@@ -266,6 +316,20 @@ _DOCS = {
     "release_seconds": "With a cluster: how often the leader replica releases the pods "
                        "waiting for quota (tenants' overQuota: wait) that fit; 0: none is "
                        "released.",
+    "quota_commit": "With a cluster: ledger (every replica decides GPU quota, each admission "
+                    "a conditional write of its tenant's ledger ConfigMap) or leader (the "
+                    "leader replica decides it in memory, the others relay their reviews "
+                    "to it; after a leader change no GPU pod is admitted for the hand-over, "
+                    "the reservation TTL and a few seconds: docs/quota.md).",
+    "leader_url": "With --quota-commit leader: where this replica answers the others, "
+                  "written in the leader Lease (default https://$POD_IP:--port, or "
+                  "https://--host:--port when --host is one address).",
+    "leader_ca_file": "With --quota-commit leader: the CA the leader's serving certificate "
+                      "is checked against (default ca.crt, else ca.pem, in --cert-dir).",
+    "leader_server_name": "With --quota-commit leader: the name the leader's certificate "
+                          "is checked for (default the Service's, "
+                          "--service.--namespace.svc, in a pod; else the --leader-url's "
+                          "host).",
     "test_clock_offset_file": "For tests only: a file holding seconds added to the clock "
                               "that quota windows (quotaSchedule) are decided by, re-read "
                               "when it changes. Never set where quota is enforced.",

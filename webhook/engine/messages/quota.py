@@ -129,6 +129,13 @@ def quota_unavailable(reason: str) -> str:
             "platform team (the webhook's quota setting fails closed).")
 
 
+def quota_not_decided(reason: str) -> str:
+    return (f"GPU quota is decided by one webhook replica, and none decides it now: {reason}."
+            " This GPU pod cannot be counted against its quota until one does, so it is "
+            "refused (controllers create it again); retry in a moment. If it persists, "
+            "tell the platform team (the webhook's quota setting fails closed).")
+
+
 def name_taken(name: str) -> str:
     namespace, _, pod = name.partition("/")
     return (f"a pod named {pod!r} already exists in namespace {namespace!r}, so this one "

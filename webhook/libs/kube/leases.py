@@ -19,6 +19,12 @@ class StoredLease:
     duration: float  # leaseDurationSeconds
     transitions: int
     resource_version: str
+    address: str = ""  # where the holder answers (ADDRESS_ANNOTATION), "" if unsaid
+
+
+# Where the holder can be reached (an https:// URL): the replicas that do not lead relay
+# to it what only the leader decides (``serve --quota-commit leader``).
+ADDRESS_ANNOTATION = "gpu-webhook.dev/leader-url"
 
 
 class Leases:
@@ -41,18 +47,22 @@ class Leases:
             return None
         obj = json_object(what, resp.data)
         spec = obj.get("spec") or {}
+        meta = obj.get("metadata") or {}
         return StoredLease(str(spec.get("holderIdentity") or ""),
                            float(spec.get("leaseDurationSeconds") or 0),
                            int(spec.get("leaseTransitions") or 0),
-                           str((obj.get("metadata") or {}).get("resourceVersion") or ""))
+                           str(meta.get("resourceVersion") or ""),
+                           str((meta.get("annotations") or {}).get(ADDRESS_ANNOTATION) or ""))
 
     def write(self, name: str, holder: str, duration: int, transitions: int,
-              renewed: datetime, resource_version: str | None) -> None:
+              renewed: datetime, resource_version: str | None, address: str = "") -> None:
         """Create (``resource_version`` None; AlreadyExists is a Conflict) or replace only
-        if unchanged since read (else Conflict)."""
+        if unchanged since read (else Conflict). ``address``: where the holder answers."""
         body = client.V1Lease(
             metadata=client.V1ObjectMeta(name=name, namespace=self.namespace,
                                          labels={"app.kubernetes.io/name": "gpu-webhook"},
+                                         annotations={ADDRESS_ANNOTATION: address}
+                                         if address and holder else None,
                                          resource_version=resource_version),
             spec=client.V1LeaseSpec(holder_identity=holder or None,
                                     lease_duration_seconds=duration,

@@ -42,9 +42,13 @@ def _micro_time(t: float) -> datetime:
 class Leadership:
     def __init__(self, leases: kube.Leases, name: str = LEASE, me: str | None = None,
                  duration: int = DURATION, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, address: str = "") -> None:
         self.leases, self.name = leases, name
         self.me = me or identity()
+        # Where this replica answers, written in the Lease while it leads; and where the
+        # leader answers, as the last read of the Lease said ("" unknown, or this one).
+        self.address = address
+        self.leader_address = ""
         self.duration = duration
         self.clock, self.wall = clock, wall
         self._until = 0.0  # leading until this (monotonic), from the last renewal
@@ -71,6 +75,8 @@ class Leadership:
         started = self.clock()
         try:
             lease = self.leases.read(self.name)
+            self.leader_address = (lease.address if lease is not None and lease.holder
+                                   and lease.holder != self.me else "")
             if lease is None:
                 self._write(0, None)
             elif lease.holder == self.me:
@@ -105,7 +111,7 @@ class Leadership:
 
     def _write(self, transitions: int, resource_version: str | None) -> None:
         self.leases.write(self.name, self.me, self.duration, transitions,
-                          _micro_time(self.wall()), resource_version)
+                          _micro_time(self.wall()), resource_version, self.address)
 
     def release(self) -> None:
         """Give the Lease up (at shutdown), so another replica leads without waiting."""

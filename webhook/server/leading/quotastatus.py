@@ -26,6 +26,7 @@ from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
 from webhook.quota.cache import ClusterState
+from webhook.quota.decider import DecidingStore
 from webhook.quota.entries import LEDGER_PREFIX
 from webhook.quota.ledger import LedgerStore
 from webhook.server.leading import leader
@@ -33,11 +34,11 @@ from webhook.server.leading import leader
 _SELECTOR = ",".join(f"{k}={v}" for k, v in status.MANAGED_BY.items())
 
 
-def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore,
+def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore | DecidingStore,
            fresh: dict[str, kube.StoredMap] | None = None, now: float | None = None
            ) -> dict[tuple[str, str], dict[str, Any]]:
     """(namespace, tenant) -> the GPUQuota status that namespace should show now."""
-    held = store.reserved(fresh)
+    held = store.reserved(fresh) if isinstance(store, LedgerStore) else store.reserved_usage()
     out: dict[tuple[str, str], dict[str, Any]] = {}
     by_tenant: dict[str, status.Report] = {}  # once per tenant, not per namespace
     waiting = status.waiting_of(state.line.pods.values(), policy, state.namespace_labels)
@@ -69,7 +70,7 @@ def _numbers(st: dict[str, Any]) -> dict[str, Any]:
 
 class QuotaStatusWriter:
     def __init__(self, policy: Callable[[], CompiledPolicy], state: ClusterState,
-                 store: LedgerStore, objects: kube.CustomObjects,
+                 store: LedgerStore | DecidingStore, objects: kube.CustomObjects,
                  leading: Callable[[], bool], interval: float,
                  wall: Callable[[], float] = time.time,
                  clock: Callable[[], float] = time.time) -> None:
@@ -112,7 +113,9 @@ class QuotaStatusWriter:
                 _skipped("/".join(key), exc)
 
     def _read_ledgers(self, tenants: list[str]) -> dict[str, kube.StoredMap]:
-        out = {}
+        out: dict[str, kube.StoredMap] = {}
+        if not isinstance(self.store, LedgerStore):
+            return out  # the leader's reservations are in its memory (quota.decider)
         for t in tenants:
             try:
                 out[t] = self.store.maps.read(LEDGER_PREFIX + t)

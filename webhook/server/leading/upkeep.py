@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
+from webhook.quota.decider import DecidingStore
 from webhook.server import metrics
 from webhook.server.cluster import Cluster
 from webhook.server.leading.background_audit import BackgroundAudit, reports
@@ -40,18 +41,26 @@ class Upkeep:
 
 def start(cluster: Cluster, source: PolicySource, namespace: str,
           status_seconds: float, audit_seconds: float,
-          clock: Callable[[], float] = time.time, *, release_seconds: float = 1.0
-          ) -> Upkeep | None:
-    """The Lease and the writers that are turned on (None when none is)."""
-    if status_seconds <= 0 and audit_seconds <= 0 and release_seconds <= 0:
+          clock: Callable[[], float] = time.time, *, release_seconds: float = 1.0,
+          address: str = "") -> Upkeep | None:
+    """The Lease and the writers that are turned on (None when none is, and the quota
+    is not decided by the leader). ``address``: where this replica answers, written in
+    the Lease while it leads (for the others to relay to, --quota-commit leader)."""
+    deciding = isinstance(cluster.store, DecidingStore)
+    if status_seconds <= 0 and audit_seconds <= 0 and release_seconds <= 0 and not deciding:
         return None
 
     def policy() -> CompiledPolicy:  # the one served now: a reload is used at once
         assert source.active is not None
         return source.active.policy
 
-    leadership = Leadership(kube.Leases(cluster.api, namespace))
+    leadership = Leadership(kube.Leases(cluster.api, namespace), address=address)
     leadership.on_change.append(lambda leading: metrics.LEADER.set(1 if leading else 0))
+    if isinstance(cluster.store, DecidingStore):
+        store = cluster.store
+        store.follow(leadership.leading)
+        leadership.on_change.append(store.led)
+        metrics.DECIDING.set_function(lambda: 0.0 if store.deciding() else 1.0)
     up = Upkeep(leadership, [asyncio.ensure_future(leadership.keep())])
     if status_seconds > 0:
         writer = QuotaStatusWriter(

@@ -59,6 +59,7 @@ from webhook.quota.store import UsageStore
 from webhook.server import metrics
 from webhook.server.sources.reload import PolicySource
 from webhook.server.web import policyhook
+from webhook.server.web.forward import RELAYED, Relay
 from webhook.server.web.reuse import DecisionCache
 
 Scope = MutableMapping[str, Any]
@@ -92,6 +93,9 @@ class Runtime:
     # Mutating decisions kept for pods of one shape (webhook.server.web.reuse); 0: none.
     reuse_size: int = 1024
     clock: Callable[[], float] = time.time  # what quota windows are decided by
+    # With --quota-commit leader: where reviews that may reserve quota are relayed when
+    # another replica leads (webhook.server.web.forward); None: decided here.
+    relay: Relay | None = None
 
 
 _PATHS = {"/mutate": Phase.MUTATE, "/validate": Phase.VALIDATE}
@@ -177,6 +181,8 @@ class AdmissionApp:
                        error=str(exc), client=_client(scope))
             await _send(send, exc.status, {"error": str(exc)})
             return
+        if await self._relayed(webhook, scope, send, req, body, deadline, started):
+            return
         deciding = time.perf_counter()
         answer = await self.decide(webhook, req, max(0.0, deadline - time.monotonic()))
         metrics.child(metrics.PHASE, webhook, "decide").observe(time.perf_counter() - deciding)
@@ -185,6 +191,29 @@ class AdmissionApp:
         metrics.child(metrics.LATENCY, webhook).observe(elapsed)
         if answered_late(scope, arrived, time.monotonic()):
             metrics.child(metrics.LATE, webhook).inc()  # the API server had given up
+
+    async def _relayed(self, webhook: Phase, scope: Scope, send: Send, req: AdmissionRequest,
+                       body: bytes, deadline: float, started: float) -> bool:
+        """Whether the review was answered by the leader (``--quota-commit leader``): a
+        real review, not relayed already, while another replica leads. A dry run
+        reserves nothing and is decided here."""
+        relay = self.runtime.relay
+        if relay is None or req.dry_run or _relayed_already(scope):
+            return False
+        base = relay.leader()
+        if not base:
+            return False
+        # Most of what is left of the budget: a relay that fails is decided here in time.
+        got = await relay.send(base, scope["path"], body,
+                               0.8 * max(0.0, deadline - time.monotonic()))
+        metrics.RELAYS.labels(webhook, "answered" if got is not None else "failed").inc()
+        if got is None:
+            return False
+        headers = [*_JSON_HEADERS, (b"content-length", str(len(got[1])).encode())]
+        await send({"type": "http.response.start", "status": got[0], "headers": headers})
+        await send({"type": "http.response.body", "body": got[1]})
+        metrics.child(metrics.LATENCY, webhook).observe(time.perf_counter() - started)
+        return True
 
     async def _overloaded(self, webhook: Phase, scope: Scope, send: Send, status: int,
                           reason: str, message: str) -> None:
@@ -361,6 +390,11 @@ async def _send(send: Send, status: int, payload: dict[str, Any]) -> None:
 
 
 DEFAULT_BUDGET = 8.0  # seconds; the API server's default webhook timeout is 10 s
+
+
+def _relayed_already(scope: Scope) -> bool:
+    name = RELAYED.encode()
+    return any(k == name for k, _ in scope.get("headers", ()))
 
 
 def _api_timeout(scope: Scope) -> float | None:

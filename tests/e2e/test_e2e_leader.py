@@ -1,0 +1,137 @@
+"""The leader decides GPU quota (``serve --quota-commit leader``), through the real API
+server with two replicas: the API server calls the replica that does not lead, which
+relays each real review to the leader; the cap holds; the leader is killed (SIGKILL)
+and the other replica takes the Lease over, refuses GPU pods while it waits out the
+hand-over (saying so), then admits exactly what is free.
+
+The policy's reservation TTL is short (6 s), so the hand-over (TTL + the watches'
+settle time) lasts seconds, not a minute.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from controlplane.cluster import ControlPlane
+from e2ekit import (
+    Deployment,
+    NamespaceFactory,
+    capped_policy,
+    gpu_pod,
+    gpu_webhook,
+    sees_free_gpus,
+    start_replica,
+    wait_ready,
+    wait_until,
+)
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+pytestmark = pytest.mark.e2e
+
+CAP = 3
+LEADER_ARGS = ("--quota-commit", "leader")
+
+
+def metric(d: Deployment, index: int, name: str) -> float:
+    """The sum of a metric's samples on replica ``index`` (0 when it has none)."""
+    ctx = ssl.create_default_context(cafile=str(d.ca_file))
+    with httpx.Client(verify=ctx, timeout=5) as http:
+        text = http.get(f"https://localhost:{d.replicas[index].port}/metrics").text
+    return sum(float(m.group(1)) for m in re.finditer(
+        rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def deciding(d: Deployment) -> int | None:
+    """The index of the replica that decides GPU quota now, if one does."""
+    live = [i for i, r in enumerate(d.replicas) if r.process.poll() is None]
+    return next((i for i in live if metric(d, i, "gpu_webhook_quota_deciding") == 1), None)
+
+
+@pytest.fixture(scope="module")
+def leading(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Deployment]:
+    workdir: Path = tmp_path_factory.mktemp("webhook-leader")
+    cert_dir = workdir / "certs"
+    gpu_webhook("certs", "--out", str(cert_dir), "--dns", "localhost", "--ip", "127.0.0.1")
+    policy = capped_policy(workdir, "policy.yaml", ["lead"], CAP, ttl=6)
+    d = Deployment(control_plane, workdir, cert_dir, policy)
+    try:
+        for i in range(2):
+            d.replicas.append(start_replica(workdir, cert_dir, policy,
+                                            control_plane.kubeconfig, i, LEADER_ARGS))
+        for r in d.replicas:
+            wait_ready(r, d.ca_file)
+        wait_until("a replica to decide GPU quota", lambda: deciding(d) is not None,
+                   timeout=60, every=0.5)
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(control_plane.kubeconfig),
+                            client_configuration=cfg)
+    api = client.ApiClient(cfg)
+    yield client.CoreV1Api(api)
+    api.close()
+
+
+def create(core: client.CoreV1Api, namespace: str, name: str) -> tuple[int, str]:
+    """Create a one-GPU pod: the HTTP status (201, or the refusal's) and its message."""
+    try:
+        core.create_namespaced_pod(namespace, gpu_pod(name, limits="1"))
+    except ApiException as exc:
+        return int(exc.status), str(exc.body)
+    return 201, ""
+
+
+def gpus_admitted(core: client.CoreV1Api, namespace: str) -> int:
+    return sum(int(c.resources.limits.get("nvidia.com/gpu", 0))
+               for p in core.list_namespaced_pod(namespace).items for c in p.spec.containers)
+
+
+def test_the_leader_decides_for_the_other_replica_and_a_killed_leader_admits_nothing_extra(
+        leading: Deployment, core: client.CoreV1Api, namespace: NamespaceFactory) -> None:
+    d = leading
+    leader = deciding(d)
+    assert leader is not None
+    follower = 1 - leader
+    # The API server calls the replica that does not lead.
+    with d.installed(url=f"https://127.0.0.1:{d.replicas[follower].port}"):
+        ns = namespace("lead")
+        wait_until(f"both replicas to see namespace {ns}", lambda: sees_free_gpus(d, ns, 1),
+                   timeout=60, every=0.2)
+        relayed = metric(d, follower, "gpu_webhook_relayed_reviews_total")
+        got = [create(core, ns, f"p{i}") for i in range(CAP + 2)]
+        assert [s for s, _ in got] == [201] * CAP + [403, 403], got
+        assert "would use 4 of its 3" in got[CAP][1], got[CAP][1]
+        # Every real review (mutating and validating) went to the leader and back.
+        assert metric(d, follower, "gpu_webhook_relayed_reviews_total") - relayed \
+            >= 2 * (CAP + 2)
+        assert gpus_admitted(core, ns) == CAP
+
+        # The leader dies: what it admitted is in the API server, nothing else.
+        d.replicas[leader].process.kill()
+        d.replicas[leader].process.wait(timeout=10)
+        status, message = create(core, ns, "while-leaderless")
+        assert status == 403
+        assert "decided by one webhook replica, and none decides it now" in message, message
+        core.delete_namespaced_pod("p0", ns, grace_period_seconds=0)
+        wait_until("the other replica to take the Lease over",
+                   lambda: "took over" in create(core, ns, f"probe-{time.monotonic_ns()}")[1],
+                   timeout=60, every=1.0)
+        wait_until("the other replica to decide GPU quota", lambda: deciding(d) == follower,
+                   timeout=60, every=0.5)
+        # It counted the pods the dead leader admitted: one GPU is free, not more.
+        got = [create(core, ns, f"after{i}")[0] for i in range(3)]
+        assert got == [201, 403, 403], got
+        assert gpus_admitted(core, ns) == CAP
