@@ -67,8 +67,10 @@ from controlplane.cluster import ControlPlane, build_binaries, free_port  # noqa
 TENANT_LABEL = "gpu.example.com/tenant"
 TENANTS = ["vision", "speech", "llm", "rl"]
 LEDGER_NAMESPACE = "gpu-webhook"
+# The leader-decides webhook's Lease, apart from the ledger webhook's (which leads its own).
+LEADER_NAMESPACE = "gpu-webhook-leader"
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
-CONDITIONS = ("none", "nothing", "ours", "memory", "kyverno")
+CONDITIONS = ("none", "nothing", "ours", "leader", "kyverno")
 KYVERNO_TOOL = ROOT / "tools" / "kyverno.sh"
 KYVERNO_NAMESPACE = "kyverno"
 KYVERNO_PORT_ENV = "GPU_WEBHOOK_BENCH_KYVERNO_PORT"
@@ -400,18 +402,20 @@ class Conditions:
         ours = self._render(f"https://127.0.0.1:{port}")
         self.configs["ours"] = ours
         self.names["ours"] = _hook_names(ours)
-        # The same webhook with no cluster: its quota decided and held in this process,
-        # no ledger write. The floor of a design where one replica decides a tenant's
-        # quota in memory (it would also run the watches "ours" runs).
+        # The same webhook deciding quota in its memory as the leader replica
+        # (--quota-commit leader: no ledger write), one replica: the relay's hop is not
+        # in it. Measured once it decides (after its hand-over).
         port = free_port()
-        self.procs["memory"] = spawn("gpu-webhook-memory", [
+        self.procs["leader"] = spawn("gpu-webhook-leader", [
             str(Path(sys.executable).with_name("gpu-webhook")), "serve", "--host", "127.0.0.1",
-            "--port", str(port), "--cert-dir", str(self.cert_dir), "--policy", str(self.policy)],
-            self.work / "memory.log", env={"KUBERNETES_SERVICE_HOST": ""})
-        wait_https(self.procs["memory"], port)
-        memory = self._render(f"https://127.0.0.1:{port}")
-        self.configs["memory"] = memory
-        self.names["memory"] = _hook_names(memory)
+            "--port", str(port), "--cert-dir", str(self.cert_dir), "--policy", str(self.policy),
+            "--kubeconfig", str(self.cp.kubeconfig), "--namespace", LEADER_NAMESPACE,
+            "--quota-commit", "leader"], self.work / "leader.log")
+        wait_https(self.procs["leader"], port)
+        self.leader_port = port
+        leader = self._render(f"https://127.0.0.1:{port}")
+        self.configs["leader"] = leader
+        self.names["leader"] = _hook_names(leader)
         port = free_port()
         self.procs["nothing"] = spawn("do-nothing", [
             sys.executable, "-m", "bench.baseline", "--host", "127.0.0.1", "--port", str(port),
@@ -453,13 +457,13 @@ class Conditions:
         """Take the current condition out and put ``condition`` in, then wait until a pod
         creation calls exactly its webhooks."""
         cp = self.cp
-        if self.current in ("ours", "memory", "nothing"):
+        if self.current in ("ours", "leader", "nothing"):
             _kubectl(cp, "delete", "--wait=true", "-f", "-", input=self.configs[self.current])
         elif self.current == "kyverno":
             _kubectl(cp, "delete", "clusterpolicy", "gpu-pods", "--wait=true")
         self.current = "none"
         wait_calls(cp, lambda called: not called, "no webhook to be called")
-        if condition in ("ours", "memory", "nothing"):
+        if condition in ("ours", "leader", "nothing"):
             _kubectl(cp, "apply", "-f", "-", input=self.configs[condition])
             names = self.names[condition]
             # Pods go through its pod webhooks, not the ones for claims or scale requests.
@@ -479,10 +483,20 @@ class Conditions:
             check_kyverno(cp)
         self.current = condition
 
-    def ours_samples(self) -> Samples:
+    def wait_deciding(self, timeout: float = 180.0) -> None:
+        """Until the leader-decides webhook decides quota (its hand-over is over)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if total(self.ours_samples(self.leader_port), "gpu_webhook_quota_deciding") == 1.0:
+                return
+            time.sleep(1.0)
+        raise RuntimeError("the leader-decides webhook did not start deciding quota")
+
+    def ours_samples(self, port: int | None = None) -> Samples:
         """Our webhook's own metrics (its /metrics)."""
         ctx = ssl.create_default_context(cafile=str(self.cert_dir / "ca.pem"))
-        c = http.client.HTTPSConnection("localhost", self.ours_port, context=ctx, timeout=30)
+        c = http.client.HTTPSConnection("localhost", port or self.ours_port, context=ctx,
+                                        timeout=30)
         try:
             c.request("GET", "/metrics")
             text = c.getresponse().read().decode()
@@ -776,11 +790,11 @@ def summarize(results: list[dict[str, Any]], conditions: list[str]) -> dict[str,
                 a, b = (entry["ours"]["apiserver_mean_ms_per_call"],
                         entry[other]["apiserver_mean_ms_per_call"])
                 entry[f"ours/{other}_apiserver_mean"] = round(a / b, 2) if a and b else None
-        if "memory" in entry and "nothing" in entry:
+        if "leader" in entry and "nothing" in entry:
             for q in ("p50", "p99"):
-                mine, theirs = (entry["memory"][f"added_{q}_ms"],
+                mine, theirs = (entry["leader"][f"added_{q}_ms"],
                                 entry["nothing"][f"added_{q}_ms"])
-                entry[f"memory/nothing_{q}"] = round(mine / theirs, 2) if theirs > 0 else None
+                entry[f"leader/nothing_{q}"] = round(mine / theirs, 2) if theirs > 0 else None
         out[f"{mode}/{clients}"] = entry
     return out
 
@@ -925,7 +939,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cp.start()
         res["apiserver_version"] = cp.version
-        for ns in [LEDGER_NAMESPACE] + [f"bench-{t}" for t in TENANTS]:
+        for ns in [LEDGER_NAMESPACE, LEADER_NAMESPACE] + [f"bench-{t}" for t in TENANTS]:
             _kubectl(cp, "create", "namespace", ns)
         conds = Conditions(cp, work, kdir)
         conds.start()
@@ -937,6 +951,8 @@ def main(argv: list[str] | None = None) -> int:
             conds.install("none")
             time.sleep(10)
             conds.install("none")
+        if "leader" in opts.conditions:
+            conds.wait_deciding()
         mixed = items()
         for r, order in rounds(opts):
             for cond in order:

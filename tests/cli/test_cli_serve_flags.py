@@ -58,6 +58,10 @@ PARSE_CASES: list[tuple[list[str], str]] = [
     (["--audit-seconds", "often"], "--audit-seconds: invalid float value"),
     (["--release-seconds", "-1"], "--release-seconds must be 0 (off) or more"),
     (["--test-clock-offset-file", ""], "--test-clock-offset-file is empty"),
+    (["--quota-commit", "queue"], "--quota-commit must be ledger or leader, not 'queue'"),
+    (["--quota-commit", "leader"], "--quota-commit leader elects its leader in the cluster"),
+    (["--leader-ca-file", ""], "--leader-ca-file is empty"),
+    (["--leader-server-name", ""], "--leader-server-name is empty"),
     (["--workers", "2"], "unrecognized arguments: --workers 2"),
 ]
 # Flags whose bad values only matter with --self-managed-certs, so need a kubeconfig.
@@ -67,6 +71,14 @@ SELF_MANAGED_CASES: list[tuple[list[str], str]] = [
     (["--cert-validity-hours", "0"], "--cert-validity-hours must be at least 0.01"),
     (["--cert-check-seconds", "0"], "--cert-check-seconds must be more than 0"),
     (["--ca-validity-hours", "1"], "--ca-validity-hours (1) must be at least 3 times"),
+]
+
+# Flags whose bad values only matter with --quota-commit leader, so need a kubeconfig.
+LEADER_CASES: list[tuple[list[str], str]] = [
+    (["--leader-url", "http://10.0.0.1:8443"],
+     "--leader-url 'http://10.0.0.1:8443' must be an https:// URL"),
+    (["--host", "0.0.0.0"], "the other replicas cannot reach this one at --host 0.0.0.0"),
+    (["--cert-dir", "no-such-dir"], "checks the leader's certificate: give --leader-ca-file"),
 ]
 
 
@@ -107,8 +119,25 @@ def test_a_bad_certificate_flag_is_one_line(capsys: pytest.CaptureFixture[str],
     assert says in line
 
 
+@pytest.mark.parametrize(("argv", "says"), LEADER_CASES, ids=[" ".join(a) for a, _ in LEADER_CASES])
+def test_a_bad_leader_flag_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                       argv: list[str], says: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_IP", raising=False)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.pem").write_text("")
+    monkeypatch.chdir(tmp_path)
+    status, line = _one_line(capsys, ["--quota-commit", "leader", "--kubeconfig", str(kubeconfig),
+                                      "--host", "127.0.0.1", *argv])
+    assert status == 2
+    assert says in line
+
+
 def test_every_valued_flag_has_a_case() -> None:
-    covered = {a[0] for a, _ in PARSE_CASES + SELF_MANAGED_CASES}
+    covered = {a[0] for a, _ in PARSE_CASES + SELF_MANAGED_CASES + LEADER_CASES}
     flags = {"--" + f.replace("_", "-") for f in Settings.__dataclass_fields__}
     assert flags - covered == set()
 

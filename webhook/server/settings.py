@@ -223,8 +223,10 @@ class Settings:
             if not pattern.fullmatch(value):
                 raise SystemExit(f"--{_flag(name)} {value!r} is not a valid object name "
                                  "(lowercase letters, digits and '-')")
+        if self.leader_server_name == "":
+            raise SystemExit("--leader-server-name is empty: give a DNS name, or leave it out")
         for name in ("cert_dir", "tls_cert", "tls_key", "client_ca", "policy", "kubeconfig",
-                     "test_clock_offset_file"):
+                     "test_clock_offset_file", "leader_ca_file"):
             if getattr(self, name) == "":
                 raise SystemExit(f"--{_flag(name)} is empty: give a path, or leave it out")
 
