@@ -70,7 +70,7 @@ LEDGER_NAMESPACE = "gpu-webhook"
 # The leader-decides webhook's Lease, apart from the ledger webhook's (which leads its own).
 LEADER_NAMESPACE = "gpu-webhook-leader"
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
-CONDITIONS = ("none", "nothing", "ours", "leader", "kyverno")
+CONDITIONS = ("none", "nothing", "ours", "leader", "relayed", "kyverno")
 KYVERNO_TOOL = ROOT / "tools" / "kyverno.sh"
 KYVERNO_NAMESPACE = "kyverno"
 KYVERNO_PORT_ENV = "GPU_WEBHOOK_BENCH_KYVERNO_PORT"
@@ -416,6 +416,19 @@ class Conditions:
         leader = self._render(f"https://127.0.0.1:{port}")
         self.configs["leader"] = leader
         self.names["leader"] = _hook_names(leader)
+        # A second replica of it, started after the first took the Lease: the API server
+        # calls this one, which relays each real review to the leader (the hop a
+        # Service's other endpoints add).
+        port = free_port()
+        self.procs["relayed"] = spawn("gpu-webhook-relaying", [
+            str(Path(sys.executable).with_name("gpu-webhook")), "serve", "--host", "127.0.0.1",
+            "--port", str(port), "--cert-dir", str(self.cert_dir), "--policy", str(self.policy),
+            "--kubeconfig", str(self.cp.kubeconfig), "--namespace", LEADER_NAMESPACE,
+            "--quota-commit", "leader"], self.work / "relaying.log")
+        wait_https(self.procs["relayed"], port)
+        relayed = self._render(f"https://127.0.0.1:{port}")
+        self.configs["relayed"] = relayed
+        self.names["relayed"] = _hook_names(relayed)
         port = free_port()
         self.procs["nothing"] = spawn("do-nothing", [
             sys.executable, "-m", "bench.baseline", "--host", "127.0.0.1", "--port", str(port),
@@ -457,13 +470,13 @@ class Conditions:
         """Take the current condition out and put ``condition`` in, then wait until a pod
         creation calls exactly its webhooks."""
         cp = self.cp
-        if self.current in ("ours", "leader", "nothing"):
+        if self.current in ("ours", "leader", "relayed", "nothing"):
             _kubectl(cp, "delete", "--wait=true", "-f", "-", input=self.configs[self.current])
         elif self.current == "kyverno":
             _kubectl(cp, "delete", "clusterpolicy", "gpu-pods", "--wait=true")
         self.current = "none"
         wait_calls(cp, lambda called: not called, "no webhook to be called")
-        if condition in ("ours", "leader", "nothing"):
+        if condition in ("ours", "leader", "relayed", "nothing"):
             _kubectl(cp, "apply", "-f", "-", input=self.configs[condition])
             names = self.names[condition]
             # Pods go through its pod webhooks, not the ones for claims or scale requests.
@@ -790,11 +803,13 @@ def summarize(results: list[dict[str, Any]], conditions: list[str]) -> dict[str,
                 a, b = (entry["ours"]["apiserver_mean_ms_per_call"],
                         entry[other]["apiserver_mean_ms_per_call"])
                 entry[f"ours/{other}_apiserver_mean"] = round(a / b, 2) if a and b else None
-        if "leader" in entry and "nothing" in entry:
-            for q in ("p50", "p99"):
-                mine, theirs = (entry["leader"][f"added_{q}_ms"],
-                                entry["nothing"][f"added_{q}_ms"])
-                entry[f"leader/nothing_{q}"] = round(mine / theirs, 2) if theirs > 0 else None
+        for mode_ in ("leader", "relayed"):
+            if mode_ in entry and "nothing" in entry:
+                for q in ("p50", "p99"):
+                    mine, theirs = (entry[mode_][f"added_{q}_ms"],
+                                    entry["nothing"][f"added_{q}_ms"])
+                    entry[f"{mode_}/nothing_{q}"] = (round(mine / theirs, 2) if theirs > 0
+                                                     else None)
         out[f"{mode}/{clients}"] = entry
     return out
 
@@ -864,9 +879,11 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
 
 def table(summary: dict[str, Any], conditions: list[str]) -> str:
     others = [c for c in conditions if c != "none"]
+    ratios = [("ours", "nothing"), ("ours", "kyverno")] + [
+        (c, "nothing") for c in ("leader", "relayed") if c in conditions]
     head = ["load", "none p50/p99"] + [f"{c} +p50/+p99" for c in others] + \
-        ["ours/nothing p50/p99", "ours/kyverno p50/p99", "apiserver mean ms/call " +
-         "/".join(others)]
+        [f"{a}/{b} p50/p99" for a, b in ratios] + ["apiserver mean ms/call " +
+                                                   "/".join(others)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for load_name, e in summary.items():
         row = [load_name, f"{e['none']['p50_ms']:.2f} / {e['none']['p99_ms']:.2f}"
@@ -874,8 +891,8 @@ def table(summary: dict[str, Any], conditions: list[str]) -> str:
         for c in others:
             row.append(f"{e[c]['added_p50_ms']:+.2f} / {e[c]['added_p99_ms']:+.2f}"
                        if c in e else "-")
-        for other in ("nothing", "kyverno"):
-            a, b = e.get(f"ours/{other}_p50"), e.get(f"ours/{other}_p99")
+        for mine, other in ratios:
+            a, b = e.get(f"{mine}/{other}_p50"), e.get(f"{mine}/{other}_p99")
             row.append(f"{a} / {b}" if a is not None or b is not None else "-")
         row.append(" / ".join(str(e[c].get("apiserver_mean_ms_per_call")) if c in e else "-"
                               for c in others))
@@ -951,7 +968,7 @@ def main(argv: list[str] | None = None) -> int:
             conds.install("none")
             time.sleep(10)
             conds.install("none")
-        if "leader" in opts.conditions:
+        if {"leader", "relayed"} & set(opts.conditions):
             conds.wait_deciding()
         mixed = items()
         for r, order in rounds(opts):

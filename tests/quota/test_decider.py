@@ -6,6 +6,7 @@ Two replicas and a leader killed through a real API server: tests/e2e/test_e2e_l
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
 from quotakit import admit, pod, policy
@@ -183,3 +184,16 @@ def test_a_release_round_waits_for_the_hand_over_too() -> None:
         assert "took over" in str(exc)
     else:
         raise AssertionError("a new leader released a waiting pod during its hand-over")
+
+
+def test_docs_quote_the_message_a_developer_gets_during_a_hand_over() -> None:
+    store, state, clock, _ = deciding(handed_over=False)
+    clock.now += 3
+    _live(state)
+    d = admit(store, policy(), pod("early", gpus=1))
+    assert not d.allowed
+    docs = (Path(__file__).parents[2] / "docs" / "quota.md").read_text()
+    block = docs.split("### The leader decides", 1)[1].split("```\n", 2)[1]
+    quoted = " ".join(block.split())
+    assert quoted.startswith("GPU quota is decided by one webhook replica")
+    assert quoted in " ".join(d.message.split()), (quoted, d.message)
