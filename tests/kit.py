@@ -18,10 +18,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from webhook.admission import webhooks
@@ -32,6 +34,7 @@ from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import UsageStore
+from webhook.server.web.app import ARRIVED, AdmissionApp
 
 
 def console_script() -> str:
@@ -162,3 +165,50 @@ def validating(req: AdmissionRequest, policy: CompiledPolicy,
     ``budget`` seconds (the server's default)."""
     return asyncio.run(webhooks.validating(req, policy, Cluster(labels, store,
                                                                  claims=claims), budget))
+
+
+# ---------------------------------------------------------------------------- ASGI
+
+
+@dataclass
+class Reply:
+    """An answer of the ASGI app: its status, headers and body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+async def call(asgi: AdmissionApp, path: str, body: bytes, *, chunk: int = 65536,
+               query: bytes = b"", arrived: float | None = None,
+               headers: tuple[tuple[bytes, bytes], ...] = ()) -> Reply:
+    """One POST through the ASGI app, the body delivered in ``chunk``-sized messages
+    (with ``headers`` besides its content type)."""
+    parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
+                for i, p in enumerate(parts)]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": query,
+             "headers": [(b"content-type", b"application/json"), *headers],
+             "client": ("127.0.0.1", 1)}
+    if arrived is not None:
+        scope[ARRIVED] = arrived
+    await asgi(scope, receive, send)
+    start_msg = next(m for m in sent if m["type"] == "http.response.start")
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers = {k.decode(): v.decode() for k, v in start_msg["headers"]}
+    return Reply(int(start_msg["status"]), headers, data)
+
+
+def call_sync(asgi: AdmissionApp, path: str, body: bytes, **kw: Any) -> Reply:
+    return asyncio.run(call(asgi, path, body, **kw))

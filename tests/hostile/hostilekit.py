@@ -9,7 +9,6 @@ JSON error or the AdmissionReview reply.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import ssl
 import subprocess
@@ -18,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 from kit import answering, await_serving, free_port, serve, stop_process
 
 from webhook.quota.store import MemoryStore
 from webhook.server.sources.reload import PolicySource
-from webhook.server.web.app import ARRIVED, AdmissionApp, Runtime
+from webhook.server.web.app import AdmissionApp, Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "multi-tenant.yaml"
@@ -104,46 +102,6 @@ def app(policy: Path = POLICY, **runtime: Any) -> AdmissionApp:
     return AdmissionApp(Runtime(policy=source,
                                 store=MemoryStore(ttl=active.policy.reservation_ttl),
                                 **runtime))
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return orjson.loads(self.body)
-
-
-async def call(asgi: AdmissionApp, path: str, body: bytes, *, chunk: int = 65536,
-               query: bytes = b"", arrived: float | None = None) -> Reply:
-    """One POST through the ASGI app, the body delivered in ``chunk``-sized messages."""
-    parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
-    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
-                for i, p in enumerate(parts)]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": "POST", "path": path, "query_string": query,
-             "headers": [(b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1)}
-    if arrived is not None:
-        scope[ARRIVED] = arrived
-    await asgi(scope, receive, send)
-    start_msg = next(m for m in sent if m["type"] == "http.response.start")
-    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    headers = {k.decode(): v.decode() for k, v in start_msg["headers"]}
-    return Reply(int(start_msg["status"]), headers, data)
-
-
-def call_sync(asgi: AdmissionApp, path: str, body: bytes, **kw: Any) -> Reply:
-    return asyncio.run(call(asgi, path, body, **kw))
 
 
 def raw_request(server: Server, path: str, head_extra: str, body: bytes, *,

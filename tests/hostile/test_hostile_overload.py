@@ -19,7 +19,8 @@ import httpx
 import orjson
 import pytest
 from cases import gpu_pod, review
-from hostilekit import Server, app, call_sync, read_response, rss_kib, start, stop
+from hostilekit import Server, app, read_response, rss_kib, start, stop
+from kit import call_sync
 from prometheus_client import generate_latest
 
 from webhook.server.metrics import REGISTRY

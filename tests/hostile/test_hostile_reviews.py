@@ -16,7 +16,8 @@ import jsonpatch
 import orjson
 import pytest
 from cases import CASES, Allow, Case, Deny, Error
-from hostilekit import Reply, Server, app, call_sync, raw_request, start, stop
+from hostilekit import Server, app, raw_request, start, stop
+from kit import Reply, call_sync
 
 from webhook.server.web.app import AdmissionApp
 
