@@ -182,10 +182,11 @@ class Sim:
 
 
 def start_sim(work: Path, gpu_nodes: int, replicas: int, policy_file: Path,
-              timeout: float) -> Sim:
+              timeout: float, webhook_args: list[str] | None = None) -> Sim:
     args = [sys.executable, str(SIM), "up", "--work-dir", str(work), "--gpu-nodes",
             str(gpu_nodes), "--replicas", str(replicas), "--no-install",
             "--policy", str(policy_file)]
+    args += [f"--webhook-arg={a}" for a in webhook_args or ()]
     args += [f"--apiserver-arg={a}" for a in APISERVER_ARGS]
     for component in ("kube-controller-manager", "kube-scheduler"):
         args += [f"--component-arg={component}={a}" for a in UNLIMITED]
@@ -546,6 +547,20 @@ def run_phase(kube: Kube, meter: Meter, watch: PodWatch, phase: Phase,
     return phase
 
 
+def wait_deciding(sim: Sim, timeout: float = 300.0) -> None:
+    """Until a replica decides GPU quota (--quota-commit leader: its hand-over over)."""
+    ctx = ssl.create_default_context(cafile=sim.info["ca_file"])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for port in sim.info["webhook_ports"]:
+            with httpx.Client(verify=ctx, timeout=10) as http:
+                text = http.get(f"https://localhost:{port}/metrics").text
+            if total(parse_metrics(text, "gpu_webhook_"), "gpu_webhook_quota_deciding") == 1:
+                return
+        time.sleep(1.0)
+    raise SystemExit("no webhook replica started deciding GPU quota")
+
+
 def install(kube: Kube, sim: Sim, probe_ns: str) -> None:
     """Apply the webhook configurations and wait until the API server calls them (a
     dry-run GPU pod comes back mutated)."""
@@ -627,6 +642,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--over-quota", choices=["deny", "wait"], default="deny",
                     help="the tenants' overQuota: refused (deny) or waiting behind the gate")
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--quota-commit", choices=["ledger", "leader"], default="ledger",
+                    help="how the replicas commit quota (serve --quota-commit)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per phase")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--skip", action="append", default=[], choices=["without", "with", "race"])
@@ -643,7 +660,8 @@ def main(argv: list[str]) -> int:
     t_start = time.monotonic()
     print(f"starting the simulated cluster ({args.gpu_nodes} GPU nodes) in {work} ...",
           flush=True)
-    sim = start_sim(work, args.gpu_nodes, args.replicas, policy_file, timeout=900)
+    sim = start_sim(work, args.gpu_nodes, args.replicas, policy_file, timeout=900,
+                    webhook_args=[f"--quota-commit={args.quota_commit}"])
     results: dict[str, Any] = {"gpu_nodes": args.gpu_nodes, "nodes": sim.info["nodes"],
                                "tenants": args.tenants, "replicas": args.replicas,
                                "args": {k: str(v) for k, v in vars(args).items()},
@@ -673,6 +691,8 @@ def main(argv: list[str]) -> int:
                                     Phase("without", [f"{t}-a" for t in tenants], pods),
                                     spread("a", True), {}, tenant_of, args.timeout))
         install(kube, sim, f"{tenants[0]}-b")
+        if args.quota_commit == "leader":
+            wait_deciding(sim)
         if "with" not in args.skip:
             print(f"phase with: {args.jobs} Jobs, {pods} pods, webhook ...", flush=True)
             phases.append(run_phase(kube, meter, watch,

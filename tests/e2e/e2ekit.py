@@ -32,6 +32,7 @@ import orjson
 import yaml
 from controlplane.cluster import ControlPlane
 from kit import answering, await_serving, console_script, free_port, serve
+from kubernetes import client, config
 
 from webhook.k8s.review import request_review
 
@@ -435,6 +436,20 @@ def deployed(cp: ControlPlane, workdir: Path, *, replicas: int = 1, proxy: bool 
         yield d
     finally:
         d.stop()
+
+
+@contextlib.contextmanager
+def core_client(cp: ControlPlane, pool: int = 40) -> Iterator[client.CoreV1Api]:
+    """The Kubernetes Python client on ``cp``, as an application creating pods would use
+    it (``pool`` connections at most)."""
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    api = client.ApiClient(cfg)
+    try:
+        yield client.CoreV1Api(api)
+    finally:
+        api.close()
 
 
 # --------------------------------------------------------------------------- kubectl

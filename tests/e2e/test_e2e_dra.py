@@ -20,11 +20,12 @@ from e2ekit import (
     Deployment,
     NamespaceFactory,
     apply,
+    core_client,
     denial_prefix,
     get,
     gpu_pod,
 )
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.e2e
@@ -35,13 +36,8 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 
 @pytest.fixture(scope="module")
 def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(control_plane.kubeconfig),
-                            client_configuration=cfg)
-    cfg.connection_pool_maxsize = 40
-    api = client.ApiClient(cfg)
-    yield client.CoreV1Api(api)
-    api.close()
+    with core_client(control_plane) as api:
+        yield api
 
 
 def spec(count: int) -> dict[str, Any]:

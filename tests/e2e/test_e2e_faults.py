@@ -36,6 +36,7 @@ from e2ekit import (
     NamespaceFactory,
     RoundRobinProxy,
     capped_policy,
+    core_client,
     gpu_pod,
     gpu_webhook,
     pipe,
@@ -44,7 +45,7 @@ from e2ekit import (
     wait_ready,
     wait_until,
 )
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.k8s.review import request_review
@@ -180,12 +181,8 @@ def faulty(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="module")
 def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(control_plane.kubeconfig),
-                            client_configuration=cfg)
-    api = client.ApiClient(cfg)
-    yield client.CoreV1Api(api)
-    api.close()
+    with core_client(control_plane) as api:
+        yield api
 
 
 REFUSALS: list[str] = []  # the messages of refused creates, for a failing test's report

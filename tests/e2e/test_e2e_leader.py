@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from e2ekit import (
     Deployment,
     NamespaceFactory,
     capped_policy,
+    core_client,
     gpu_pod,
     gpu_webhook,
     sees_free_gpus,
@@ -30,7 +32,7 @@ from e2ekit import (
     wait_ready,
     wait_until,
 )
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +62,7 @@ def leading(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     workdir: Path = tmp_path_factory.mktemp("webhook-leader")
     cert_dir = workdir / "certs"
     gpu_webhook("certs", "--out", str(cert_dir), "--dns", "localhost", "--ip", "127.0.0.1")
-    policy = capped_policy(workdir, "policy.yaml", ["lead"], CAP, ttl=6)
+    policy = capped_policy(workdir, "policy.yaml", ["lead", "burst"], CAP, ttl=6)
     d = Deployment(control_plane, workdir, cert_dir, policy)
     try:
         for i in range(2):
@@ -77,12 +79,8 @@ def leading(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(control_plane.kubeconfig),
-                            client_configuration=cfg)
-    api = client.ApiClient(cfg)
-    yield client.CoreV1Api(api)
-    api.close()
+    with core_client(control_plane) as api:
+        yield api
 
 
 def create(core: client.CoreV1Api, namespace: str, name: str) -> tuple[int, str]:
@@ -134,4 +132,41 @@ def test_the_leader_decides_for_the_other_replica_and_a_killed_leader_admits_not
         # It counted the pods the dead leader admitted: one GPU is free, not more.
         got = [create(core, ns, f"after{i}")[0] for i in range(3)]
         assert got == [201, 403, 403], got
+        assert gpus_admitted(core, ns) == CAP
+
+
+def test_a_leader_killed_while_admissions_are_in_flight_admits_nothing_past_the_cap(
+        leading: Deployment, core: client.CoreV1Api, namespace: NamespaceFactory) -> None:
+    d = leading
+    # A new replica beside the one that leads now (the last test killed the other).
+    d.replicas.append(start_replica(d.workdir, d.cert_dir, d.policy,
+                                    d.cp.kubeconfig, len(d.replicas), LEADER_ARGS))
+    wait_ready(d.replicas[-1], d.ca_file)
+    wait_until("a replica to decide GPU quota", lambda: deciding(d) is not None,
+               timeout=120, every=0.5)
+    leader = deciding(d)
+    assert leader is not None and leader != len(d.replicas) - 1
+    with d.installed(url=f"https://127.0.0.1:{d.replicas[-1].port}"):
+        ns = namespace("burst")  # a tenant of its own: the last test's pods stay
+        wait_until(f"the replicas to see namespace {ns}",
+                   lambda: sees_free_gpus(d, ns, 1), timeout=60, every=0.2)
+        statuses: list[int] = []
+
+        def burst(i: int) -> None:
+            statuses.append(create(core, ns, f"b{i}")[0])
+
+        threads = [threading.Thread(target=burst, args=(i,)) for i in range(2 * CAP)]
+        for i, t in enumerate(threads):
+            t.start()
+            if i == CAP // 2:
+                d.replicas[leader].process.kill()  # mid-burst: some reviews are at it
+        for t in threads:
+            t.join(timeout=60)
+        admitted = gpus_admitted(core, ns)
+        assert statuses.count(201) == admitted <= CAP, statuses
+        wait_until("the remaining replica to decide GPU quota",
+                   lambda: deciding(d) == len(d.replicas) - 1, timeout=120, every=0.5)
+        # What the dead leader admitted counts: exactly the rest of the cap is free.
+        got = [create(core, ns, f"after{i}")[0] for i in range(CAP - admitted + 1)]
+        assert got == [201] * (CAP - admitted) + [403], got
         assert gpus_admitted(core, ns) == CAP

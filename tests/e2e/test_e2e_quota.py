@@ -26,6 +26,7 @@ from e2ekit import (
     apply_until_counted,
     assert_refused_at_create,
     assert_succeeded,
+    core_client,
     denial_prefix,
     get_if_there,
     gpu_deployment,
@@ -34,7 +35,7 @@ from e2ekit import (
     sees_free_gpus,
     wait_until,
 )
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.e2e
@@ -45,14 +46,8 @@ WORKERS = 32
 
 @pytest.fixture(scope="module")
 def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
-    """The Kubernetes Python client, as an application creating pods would use it."""
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(control_plane.kubeconfig),
-                            client_configuration=cfg)
-    cfg.connection_pool_maxsize = WORKERS
-    api = client.ApiClient(cfg)
-    yield client.CoreV1Api(api)
-    api.close()
+    with core_client(control_plane, WORKERS) as api:
+        yield api
 
 
 def create_all(core: client.CoreV1Api, namespace: str, names: list[str]

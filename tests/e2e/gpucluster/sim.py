@@ -185,7 +185,8 @@ def _up(args: argparse.Namespace) -> int:
         component_args.setdefault(name, []).append(flag)
     sim = SimCluster(Path(args.work_dir), policy=Path(args.policy), gpu_nodes=args.gpu_nodes,
                      replicas=args.replicas, component_args=component_args,
-                     apiserver_args=args.apiserver_arg, install=not args.no_install)
+                     apiserver_args=args.apiserver_arg, install=not args.no_install,
+                     webhook_args=args.webhook_arg)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -225,6 +226,8 @@ def main(argv: list[str]) -> int:
                     help="an extra kube-apiserver flag")
     up.add_argument("--no-install", action="store_true",
                     help="run the webhook but do not install its configurations")
+    up.add_argument("--webhook-arg", action="append", default=[], metavar="--flag=value",
+                    help="an extra flag for each webhook replica's serve")
     up.add_argument("--component-arg", action="append", default=[],
                     metavar="COMPONENT=--flag=value",
                     help="an extra flag for kube-scheduler, kube-controller-manager or kwok")
