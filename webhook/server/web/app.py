@@ -204,8 +204,10 @@ class AdmissionApp:
         if not base:
             return False
         # Most of what is left of the budget: a relay that fails is decided here in time.
-        got = await relay.send(base, scope["path"], body,
-                               0.8 * max(0.0, deadline - time.monotonic()))
+        # The leader is told it as the API server tells us (``?timeout=``), so that it
+        # answers, or gives up, within it too.
+        budget = 0.8 * max(0.0, deadline - time.monotonic())
+        got = await relay.send(base, f"{scope['path']}?timeout={budget:.3f}s", body, budget)
         metrics.RELAYS.labels(webhook, "answered" if got is not None else "failed").inc()
         if got is None:
             return False

@@ -27,6 +27,10 @@ from webhook.libs import logs
 
 RELAYED = "x-gpu-webhook-relayed"  # a header: this review was relayed once already
 
+# httpx logs every request at INFO: a line per relayed review, besides the decision's.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+logging.getLogger("httpcore").setLevel(logging.WARNING)
+
 
 class Relay:
     """Sends a review's body to the leader and returns its answer (status, body)."""
