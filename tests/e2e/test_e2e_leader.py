@@ -62,7 +62,7 @@ def leading(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     workdir: Path = tmp_path_factory.mktemp("webhook-leader")
     cert_dir = workdir / "certs"
     gpu_webhook("certs", "--out", str(cert_dir), "--dns", "localhost", "--ip", "127.0.0.1")
-    policy = capped_policy(workdir, "policy.yaml", ["lead", "burst"], CAP, ttl=6)
+    policy = capped_policy(workdir, "policy.yaml", ["lead", "rush"], CAP, ttl=6)
     d = Deployment(control_plane, workdir, cert_dir, policy)
     try:
         for i in range(2):
@@ -147,7 +147,7 @@ def test_a_leader_killed_while_admissions_are_in_flight_admits_nothing_past_the_
     leader = deciding(d)
     assert leader is not None and leader != len(d.replicas) - 1
     with d.installed(url=f"https://127.0.0.1:{d.replicas[-1].port}"):
-        ns = namespace("burst")  # a tenant of its own: the last test's pods stay
+        ns = namespace("rush")  # a tenant of its own: the last test's pods stay
         wait_until(f"the replicas to see namespace {ns}",
                    lambda: sees_free_gpus(d, ns, 1), timeout=60, every=0.2)
         statuses: list[int] = []
