@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
+from webhook.server.leading.upkeep import LEADER_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -319,3 +322,26 @@ def test_the_webhook_may_read_every_workload_a_waiting_gang_is_sized_from() -> N
     wanted = {(b.group, b.resource) for b in CRD_KINDS
               if b.reserves and b.pod_label and b.kind != "TrainJob"} | {("batch", "jobs")}
     assert wanted - granted == set()
+
+
+def test_the_leader_decides_component_flags_every_replica_and_serves_only_the_leader(
+        tmp_path: Path) -> None:
+    # As deploy/README.md says to use it: its snippet added to an overlay of the tree.
+    readme = (DEPLOY / "README.md").read_text()
+    snippet = next(b for b in re.findall(r"```yaml\n(.*?)\n```", readme, flags=re.S)
+                   if "leader-decides" in b)
+    tree = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, tree)
+    overlay = tree / "overlays" / "cert-manager" / "kustomization.yaml"
+    overlay.write_text(yaml.safe_dump({**yaml.safe_load(overlay.read_text()),
+                                       **yaml.safe_load(snippet)}))
+    objects = kustomize(overlay.parent)
+    validate_all(objects)
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--quota-commit=leader" in container["args"]
+    # The leader knows its pod by name; the others reach it at its IP.
+    for env in ("POD_NAME", "POD_IP"):
+        assert env in {e["name"] for e in container["env"]}
+    selector = one(objects, "Service")["spec"]["selector"]
+    # The label the Service selects is the one the leader writes on its own pod.
+    assert selector == {"app.kubernetes.io/name": "gpu-webhook", LEADER_LABEL: "true"}

@@ -198,12 +198,13 @@ def capped_policy(workdir: Path, file: str, tenants: Iterable[str], gpus: int, *
 
 
 def start_replica(workdir: Path, cert_dir: Path, policy: Path, kubeconfig: Path,
-                  index: int, args: Sequence[str] = ()) -> Replica:
+                  index: int, args: Sequence[str] = (),
+                  env: dict[str, str] | None = None) -> Replica:
     port = free_port()
     log_path = workdir / f"replica-{index}.log"
     process = serve(port, cert_dir, log_path, "--policy", str(policy),
                     "--kubeconfig", str(kubeconfig), "--namespace", LEDGER_NAMESPACE, *args,
-                    append=True, start_new_session=True)
+                    env=env, append=True, start_new_session=True)
     return Replica(process, port, log_path)
 
 

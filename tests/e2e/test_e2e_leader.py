@@ -2,7 +2,9 @@
 server with two replicas: the API server calls the replica that does not lead, which
 relays each real review to the leader; the cap holds; the leader is killed (SIGKILL)
 and the other replica takes the Lease over, refuses GPU pods while it waits out the
-hand-over (saying so), then admits exactly what is free.
+hand-over (saying so), then admits exactly what is free. Each replica is told its pod
+(POD_NAME, a stand-in Pod object nothing runs): the one that leads labels its own, for a
+Service that sends reviews only to the leader (deploy/components/leader-decides).
 
 The policy's reservation TTL is short (6 s), so the hand-over (TTL + the watches'
 settle time) lasts seconds, not a minute.
@@ -21,6 +23,7 @@ import httpx
 import pytest
 from controlplane.cluster import ControlPlane
 from e2ekit import (
+    LEDGER_NAMESPACE,
     Deployment,
     NamespaceFactory,
     capped_policy,
@@ -34,6 +37,8 @@ from e2ekit import (
 )
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from webhook.server.leading.upkeep import LEADER_LABEL
 
 pytestmark = pytest.mark.e2e
 
@@ -57,17 +62,40 @@ def deciding(d: Deployment) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def leading(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[Deployment]:
+def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
+    with core_client(control_plane) as api:
+        yield api
+
+
+def replica(d: Deployment, core: client.CoreV1Api) -> None:
+    """Start one more replica, with a stand-in Pod object of its own to label."""
+    index = len(d.replicas)
+    pod = f"replica-{index}"
+    core.create_namespaced_pod(LEDGER_NAMESPACE, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=pod),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="none")])))
+    d.replicas.append(start_replica(
+        d.workdir, d.cert_dir, d.policy, d.cp.kubeconfig, index, LEADER_ARGS,
+        env={"POD_NAME": pod, "POD_NAMESPACE": LEDGER_NAMESPACE}))
+
+
+def labelled(core: client.CoreV1Api) -> set[str]:
+    """The stand-in pods that carry the leader label."""
+    pods = core.list_namespaced_pod(LEDGER_NAMESPACE, label_selector=LEADER_LABEL).items
+    return {p.metadata.name for p in pods if p.metadata.name.startswith("replica-")}
+
+
+@pytest.fixture(scope="module")
+def leading(control_plane: ControlPlane, core: client.CoreV1Api,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     workdir: Path = tmp_path_factory.mktemp("webhook-leader")
     cert_dir = workdir / "certs"
     gpu_webhook("certs", "--out", str(cert_dir), "--dns", "localhost", "--ip", "127.0.0.1")
     policy = capped_policy(workdir, "policy.yaml", ["lead", "rush"], CAP, ttl=6)
     d = Deployment(control_plane, workdir, cert_dir, policy)
     try:
-        for i in range(2):
-            d.replicas.append(start_replica(workdir, cert_dir, policy,
-                                            control_plane.kubeconfig, i, LEADER_ARGS))
+        for _ in range(2):
+            replica(d, core)
         for r in d.replicas:
             wait_ready(r, d.ca_file)
         wait_until("a replica to decide GPU quota", lambda: deciding(d) is not None,
@@ -75,12 +103,8 @@ def leading(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         yield d
     finally:
         d.stop()
-
-
-@pytest.fixture(scope="module")
-def core(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
-    with core_client(control_plane) as api:
-        yield api
+        for i in range(len(d.replicas)):
+            core.delete_namespaced_pod(f"replica-{i}", LEDGER_NAMESPACE, grace_period_seconds=0)
 
 
 def create(core: client.CoreV1Api, namespace: str, name: str) -> tuple[int, str]:
@@ -103,6 +127,9 @@ def test_the_leader_decides_for_the_other_replica_and_a_killed_leader_admits_not
     leader = deciding(d)
     assert leader is not None
     follower = 1 - leader
+    # The leader labels its own pod, and only it.
+    wait_until("the leader to label its pod", lambda: labelled(core) == {f"replica-{leader}"},
+               timeout=30, every=0.3)
     # The API server calls the replica that does not lead.
     with d.installed(url=f"https://127.0.0.1:{d.replicas[follower].port}"):
         ns = namespace("lead")
@@ -129,6 +156,10 @@ def test_the_leader_decides_for_the_other_replica_and_a_killed_leader_admits_not
                    timeout=60, every=1.0)
         wait_until("the other replica to decide GPU quota", lambda: deciding(d) == follower,
                    timeout=60, every=0.5)
+        # The new leader labels its pod (the killed one's label stays with its pod, which
+        # a real cluster deletes or restarts, unlabelled, with the container).
+        wait_until("the new leader to label its pod",
+                   lambda: f"replica-{follower}" in labelled(core), timeout=30, every=0.3)
         # It counted the pods the dead leader admitted: one GPU is free, not more.
         got = [create(core, ns, f"after{i}")[0] for i in range(3)]
         assert got == [201, 403, 403], got
@@ -139,8 +170,7 @@ def test_a_leader_killed_while_admissions_are_in_flight_admits_nothing_past_the_
         leading: Deployment, core: client.CoreV1Api, namespace: NamespaceFactory) -> None:
     d = leading
     # A new replica beside the one that leads now (the last test killed the other).
-    d.replicas.append(start_replica(d.workdir, d.cert_dir, d.policy,
-                                    d.cp.kubeconfig, len(d.replicas), LEADER_ARGS))
+    replica(d, core)
     wait_ready(d.replicas[-1], d.ca_file)
     wait_until("a replica to decide GPU quota", lambda: deciding(d) is not None,
                timeout=120, every=0.5)

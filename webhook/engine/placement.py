@@ -219,14 +219,9 @@ class Placement:
         expr = {"key": key, "operator": "In", "values": list(values)}
         terms = self._required()
         if not terms:
-            new: dict[str, Any] = {"matchExpressions": [expr]}
-            patch.put(self.spec, self.ptr,
-                      ("affinity", "nodeAffinity", _REQUIRED, "nodeSelectorTerms"), [new])
-            # The new term is now the pod's only one (put stores it, not a copy).
-            self._terms = [_Term(new, {key: _KeyRule(within=wanted)})]
+            self._first_term(expr, _KeyRule(within=wanted), patch)
             return True
         changed = False
-        base = f"{self.ptr}/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
         for i, term in enumerate(terms):
             have = term.admitted(key)
             if have is not None and (have <= wanted or have <= keep):
@@ -238,12 +233,8 @@ class Placement:
                 # out, which would leave it no node.
                 narrow = have & keep
                 here = sorted(narrow)
-            patch.append(term.raw, "matchExpressions", f"{base}/{i}", dict(expr, values=here))
-            # What _note would make of the expression just appended (values are str).
-            rule = term.keys.get(key)
-            if rule is None:
-                rule = term.keys[key] = _KeyRule()
-            _narrow(rule, narrow)
+            # What _note would make of the expression appended (values are str).
+            _narrow(self._and_in(i, term, dict(expr, values=here), patch), narrow)
             changed = True
         return changed
 
@@ -269,21 +260,30 @@ class Placement:
         expr = {"key": key, "operator": "NotIn", "values": list(values)}
         terms = self._required()
         if not terms:
-            new: dict[str, Any] = {"matchExpressions": [expr]}
-            patch.put(self.spec, self.ptr,
-                      ("affinity", "nodeAffinity", _REQUIRED, "nodeSelectorTerms"), [new])
-            self._terms = [_Term(new, {key: _KeyRule(banned=banned)})]
+            self._first_term(expr, _KeyRule(banned=banned), patch)
             return True
-        base = f"{self.ptr}/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
         for i, term in enumerate(terms):
-            if _keeps_off(term, key, banned):
-                continue
-            patch.append(term.raw, "matchExpressions", f"{base}/{i}", dict(expr))
-            rule = term.keys.get(key)
-            if rule is None:
-                rule = term.keys[key] = _KeyRule()
-            rule.banned |= banned
+            if not _keeps_off(term, key, banned):
+                self._and_in(i, term, dict(expr), patch).banned |= banned
         return True
+
+    def _first_term(self, expr: dict[str, Any], rule: _KeyRule, patch: Patch) -> None:
+        """Give a pod without required node affinity one term holding ``expr``."""
+        new: dict[str, Any] = {"matchExpressions": [expr]}
+        patch.put(self.spec, self.ptr,
+                  ("affinity", "nodeAffinity", _REQUIRED, "nodeSelectorTerms"), [new])
+        # The new term is now the pod's only one (put stores it, not a copy).
+        self._terms = [_Term(new, {expr["key"]: rule})]
+
+    def _and_in(self, i: int, term: _Term, expr: dict[str, Any], patch: Patch) -> _KeyRule:
+        """Append ``expr`` to required term ``i``; the term's rule for its key, to narrow
+        as the expression does."""
+        base = f"{self.ptr}/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms"
+        patch.append(term.raw, "matchExpressions", f"{base}/{i}", expr)
+        rule = term.keys.get(expr["key"])
+        if rule is None:
+            rule = term.keys[expr["key"]] = _KeyRule()
+        return rule
 
 
 def _keeps_off(term: _Term, key: str, values: frozenset[str]) -> bool:

@@ -3,8 +3,9 @@ scheduling gate (guarded by ``test`` ops), an Event on a waiting pod, the worklo
 gang (a Job, a training workload), the webhook's own identity (a SelfSubjectReview),
 and which pod holds a name now.
 
-RBAC: ``patch`` and ``get`` on pods (the gate removal is a pod update; a create of a
-name the cache sees taken is checked against the pod stored under it), ``create`` on
+RBAC: ``patch`` and ``get`` on pods (the gate removal is a pod update, as is the leader's
+label on its own pod; a create of a name the cache sees taken is checked against the pod
+stored under it), ``create`` on
 events, ``get`` on jobs and on the training kinds whose pods make gangs. A
 SelfSubjectReview is allowed to every authenticated user (the ``system:basic-user``
 ClusterRole).
@@ -37,6 +38,16 @@ class Pods:
         # A list body is sent as application/json-patch+json by the client.
         with translated(what, self.timeout, {422: Conflict}):
             self.core.patch_namespaced_pod(name, namespace, ops,
+                                           _request_timeout=self.timeout)
+
+    def label(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set (or with None remove) one label of a pod: the leader replica marks its own
+        pod, which a Service selecting that label then sends every review to."""
+        what = f"label pod {namespace}/{name}"
+        # A mapping body is sent as a merge patch: a null value removes the label.
+        with translated(what, self.timeout):
+            self.core.patch_namespaced_pod(name, namespace,
+                                           {"metadata": {"labels": {key: value}}},
                                            _request_timeout=self.timeout)
 
     def holder(self, name: str) -> str | None:

@@ -9,6 +9,8 @@ configured; every replica contends for the Lease, one writes.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +26,59 @@ from webhook.server.leading.leader import Leadership
 from webhook.server.leading.quotastatus import QuotaStatusWriter
 from webhook.server.leading.release import Releaser
 from webhook.server.sources.reload import PolicySource
+
+# The label the leader sets on its own pod (--quota-commit leader): a Service selecting it
+# (deploy/overlays/leader-decides) sends every review to the replica that decides quota,
+# without the relay's hop.
+LEADER_LABEL = "gpu-webhook.dev/quota-leader"
+
+
+def own_pod() -> tuple[str, str] | None:
+    """(namespace, name) of this replica's pod (POD_NAME, and POD_NAMESPACE or the
+    service account's namespace); None outside a pod."""
+    name = os.environ.get("POD_NAME")
+    if not name:
+        return None
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        try:
+            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+                namespace = f.read().strip()
+        except OSError:
+            return None
+    return (namespace, name) if namespace else None
+
+
+@dataclass
+class LeaderMark:
+    """Keeps the leader label on this replica's pod while it leads and off it otherwise
+    (written at start too: a container restarted in a pod that led keeps its labels).
+    A loop of its own rather than a leadership callback: a write stalled by an API outage
+    must not hold up the Lease's renewal, and one that failed is tried again."""
+
+    pods: kube.Pods
+    namespace: str
+    name: str
+    leading: Callable[[], bool]
+    every: float = 1.0
+    written: bool | None = None  # what the pod carries, as last written
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.to_thread(self.once)
+            await asyncio.sleep(self.every)
+
+    def once(self) -> None:
+        now = self.leading()
+        if now == self.written:
+            return
+        try:
+            self.pods.label(self.namespace, self.name, LEADER_LABEL, "true" if now else None)
+            self.written = now
+        except kube.KubeError as exc:
+            logs.event("leader label not written on this replica's pod; tried again",
+                       logging.WARNING, pod=f"{self.namespace}/{self.name}", leading=now,
+                       error=str(exc))
 
 
 @dataclass
@@ -62,6 +117,10 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
         leadership.on_change.append(store.led)
         metrics.DECIDING.set_function(lambda: 0.0 if store.deciding() else 1.0)
     up = Upkeep(leadership, [asyncio.ensure_future(leadership.keep())])
+    pod = own_pod() if deciding else None
+    if pod is not None:
+        mark = LeaderMark(kube.Pods(cluster.api), *pod, leading=leadership.leading)
+        up.tasks.append(asyncio.ensure_future(mark.run()))
     if status_seconds > 0:
         writer = QuotaStatusWriter(
             policy, cluster.state, cluster.store,
