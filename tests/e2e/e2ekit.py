@@ -521,13 +521,16 @@ def service_account_kubeconfig(cp: ControlPlane, ns: str, path: Path,
 
 
 def sees_free_gpus(webhook: Deployment, namespace: str, gpus: int) -> bool:
-    """Whether every replica would now admit a pod of ``gpus`` GPUs in ``namespace``: a
-    dry-run review sent to each replica directly, which reserves nothing."""
+    """Whether every running replica would now admit a pod of ``gpus`` GPUs in
+    ``namespace``: a dry-run review sent to each directly, which reserves nothing (one a
+    test killed is passed over)."""
     review = request_review(gpu_pod("probe", limits=str(gpus), requests=str(gpus)),
                             namespace=namespace, dry_run=True)
     ctx = ssl.create_default_context(cafile=str(webhook.ca_file))
     with httpx.Client(verify=ctx, timeout=5) as http:
         for r in webhook.replicas:
+            if r.process.poll() is not None:
+                continue
             reply = http.post(f"https://localhost:{r.port}/validate", content=orjson.dumps(review))
             if not reply.json()["response"]["allowed"]:
                 return False
