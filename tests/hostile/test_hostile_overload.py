@@ -211,6 +211,20 @@ def test_a_connections_first_review_counts_its_deadline_from_the_accept(small: S
         assert read_response(conn)[0] == 200
 
 
+def test_a_connection_idle_after_its_handshake_does_not_count_against_its_first_review(
+        small: Server) -> None:
+    # Go's client dials a connection for a waiting request; when another connection
+    # frees first, the request takes that one and the new connection sits in the idle
+    # pool, its first request sent seconds later. Its deadline runs from that request.
+    raw = socket.create_connection(("127.0.0.1", small.port), timeout=30)
+    head = (b"POST /validate?timeout=1s HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY))
+    with small.context().wrap_socket(raw, server_hostname="localhost") as conn:
+        time.sleep(1.5)  # longer than the review's 1 s
+        conn.sendall(head + BODY)
+        assert read_response(conn)[0] == 200
+
+
 def test_an_answer_after_the_api_servers_timeout_is_counted_late() -> None:
     five = {"query_string": b"timeout=5s"}
     assert not answered_late(five, 100.0, 104.9)

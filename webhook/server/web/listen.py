@@ -92,8 +92,11 @@ class AdmissionProtocol(HttpToolsProtocol):
       the connection is made (after the handshake), so the per-request cost is one dict
       assignment;
     - the arrival time of each request in its scope (the deadline's start): its first
-      byte, or, for a connection's first request, when the connection was accepted (the
-      API server's clock ran through the TLS handshake too, which a busy loop delays);
+      byte, and for a connection's first request that less the time from the accept to
+      the end of the TLS handshake (the API server's clock ran through the handshake
+      too, which a busy loop delays; but not through the time the connection then sat
+      idle in its pool, as Go's client leaves a connection it dialed for a request
+      another connection took first);
     - each response written in one piece (:class:`OneWriteTransport`).
     """
 
@@ -105,10 +108,13 @@ class AdmissionProtocol(HttpToolsProtocol):
     # Set by Acceptor: the connection's place in the count, given back when it ends.
     slot: tuple[Connections, int] | None = None
     began = False  # connection_made was called (the TLS handshake succeeded)
-    accepted: float | None = None  # when Acceptor accepted it (monotonic), until used
+    accepted: float | None = None  # when Acceptor accepted it (monotonic)
+    handshake = 0.0  # seconds from the accept to the handshake's end, until used
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.began = True
+        if self.accepted is not None:
+            self.handshake = time.monotonic() - self.accepted
         super().connection_made(transport)
         if self.slot is not None:
             self.slot[0].unproven(self.slot[1], transport.abort)
@@ -187,10 +193,9 @@ class AdmissionProtocol(HttpToolsProtocol):
         super().on_message_begin()
         # The request's first byte: its deadline counts from here, so time spent queued
         # behind other requests on a busy event loop counts against it; the first on a
-        # connection counts from its accept, its handshake included.
-        since, self.accepted = self.accepted, None
-        self.scope[ARRIVED] = (  # type: ignore[literal-required]
-            since if since is not None else time.monotonic())
+        # connection also counts its handshake.
+        handshake, self.handshake = self.handshake, 0.0
+        self.scope[ARRIVED] = time.monotonic() - handshake  # type: ignore[literal-required]
         if self._tls is not None:
             self.scope["extensions"] = {"tls": self._tls}  # type: ignore[dict-item]
 
