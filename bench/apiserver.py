@@ -390,45 +390,31 @@ class Conditions:
         self.kyverno_dir = kyverno_dir
         self.current = "none"
 
-    def start(self) -> None:
-        port = free_port()
-        self.procs["ours"] = spawn("gpu-webhook", [
+    def _serve(self, condition: str, log: str, namespace: str, *flags: str) -> int:
+        """Start ``gpu-webhook serve`` for ``condition``, its configurations rendered
+        for it; its port."""
+        port: int = free_port()
+        self.procs[condition] = spawn(f"gpu-webhook ({condition})", [
             str(Path(sys.executable).with_name("gpu-webhook")), "serve", "--host", "127.0.0.1",
             "--port", str(port), "--cert-dir", str(self.cert_dir), "--policy", str(self.policy),
-            "--kubeconfig", str(self.cp.kubeconfig), "--namespace", LEDGER_NAMESPACE],
-            self.work / "ours.log")
-        wait_https(self.procs["ours"], port)
-        self.ours_port = port
-        ours = self._render(f"https://127.0.0.1:{port}")
-        self.configs["ours"] = ours
-        self.names["ours"] = _hook_names(ours)
+            "--kubeconfig", str(self.cp.kubeconfig), "--namespace", namespace, *flags],
+            self.work / log)
+        wait_https(self.procs[condition], port)
+        self.configs[condition] = self._render(f"https://127.0.0.1:{port}")
+        self.names[condition] = _hook_names(self.configs[condition])
+        return port
+
+    def start(self) -> None:
+        self.ours_port = self._serve("ours", "ours.log", LEDGER_NAMESPACE)
         # The same webhook deciding quota in its memory as the leader replica
         # (--quota-commit leader: no ledger write), one replica: the relay's hop is not
         # in it. Measured once it decides (after its hand-over).
-        port = free_port()
-        self.procs["leader"] = spawn("gpu-webhook-leader", [
-            str(Path(sys.executable).with_name("gpu-webhook")), "serve", "--host", "127.0.0.1",
-            "--port", str(port), "--cert-dir", str(self.cert_dir), "--policy", str(self.policy),
-            "--kubeconfig", str(self.cp.kubeconfig), "--namespace", LEADER_NAMESPACE,
-            "--quota-commit", "leader"], self.work / "leader.log")
-        wait_https(self.procs["leader"], port)
-        self.leader_port = port
-        leader = self._render(f"https://127.0.0.1:{port}")
-        self.configs["leader"] = leader
-        self.names["leader"] = _hook_names(leader)
+        self.leader_port = self._serve("leader", "leader.log", LEADER_NAMESPACE,
+                                       "--quota-commit", "leader")
         # A second replica of it, started after the first took the Lease: the API server
         # calls this one, which relays each real review to the leader (the hop a
         # Service's other endpoints add).
-        port = free_port()
-        self.procs["relayed"] = spawn("gpu-webhook-relaying", [
-            str(Path(sys.executable).with_name("gpu-webhook")), "serve", "--host", "127.0.0.1",
-            "--port", str(port), "--cert-dir", str(self.cert_dir), "--policy", str(self.policy),
-            "--kubeconfig", str(self.cp.kubeconfig), "--namespace", LEADER_NAMESPACE,
-            "--quota-commit", "leader"], self.work / "relaying.log")
-        wait_https(self.procs["relayed"], port)
-        relayed = self._render(f"https://127.0.0.1:{port}")
-        self.configs["relayed"] = relayed
-        self.names["relayed"] = _hook_names(relayed)
+        self._serve("relayed", "relaying.log", LEADER_NAMESPACE, "--quota-commit", "leader")
         port = free_port()
         self.procs["nothing"] = spawn("do-nothing", [
             sys.executable, "-m", "bench.baseline", "--host", "127.0.0.1", "--port", str(port),
