@@ -32,17 +32,21 @@ def configured(kubeconfig: str | None) -> bool:
     return bool(kubeconfig) or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
-def ledger_namespace(explicit: str | None) -> str:
-    """Where the ledger lives: --namespace, else the pod's own namespace."""
-    if explicit:
-        return explicit
+def pod_namespace() -> str | None:
+    """This replica's pod's namespace: POD_NAMESPACE, else its service account's; None
+    outside a pod."""
     if os.environ.get("POD_NAMESPACE"):
         return os.environ["POD_NAMESPACE"]
     try:
         with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-            return f.read().strip() or "gpu-webhook"
+            return f.read().strip() or None
     except OSError:
-        return "gpu-webhook"
+        return None
+
+
+def ledger_namespace(explicit: str | None) -> str:
+    """Where the ledger lives: --namespace, else the pod's own namespace."""
+    return explicit or pod_namespace() or "gpu-webhook"
 
 
 class SightCache:

@@ -1,14 +1,13 @@
 """Pods as the quota line's release touches them: a JSON Patch that removes one
 scheduling gate (guarded by ``test`` ops), an Event on a waiting pod, the workload of a
 gang (a Job, a training workload), the webhook's own identity (a SelfSubjectReview),
-and which pod holds a name now.
+which pod holds a name now, and the leader's label on its own pod.
 
 RBAC: ``patch`` and ``get`` on pods (the gate removal is a pod update, as is the leader's
 label on its own pod; a create of a name the cache sees taken is checked against the pod
-stored under it), ``create`` on
-events, ``get`` on jobs and on the training kinds whose pods make gangs. A
-SelfSubjectReview is allowed to every authenticated user (the ``system:basic-user``
-ClusterRole).
+stored under it), ``create`` on events, ``get`` on jobs and on the training kinds whose
+pods make gangs. A SelfSubjectReview is allowed to every authenticated user (the
+``system:basic-user`` ClusterRole).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
 from webhook.quota.decider import DecidingStore
 from webhook.server import metrics
-from webhook.server.cluster import Cluster
+from webhook.server.cluster import Cluster, pod_namespace
 from webhook.server.leading.background_audit import BackgroundAudit, reports
 from webhook.server.leading.leader import Leadership
 from webhook.server.leading.quotastatus import QuotaStatusWriter
@@ -28,7 +28,7 @@ from webhook.server.leading.release import Releaser
 from webhook.server.sources.reload import PolicySource
 
 # The label the leader sets on its own pod (--quota-commit leader): a Service selecting it
-# (deploy/overlays/leader-decides) sends every review to the replica that decides quota,
+# (deploy/components/leader-decides) sends every review to the replica that decides quota,
 # without the relay's hop.
 LEADER_LABEL = "gpu-webhook.dev/quota-leader"
 
@@ -36,17 +36,8 @@ LEADER_LABEL = "gpu-webhook.dev/quota-leader"
 def own_pod() -> tuple[str, str] | None:
     """(namespace, name) of this replica's pod (POD_NAME, and POD_NAMESPACE or the
     service account's namespace); None outside a pod."""
-    name = os.environ.get("POD_NAME")
-    if not name:
-        return None
-    namespace = os.environ.get("POD_NAMESPACE")
-    if not namespace:
-        try:
-            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-                namespace = f.read().strip()
-        except OSError:
-            return None
-    return (namespace, name) if namespace else None
+    name, namespace = os.environ.get("POD_NAME"), pod_namespace()
+    return (namespace, name) if name and namespace else None
 
 
 @dataclass
