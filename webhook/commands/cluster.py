@@ -11,34 +11,21 @@ from typing import Any
 
 import orjson
 
+from webhook.commands.parser import add_kubeconfig, command
+
 
 def add_audit(sub: Any) -> None:
-    au = sub.add_parser(
-        "audit", help="what the policy would refuse or change among running GPU pods and "
-                      "workloads",
-        description="Read the cluster's pods, Deployments, StatefulSets and Jobs once "
-                    "through the kubeconfig and decide each as the webhook would decide "
-                    "its creation now (pods oldest first, so the newest are those over a "
-                    "lowered cap). Exit 1 when something would be refused, 0 otherwise, 2 "
-                    "when the cluster or the policy cannot be read.")
+    au = command(sub, "audit", _audit)
     au.add_argument("--policy", help="the policy to audit against, e.g. a candidate "
                                      "(default: the webhook's ConfigMap gpu-webhook-policy)")
     au.add_argument("-n", "--namespace", help="only this namespace (default: all)")
     au.add_argument("--webhook-namespace", default="gpu-webhook",
                     help="where the webhook's policy ConfigMap is [gpu-webhook]")
-    au.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
-                                         "or in-cluster)")
-    au.set_defaults(func=_audit)
+    add_kubeconfig(au)
 
 
 def add_status(sub: Any) -> None:
-    st = sub.add_parser(
-        "status", help="GPU quota per tenant, namespace and product, read from the cluster",
-        description="Each tenant's GPU quota as the webhook counts it: per cap (GPUs, a "
-                    "resource, a product, pods) the GPUs used by running pods, reserved "
-                    "for pods being created, the limit and what is free, and the biggest "
-                    "consumers. Reads pods and the webhook's ledger ConfigMaps through the "
-                    "kubeconfig; what the account may not read is noted.")
+    st = command(sub, "status", _status)
     st.add_argument("-n", "--namespace", help="only the tenant owning this namespace "
                                               "(and this namespace's own caps)")
     st.add_argument("--tenant", help="only this tenant")
@@ -46,10 +33,8 @@ def add_status(sub: Any) -> None:
                                      "gpu-webhook-policy in --webhook-namespace)")
     st.add_argument("--webhook-namespace", default="gpu-webhook",
                     help="where the webhook keeps its ledger and policy [gpu-webhook]")
-    st.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, "
-                                         "or in-cluster)")
+    add_kubeconfig(st)
     st.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    st.set_defaults(func=_status)
 
 
 def _cluster_policy(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -68,6 +53,13 @@ def _cluster_policy(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    """what the policy would refuse or change among running GPU pods and workloads
+
+    Read the cluster's pods, Deployments, StatefulSets and Jobs once through the
+    kubeconfig and decide each as the webhook would decide its creation now (pods oldest
+    first, so the newest are those over a lowered cap). Exit 1 when something would be
+    refused, 0 otherwise, 2 when the cluster or the policy cannot be read.
+    """
     from webhook.libs import kube
     from webhook.policy.compiled import compile_policy
     from webhook.policy.load import PolicyError
@@ -94,6 +86,13 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """GPU quota per tenant, namespace and product, read from the cluster
+
+    Each tenant's GPU quota as the webhook counts it: per cap (GPUs, a resource, a
+    product, pods) the GPUs used by running pods, reserved for pods being created, the
+    limit and what is free, and the biggest consumers. Reads pods and the webhook's ledger
+    ConfigMaps through the kubeconfig; what the account may not read is noted.
+    """
     from webhook.libs import kube
     from webhook.policy.compiled import compile_policy
     from webhook.policy.load import PolicyError

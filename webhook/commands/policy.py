@@ -9,16 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from webhook.commands.output import dump
+from webhook.commands.parser import command
 
 
 def add_manifests(sub: Any) -> None:
-    m = sub.add_parser(
-        "manifests", help="print the webhook configurations for a policy (YAML)",
-        description="Print a MutatingWebhookConfiguration and a ValidatingWebhookConfiguration "
-                    "whose matchConditions send only GPU pods and workloads, derived from the "
-                    "policy. failurePolicy Fail: while the webhook is down, matching GPU "
-                    "requests are rejected; Ignore: they are admitted unchecked (no quota, no "
-                    "pinning). Pods without GPUs are never sent either way.")
+    m = command(sub, "manifests", _manifests)
     m.add_argument("--policy", help="policy file (default: the embedded example policy)")
     m.add_argument("--name", default="gpu-webhook", help="configuration name [gpu-webhook]")
     m.add_argument("--namespace", default="gpu-webhook",
@@ -36,31 +31,22 @@ def add_manifests(sub: Any) -> None:
     m.add_argument("--validating-failure-policy", choices=["Fail", "Ignore"], default="Fail",
                    help="when the webhook is down: Fail rejects GPU requests, Ignore admits "
                         "them unchecked (quota not enforced) [Fail]")
-    m.set_defaults(func=_manifests)
 
 
 def add_policy(sub: Any) -> None:
     pol = sub.add_parser("policy", help="policy tools")
     psub = pol.add_subparsers(title="policy commands")
-    chk = psub.add_parser("check", help="validate policy files")
+    chk = command(psub, "check", _policy_check)
     chk.add_argument("files", nargs="+", metavar="FILE")
-    chk.set_defaults(func=_policy_check)
     _add_policy_schema_commands(psub)
     # `gpu-webhook policy` alone lists its subcommands rather than the top-level help.
     pol.set_defaults(func=lambda _args: _usage(pol))
 
 
 def add_test(sub: Any) -> None:
-    t = sub.add_parser(
-        "test", help="run policy test suites (kind GPUPolicyTest)",
-        description="Run every policy test suite (YAML, kind GPUPolicyTest) under DIR, or "
-                    "one suite file: each case goes through mutate -> patch -> validate, "
-                    "with quota against the suite's usage snapshot; admitted pods reserve "
-                    "quota for the cases after them. Exit 1 when a case fails, 2 when a "
-                    "suite cannot run. Format: policies/tests/README.md.")
+    t = command(sub, "test", _test)
     t.add_argument("path", metavar="DIR", help="directory of suites, or one suite file")
     t.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
-    t.set_defaults(func=_test)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -69,6 +55,14 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _manifests(args: argparse.Namespace) -> int:
+    """print the webhook configurations for a policy (YAML)
+
+    Print a MutatingWebhookConfiguration and a ValidatingWebhookConfiguration whose
+    matchConditions send only GPU pods and workloads, derived from the policy.
+    failurePolicy Fail: while the webhook is down, matching GPU requests are rejected;
+    Ignore: they are admitted unchecked (no quota, no pinning). Pods without GPUs are
+    never sent either way.
+    """
     from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
     from webhook.tools import manifests
 
@@ -100,21 +94,17 @@ def _manifests(args: argparse.Namespace) -> int:
 
 
 def _add_policy_schema_commands(psub: Any) -> None:
-    sch = psub.add_parser(
-        "schema", help="print the JSON Schema of a policy file",
-        description="Print the JSON Schema (draft 2020-12) of a policy file, generated from "
-                    "the policy model; editors use it through a `# yaml-language-server: "
-                    "$schema=...` line. Published as policies/schema/gpupolicy.schema.json.")
-    sch.set_defaults(func=_policy_schema)
-    crd = psub.add_parser(
-        "crd", help="print the GPUPolicy CustomResourceDefinition (YAML)",
-        description="Print the GPUPolicy CustomResourceDefinition (gpu-webhook.dev/v1alpha1, "
-                    "cluster-scoped) whose OpenAPI schema is generated from the policy model. "
-                    "Shipped as deploy/base/crd-gpupolicy.yaml.")
-    crd.set_defaults(func=_policy_crd)
+    command(psub, "schema", _policy_schema)
+    command(psub, "crd", _policy_crd)
 
 
 def _policy_schema(args: argparse.Namespace) -> int:
+    """print the JSON Schema of a policy file
+
+    Print the JSON Schema (draft 2020-12) of a policy file, generated from the policy
+    model; editors use it through a `# yaml-language-server: $schema=...` line. Published
+    as policies/schema/gpupolicy.schema.json.
+    """
     import json
 
     from webhook.policy.schema import json_schema
@@ -125,6 +115,12 @@ def _policy_schema(args: argparse.Namespace) -> int:
 
 
 def _policy_crd(args: argparse.Namespace) -> int:
+    """print the GPUPolicy CustomResourceDefinition (YAML)
+
+    Print the GPUPolicy CustomResourceDefinition (gpu-webhook.dev/v1alpha1,
+    cluster-scoped) whose OpenAPI schema is generated from the policy model. Shipped as
+    deploy/base/crd-gpupolicy.yaml.
+    """
     from webhook.policy.schema import crd
     from webhook.tools.manifests import to_yaml
 
@@ -135,6 +131,7 @@ def _policy_crd(args: argparse.Namespace) -> int:
 
 
 def _policy_check(args: argparse.Namespace) -> int:
+    """validate policy files"""
     from webhook.policy.load import PolicyError, load_file
 
     failed = 0
@@ -153,6 +150,13 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
+    """run policy test suites (kind GPUPolicyTest)
+
+    Run every policy test suite (YAML, kind GPUPolicyTest) under DIR, or one suite file:
+    each case goes through mutate -> patch -> validate, with quota against the suite's
+    usage snapshot; admitted pods reserve quota for the cases after them. Exit 1 when a
+    case fails, 2 when a suite cannot run. Format: policies/tests/README.md.
+    """
     from webhook.tools import policyresults, policysuite, policytest
 
     target = Path(args.path)

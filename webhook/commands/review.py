@@ -12,6 +12,7 @@ import orjson
 import yaml
 
 from webhook.commands.output import dump
+from webhook.commands.parser import add_requester, command
 
 if TYPE_CHECKING:
     from webhook.admission.offline import ClaimBook
@@ -20,11 +21,7 @@ if TYPE_CHECKING:
 
 
 def add_review(sub: Any) -> None:
-    r = sub.add_parser(
-        "review", help="show what the webhook would do with a manifest",
-        description="Run a manifest through the webhook offline (-f), or replay recorded "
-                    "AdmissionReviews against a candidate policy and report which decisions "
-                    "would change (--replay FILE --policy NEW [--baseline-policy CURRENT]).")
+    r = command(sub, "review", _review)
     r.add_argument("-f", "--filename",
                    help="Pod/Deployment/Job/... manifest (YAML or JSON; - for stdin)")
     r.add_argument("--policy", help="policy file (default: the embedded example policy); "
@@ -39,14 +36,12 @@ def add_review(sub: Any) -> None:
     r.add_argument("--namespace-labels", default=None,
                    help="labels of the namespace, k=v,k2=v2 (for namespaceSelector tenants; "
                         "not given: unknown, as to a webhook without a cluster; \"\": none)")
-    r.add_argument("--user", default="developer", help="requesting user [developer]")
-    r.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
+    add_requester(r)
     r.add_argument("--at", metavar="TIME", default=None,
                    help="decide as at this time, ISO 8601 with its offset "
                         "(2026-03-02T09:00:00+01:00): chooses the quota windows of "
                         "quotaSchedule [now]")
     r.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
-    r.set_defaults(func=_review)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -89,6 +84,12 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _review(args: argparse.Namespace) -> int:
+    """show what the webhook would do with a manifest
+
+    Run a manifest through the webhook offline (-f), or replay recorded AdmissionReviews
+    against a candidate policy and report which decisions would change (--replay FILE
+    --policy NEW [--baseline-policy CURRENT]).
+    """
     if args.replay:
         return _replay(args)
     if not args.filename:

@@ -8,17 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from webhook.commands.parser import command
+
 
 def add_serve(sub: Any) -> None:
     from webhook.server.settings import Settings
 
-    s = sub.add_parser("serve", help="run the HTTPS admission webhook")
-    Settings.add_arguments(s)
-    s.set_defaults(func=_serve)
+    Settings.add_arguments(command(sub, "serve", _serve))
 
 
 def add_certs(sub: Any) -> None:
-    c = sub.add_parser("certs", help="create a CA and a serving certificate")
+    c = command(sub, "certs", _certs)
     c.add_argument("--service", default="gpu-webhook", help="Service name [gpu-webhook]")
     c.add_argument("--namespace", default="gpu-webhook", help="Service namespace [gpu-webhook]")
     c.add_argument("--dns", action="append", default=[], help="extra DNS name (repeatable)")
@@ -28,10 +28,10 @@ def add_certs(sub: Any) -> None:
     c.add_argument("--ca", help="existing CA certificate to sign with (with --ca-key)")
     c.add_argument("--ca-key", help="existing CA private key")
     c.add_argument("--force", action="store_true", help="overwrite existing files")
-    c.set_defaults(func=_certs)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """run the HTTPS admission webhook"""
     from webhook.server.run import run
     from webhook.server.settings import Settings
 
@@ -39,6 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _certs(args: argparse.Namespace) -> int:
+    """create a CA and a serving certificate"""
     from webhook.libs import certs
 
     names = certs.service_names(args.service, args.namespace) + list(args.dns)

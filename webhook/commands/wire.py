@@ -11,17 +11,11 @@ from typing import Any
 import yaml
 
 from webhook.commands.output import dump
+from webhook.commands.parser import add_requester, command
 
 
 def add_admission_review(sub: Any) -> None:
-    ar = sub.add_parser(
-        "admission-review", help="the AdmissionReview the API server would send for a "
-                                 "manifest, or a reply decoded",
-        description="-f MANIFEST: print the AdmissionReview (admission.k8s.io/v1, JSON) "
-                    "the API server sends for the object's creation, to POST to the "
-                    "webhook's /mutate or /validate (curl -d @FILE). --reply FILE: read "
-                    "the webhook's answer and print it decoded: allowed or the denial's "
-                    "message, the warnings, and the JSONPatch one operation a line.")
+    ar = command(sub, "admission-review", _admission_review)
     what = ar.add_mutually_exclusive_group(required=True)
     what.add_argument("-f", "--filename", help="one object (YAML or JSON; - for stdin)")
     what.add_argument("--reply", metavar="FILE",
@@ -32,14 +26,19 @@ def add_admission_review(sub: Any) -> None:
                     help="[CREATE]")
     ar.add_argument("--dry-run", action="store_true",
                     help="a server-side dry run (kubectl --dry-run=server)")
-    ar.add_argument("--user", default="developer", help="requesting user [developer]")
-    ar.add_argument("--group", action="append", default=[], help="user's group (repeatable)")
+    add_requester(ar)
     ar.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="with --reply [text]")
-    ar.set_defaults(func=_admission_review)
 
 
 def _admission_review(args: argparse.Namespace) -> int:
+    """the AdmissionReview the API server would send for a manifest, or a reply decoded
+
+    -f MANIFEST: print the AdmissionReview (admission.k8s.io/v1, JSON) the API server
+    sends for the object's creation, to POST to the webhook's /mutate or /validate (curl
+    -d @FILE). --reply FILE: read the webhook's answer and print it decoded: allowed or
+    the denial's message, the warnings, and the JSONPatch one operation a line.
+    """
     from webhook.tools import wire
 
     source = args.reply or args.filename
