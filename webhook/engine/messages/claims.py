@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from webhook.engine.messages.words import _gpus, num, one_of
+from webhook.engine.messages.words import PERSISTS, _gpus, num, one_of
 
 # --- Dynamic Resource Allocation -------------------------------------------------------
 
@@ -51,8 +51,7 @@ def template_unknown(name: str, why: str | None = None) -> str:
     if why is not None:
         return (f"uses ResourceClaimTemplate {name}, which the webhook has not seen yet and "
                 f"could not read from the API server ({why}), so the GPUs it asks for "
-                "cannot be counted. Retry in a moment; if it persists, tell the platform "
-                "team.")
+                f"cannot be counted. {PERSISTS}.")
     return (f"uses ResourceClaimTemplate {name}, which the webhook has not seen, so the GPUs "
             "it asks for cannot be counted. Wait a few seconds and retry if the template was "
             "just created (the webhook learns of it a moment later); otherwise create it "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from webhook.engine.messages.words import _gpus, num, one_of
+from webhook.engine.messages.words import MUTATOR_DOES, _gpus, num, one_of
 
 
 def no_tenant(namespace: str, policy: str, unread_selectors: Sequence[str] = ()) -> str:
@@ -151,8 +151,8 @@ def per_pod_max(asked: float, tenant: str, cap: float, what: str | None = None,
 def unpinned(label: str, tenant: str, allowed: Iterable[str]) -> str:
     return (
         f"may be scheduled on any {label}, but tenant {tenant}'s GPU pods must be pinned to "
-        f"[{one_of(allowed)}]. Add a required node affinity (the mutating webhook does this "
-        "when it runs) or a nodeSelector with an allowed value."
+        f"[{one_of(allowed)}]. Add a required node affinity {MUTATOR_DOES} or a nodeSelector "
+        "with an allowed value."
     )
 
 

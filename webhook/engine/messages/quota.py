@@ -4,7 +4,7 @@ unavailable, names taken, scaling unchecked."""
 
 from __future__ import annotations
 
-from webhook.engine.messages.words import _pods, num, owners
+from webhook.engine.messages.words import FAILS_CLOSED, PERSISTS, _pods, num, owners
 
 # The words the API server's own ResourceQuota denial starts with ("exceeded quota:
 # compute, requested: ..."). Controllers key on them: Argo Workflows retries a pod
@@ -125,15 +125,13 @@ def gang_not_free(scope: str, what: str, pods: int, per_pod: float, free: float,
 
 def quota_unavailable(reason: str) -> str:
     return (f"the GPU quota ledger cannot be reached ({reason}), so this GPU pod cannot be "
-            "counted against its quota. Retry in a moment; if it persists, tell the "
-            "platform team (the webhook's quota setting fails closed).")
+            f"counted against its quota. {PERSISTS} {FAILS_CLOSED}.")
 
 
 def quota_not_decided(reason: str) -> str:
     return (f"GPU quota is decided by one webhook replica, and none decides it now: {reason}."
             " This GPU pod cannot be counted against its quota until one does, so it is "
-            "refused (controllers create it again); retry in a moment. If it persists, "
-            "tell the platform team (the webhook's quota setting fails closed).")
+            f"refused (controllers create it again). {PERSISTS} {FAILS_CLOSED}.")
 
 
 def name_taken(name: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from webhook.engine.messages.words import one_of
+from webhook.engine.messages.words import MUTATOR_DOES, RECLAIMED, one_of
 
 # --- spot capacity (rule spot-placement) ------------------------------------------------
 
@@ -40,22 +40,21 @@ def spot_tenant_never(tenant: str | None) -> str:
 def spot_asked(source: str, label: str, values: Iterable[str], why: str) -> str:
     return (
         f"asks for spot nodes ({source} {label} in [{one_of(values)}]), but {why}. Drop "
-        "that requirement: spot nodes can be reclaimed at any time."
+        f"that requirement: {RECLAIMED}."
     )
 
 
 def spot_tolerated(keys: Iterable[str], why: str) -> str:
     return (
         f"tolerates the spot nodes' taint ({one_of(keys)}), but {why}. Remove the "
-        "toleration: spot nodes can be reclaimed at any time."
+        f"toleration: {RECLAIMED}."
     )
 
 
 def spot_unguarded(label: str, values: Iterable[str], why: str) -> str:
     return (
         f"may be scheduled on spot nodes ({label} in [{one_of(values)}]), but {why}. Add a "
-        f"required node affinity {label} NotIn [{one_of(values)}] (the mutating webhook "
-        "does this when it runs)."
+        f"required node affinity {label} NotIn [{one_of(values)}] {MUTATOR_DOES}."
     )
 
 
@@ -81,5 +80,5 @@ def spot_unpinned(label: str, values: Iterable[str], tenant: str) -> str:
     return (
         f"may be scheduled on nodes other than spot ones, but tenant {tenant} runs its GPU "
         f"pods on spot capacity only. Add a required node affinity {label} In "
-        f"[{one_of(values)}] (the mutating webhook does this when it runs)."
+        f"[{one_of(values)}] {MUTATOR_DOES}."
     )

@@ -1,9 +1,20 @@
 """The words every family of messages shares: numbers as people write them, lists,
-the rule tag a denial ends with, owners of GPUs, counts of pods and GPUs."""
+the rule tag a denial ends with, owners of GPUs, counts of pods and GPUs, and the phrases
+that must read the same in every message that says them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+# What a message says when the mutating webhook would have made the pod right itself: the
+# pod came another way (the mutating webhook off, a reinvocation, an UPDATE).
+MUTATOR_DOES = "(the mutating webhook does this when it runs)"
+# Why spot capacity needs the pod's consent.
+RECLAIMED = "spot nodes can be reclaimed at any time"
+# The end of a refusal for a fault of ours, not the pod's (an unreachable API server).
+PERSISTS = "Retry in a moment; if it persists, tell the platform team"
+# Why the webhook refuses, rather than admits, a GPU pod it cannot count.
+FAILS_CLOSED = "(the webhook's quota setting fails closed)"
 
 
 def num(x: float) -> str:
