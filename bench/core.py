@@ -1,5 +1,6 @@
 """In-process costs: the pure core per review, the quota check against stores of
-1,000 and 100,000 GPU pods, and the memory the store takes.
+1,000 and 100,000 GPU pods, a pod's watch events with and without 50,000 pods ended
+before it, and the memory the store takes.
 
 Times are medians of ``timeit.repeat`` runs (the minimum would flatter, the mean is
 pulled up by the other engineers' jobs on a shared machine), timed with the process's
@@ -97,6 +98,45 @@ def quota(seconds: float, sizes: tuple[int, ...] = (1_000, 100_000)) -> dict[str
         gc.collect()
     lo, hi = (out["sizes"][str(n)] for n in (sizes[0], sizes[-1]))
     out["ratio"] = {k: round(hi[k]["median_us"] / lo[k]["median_us"], 2) for k in lo}
+    return out
+
+
+def _watched_pod(i: int) -> dict[str, Any]:
+    """A GPU pod of the mix as the pod watch shows it: admitted, uid set, bound."""
+    pod = mix.mutated(mix.pod(f"trainer-{i}", "research", {GPU: 2}))
+    pod["metadata"].update(uid=f"uid-{i}", resourceVersion=str(i))
+    pod["spec"]["nodeName"] = "gpu-node-0"
+    return pod
+
+
+def watch(seconds: float, ended: tuple[int, ...] = (0, 50_000)) -> dict[str, Any]:
+    """One GPU pod's life as the pod watch delivers it (ADDED, MODIFIED to Succeeded,
+    DELETED: what a Job's pod sends), applied to the cluster cache
+    (``ClusterState.pod_event``, on the event loop of every replica), with ``ended``
+    pods ended within the tombstone window before it: a busy cluster ends thousands."""
+    from webhook.quota.cache import ClusterState
+
+    policy = mix.policy()
+    out: dict[str, Any] = {"sizes": {}}
+    for n in ended:
+        state = ClusterState(lambda: policy)
+        state.pod_event("SYNCED", {})
+        state.namespace_event("SYNCED", {})
+        for i in range(n):
+            state.pod_event("DELETED", _watched_pod(i))
+        alive = _watched_pod(n)
+        done = _watched_pod(n)
+        done["status"] = {"phase": "Succeeded"}
+
+        def life(state: ClusterState = state, alive: dict[str, Any] = alive,
+                 done: dict[str, Any] = done) -> None:
+            state.pod_event("ADDED", alive)
+            state.pod_event("MODIFIED", done)
+            state.pod_event("DELETED", done)
+
+        out["sizes"][str(n)] = per_call_us(life, seconds / len(ended))
+    lo, hi = (out["sizes"][str(n)]["median_us"] for n in (ended[0], ended[-1]))
+    out["ratio"] = round(hi / lo, 2)
     return out
 
 

@@ -41,6 +41,7 @@ TARGETS = {
     "core_gpu_pod_us_max": 200.0,
     "core_non_gpu_pod_us_max": 20.0,
     "quota_ratio_max": 1.2,  # 100,000 pods vs 1,000
+    "watch_ratio_max": 1.5,  # a pod's watch events after 50,000 ended pods vs none
     "store_rss_mb_max": 200.0,
 }
 
@@ -187,6 +188,9 @@ def verdicts(res: dict[str, Any]) -> dict[str, Any]:
     if "quota" in res:
         out[f"quota check 100k/1k <= {t['quota_ratio_max']}"] = (
             res["quota"]["ratio"]["allowed"] <= t["quota_ratio_max"])
+    if "watch" in res:
+        out[f"pod watch events 50k ended/none <= {t['watch_ratio_max']}"] = (
+            res["watch"]["ratio"] <= t["watch_ratio_max"])
     if "store" in res:
         out[f"store RSS at 100k <= {t['store_rss_mb_max']:g} MB"] = (
             res["store"]["rss_delta_mb"] <= t["store_rss_mb_max"])
@@ -254,6 +258,13 @@ def table(res: dict[str, Any]) -> str:
             lines.append(f"  {case:<10} " + " ".join(
                 f"{q['sizes'][n][case]['median_us']:>12.1f}" for n in q["sizes"])
                 + f" {q['ratio'][case]:>7.2f}")
+    if "watch" in res:
+        w = res["watch"]
+        lines += ["", "pod watch events (ADDED, MODIFIED Succeeded, DELETED) on the cluster "
+                      "cache, us per pod, after N pods ended",
+                  "  " + " ".join(f"{n + ' ended':>12}" for n in w["sizes"]) + f" {'ratio':>7}",
+                  "  " + " ".join(f"{v['median_us']:>12.1f}" for v in w["sizes"].values())
+                  + f" {w['ratio']:>7.2f}"]
     if "store" in res:
         s = res["store"]
         lines += ["", f"store memory at {s['pods']} pods: RSS +{s['rss_delta_mb']} MB, "
@@ -291,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         parts += [("core", lambda: core.reviews(core_s)),
                   ("app", lambda: core.app(core_s)),
                   ("quota", lambda: core.quota(core_s)),
+                  ("watch", lambda: core.watch(core_s / 2)),
                   ("store", core.store_memory)]
     workdir = Path(tempfile.mkdtemp(prefix="gpu-webhook-bench-"))
     if opts.only in (None, "http"):

@@ -28,10 +28,12 @@ def test_quick_bench_writes_every_section(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads((tmp_path / "latest.json").read_text())
     assert res["errors"] == {}
-    assert {"machine", "core", "app", "quota", "store", "http", "verdicts"} <= res.keys()
+    assert {"machine", "core", "app", "quota", "watch", "store", "http", "verdicts"
+            } <= res.keys()
     assert {"mutate:gpu-needs-mutation", "mutate:non-gpu", "validate:gpu-quota-dryrun",
             "parse-only"} <= res["core"].keys()
     assert set(res["quota"]["sizes"]) == {"1000", "100000"}
+    assert set(res["watch"]["sizes"]) == {"0", "50000"} and res["watch"]["ratio"] > 0
     assert res["store"]["pods"] == 100_000
     mixes = res["http"]["mixes"]
     assert set(mixes) == {"mutate/gpu", "mutate/all", "validate/gpu", "validate/all",

@@ -81,6 +81,29 @@ def test_an_ended_pod_stays_seen_as_long_as_its_reservation_can_live() -> None:
     assert not state.seen("uid-first")  # its reservation has long expired: forgotten
 
 
+def test_a_pod_that_ends_twice_is_remembered_from_its_last_end() -> None:
+    # A pod ends when it fails and again when it is deleted, maybe long after: its
+    # tombstone lives from the later end, and a pod that ended between the two is still
+    # forgotten on time (the trim reads the oldest tombstones first).
+    state, clock = synced_state()
+    state.pod_event("ADDED", pod("x", gpus=1))
+    state.pod_event("MODIFIED", pod("x", gpus=1, phase="Failed"))  # t = 0
+    clock.now = 10.0
+    state.pod_event("DELETED", pod("y", gpus=1))
+    clock.now = 500.0
+    state.pod_event("DELETED", pod("x", gpus=1))
+    for i in range(1100):  # enough ended pods to trim the tombstones
+        state.pod_event("DELETED", pod(f"later-{i}", gpus=1))
+    assert state.seen("uid-x") and state.seen("uid-y")  # within 600 s of t = 500 / 10
+    clock.now = 700.0  # 600 s are kept: y (ended at 10) is forgotten, x (500) is not
+    state.pod_event("DELETED", pod("last", gpus=1))
+    assert state.seen("uid-x")
+    assert not state.seen("uid-y")
+    clock.now = 1200.0
+    state.pod_event("DELETED", pod("last-2", gpus=1))
+    assert not state.seen("uid-x")
+
+
 def test_the_holder_of_a_name_is_known_until_it_goes() -> None:
     state, _ = synced_state()
     state.pod_event("ADDED", pod("x", gpus=2))

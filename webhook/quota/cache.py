@@ -28,6 +28,7 @@ ledger holds about a quarter-minute of admissions instead of a TTL's.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -83,7 +84,7 @@ class ClusterState:
         # refilled would count too little for every admission decided meanwhile.
         self._relisting: _Pods | None = None
         self.labels: dict[str, dict[str, str]] = {}
-        self._ended: dict[str, float] = {}
+        self._ended: dict[str, float] = {}  # uid -> when it ended, oldest first (_end)
         # Tenant -> when (``clock``) a pod of it last gave GPUs back (ended, was deleted or
         # asks less): the moment a waiting pod may have come to fit, from which the
         # leader's release is timed (gpu_webhook_release_latency_seconds).
@@ -372,6 +373,9 @@ class ClusterState:
 
     def _end(self, uid: str) -> None:
         now = self._clock()
+        # Moved to the end on every call, so the dict stays in the order of its times
+        # (the clock does not go back) and the oldest are always first.
+        self._ended.pop(uid, None)
         self._ended[uid] = now
         if len(self._ended) > 1024:
             # An ended pod's reservation lives until its admission + the TTL (up to an
@@ -380,7 +384,11 @@ class ClusterState:
             # covers a writer's clock running ahead.
             keep = max(self._tombstone_ttl, 2 * self.policy().reservation_ttl)
             cutoff = now - keep
-            for k in [k for k, t in self._ended.items() if t < cutoff]:
+            # Only the expired head is read: a busy cluster ends thousands of pods within
+            # the window, and reading them all on each end cost the event loop a scan of
+            # every tombstone per pod (bench/core.py, "pod watch event").
+            stale = list(itertools.takewhile(lambda k: self._ended[k] < cutoff, self._ended))
+            for k in stale:
                 del self._ended[k]
 
     # -- wiring ----------------------------------------------------------------------
