@@ -1,6 +1,7 @@
 """Helpers every test folder shares: the installed console script, a free port, a
 ``gpu-webhook serve`` process started, awaited and stopped as a user's would be, the
-helm binary, and the admission pipeline's validating step for synchronous tests.
+helm binary, the admission pipeline's validating step for synchronous tests, and a
+GPUPolicy document around a test's own ``spec``.
 
 ``tests/`` is on ``sys.path`` while the suite runs (pytest puts the directory of the
 root ``conftest.py`` there), so any test module can ``from kit import ...``.
@@ -16,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +37,16 @@ from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import UsageStore
 from webhook.server.web.app import ARRIVED, AdmissionApp
+
+
+def policy_yaml(name: str, spec: str) -> str:
+    """A GPUPolicy document named ``name`` whose ``spec`` is ``spec``: the apiVersion,
+    kind and metadata lines every policy starts with, then ``spec:`` and the lines under
+    it. ``spec`` may be written at any indentation (it is dedented, then indented two
+    spaces), so a module's policy reads as the YAML it is, one level under ``spec:``."""
+    return ("apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicy\n"
+            f"metadata: {{name: {name}}}\nspec:\n"
+            + textwrap.indent(textwrap.dedent(spec), "  "))
 
 
 def console_script() -> str:

@@ -10,17 +10,14 @@ from typing import Any
 
 import pytest
 import yaml
+from kit import policy_yaml
 
 from webhook.admission.audit import Finding, RuleFinding, audit, policy_reports, same_results
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 
 CRD = Path(__file__).parents[1] / "e2e" / "crds" / "wgpolicyk8s.io_policyreports.yaml"
-POLICY = """
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: audit-unit}
-spec:
+POLICY = policy_yaml("audit-unit", """\
   gpuResources: {names: [nvidia.com/gpu]}
   tenants:
     - name: team
@@ -35,7 +32,7 @@ spec:
       namespaces: [quiet]
       maxGpusPerPod: 1
       mode: audit
-"""
+""")
 
 
 def pod(name: str, namespace: str, gpus: int, created: str) -> dict[str, Any]:

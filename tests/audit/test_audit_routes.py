@@ -8,20 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit import policy_yaml
+
 from webhook.admission.audit import audit, policy_reports
 from webhook.engine.routes.sights import node_lookup
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 
-POLICY = compile_policy(load_text("""
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: audit-routes}
-spec:
+POLICY = compile_policy(load_text(policy_yaml("audit-routes", """\
   tenants:
     - name: team
       namespaces: [team]
-""", "audit-routes.yaml"))
+"""), "audit-routes.yaml"))
 NODES = node_lookup(POLICY, [
     {"metadata": {"name": "gpu-1"}, "status": {"capacity": {"nvidia.com/gpu": "8"}}},
     {"metadata": {"name": "cpu-1"}, "status": {"capacity": {"cpu": "64"}}}])

@@ -35,6 +35,7 @@ from enginekit import (
     spot_policy,
     validated,
 )
+from kit import policy_yaml
 
 from webhook.admission.webhooks import mutating as mutate
 from webhook.engine.charge import charge_of_pod
@@ -371,15 +372,11 @@ def test_a_training_jobs_every_gpu_template_is_placed_as_a_pod_is(namespace: str
 
 
 def test_gpu_pods_of_no_tenant_follow_the_policys_default_placement() -> None:
-    policy = compile_policy(load_text("""
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: t}
-spec:
+    policy = compile_policy(load_text(policy_yaml("t", """\
   unassignedNamespaces: allow
   spot: {provider: eks}
   tenants: [{name: research, namespaces: [research]}]
-""", "p.yaml"))
+"""), "p.yaml"))
     m = mutate_checked(pod(namespace="sandbox", nodeSelector={
         "eks.amazonaws.com/capacityType": "SPOT"}), policy)
     assert not m.decision.allowed

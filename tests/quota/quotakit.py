@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from kit import validating
+from kit import policy_yaml, validating
 
 from webhook.engine.decision import Decision
 from webhook.k8s.review import parse_review, request_review
@@ -23,11 +23,7 @@ if TYPE_CHECKING:
 LEDGER_NAMESPACE = "gpu-webhook"
 NOW = 1_800_000_000.0  # the wall clock of ledger tests: expiries are set against it
 
-POLICY = """
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: quota-test}
-spec:
+POLICY = policy_yaml("quota-test", """\
   gpuResources:
     names: [nvidia.com/gpu]
     patterns: ["nvidia.com/mig-*"]
@@ -49,7 +45,7 @@ spec:
       namespaces: [team-b]
       quota:
         resources: {nvidia.com/gpu: 4}
-"""
+""")
 
 
 def policy() -> CompiledPolicy:

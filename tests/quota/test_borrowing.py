@@ -17,7 +17,7 @@ from typing import Any
 import jsonpatch
 import orjson
 from fakeapi import FakeAPI
-from kit import validating
+from kit import policy_yaml, validating
 from quotakit import NOW, ledger_replica
 
 from webhook.admission.webhooks import mutating
@@ -37,11 +37,7 @@ from webhook.quota.entries import (
 from webhook.quota.ledger import LedgerStore
 from webhook.quota.store import MemoryStore, UsageStore
 
-POLICY = """
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: cohort-test}
-spec:
+POLICY = policy_yaml("cohort-test", """\
   tenants:
     - name: team-a
       namespaces: [team-a]
@@ -57,7 +53,7 @@ spec:
     - name: solo
       namespaces: [solo]
       quota: {gpus: 2}
-"""
+""")
 NS = "gpu-webhook"
 
 

@@ -9,16 +9,13 @@ import itertools
 from typing import Any
 
 import pytest
+from kit import policy_yaml
 
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.cache import ClusterState
 
-POLICY = compile_policy(load_text("""
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: either}
-spec:
+POLICY = compile_policy(load_text(policy_yaml("either", """\
   products:
     aliases: {a100: NVIDIA-A100-SXM4-80GB, h100: NVIDIA-H100-80GB-HBM3}
   tenants:
@@ -27,7 +24,7 @@ spec:
         matchLabels: {team: either}
       allowedProducts: [a100, h100]
       quota: {gpus: 8}
-""", "either.yaml"))
+"""), "either.yaml"))
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
 
 

@@ -21,6 +21,7 @@ import orjson
 import pytest
 import yaml
 from fakeapi import FakeAPI
+from kit import policy_yaml
 from quotakit import ledger_replica
 
 from webhook.admission.webhooks import Cluster, mutating, validating
@@ -32,11 +33,7 @@ from webhook.quota.status import gpuquota_status, of
 from webhook.quota.store import MemoryStore, UsageStore
 from webhook.server.clock import OffsetClock
 
-POLICY = """
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: windows}
-spec:
+POLICY = policy_yaml("windows", """\
   gpuResources: {names: [nvidia.com/gpu]}
   tenants:
     - name: notebooks
@@ -55,7 +52,7 @@ spec:
             start: "22:00"
             end: "06:00"
             quota: {gpus: 1}
-"""
+""")
 BERLIN = ZoneInfo("Europe/Berlin")
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from fakeapi import FakeAPI
+from kit import policy_yaml
 from quotakit import admit
 
 from webhook.engine.charge import charge_of_pod
@@ -26,11 +27,7 @@ NS = "gpu-webhook"
 NOW = 1_800_000_000.0
 SHARED = "nvidia.com/gpu.shared"
 
-POLICY = """
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: shared-quota}
-spec:
+POLICY = policy_yaml("shared-quota", """\
   gpuResources:
     names: [nvidia.com/gpu]
     timeSlicing: {nvidia.com/gpu.shared: 4}
@@ -43,7 +40,7 @@ spec:
         sharedGpus: 1
         namespaces:
           team-a-dev: {sharedGpus: 0.5}
-"""
+""")
 
 
 def policy() -> CompiledPolicy:

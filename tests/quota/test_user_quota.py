@@ -17,7 +17,7 @@ import jsonpatch
 import orjson
 import pytest
 from fakeapi import FakeAPI
-from kit import validating
+from kit import policy_yaml, validating
 from quotakit import ledger_replica
 
 from webhook.admission.webhooks import mutating
@@ -31,11 +31,7 @@ from webhook.quota.entries import LEDGER_PREFIX, Entry, decode, encode
 from webhook.quota.status import gpuquota_status, of
 from webhook.quota.store import MemoryStore, UsageStore
 
-POLICY = """
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: users}
-spec:
+POLICY = policy_yaml("users", """\
   gpuResources: {names: [nvidia.com/gpu]}
   tenants:
     - name: research
@@ -44,7 +40,7 @@ spec:
       userQuota:
         gpus: 4
         controllers: [kubeflow/training-operator]
-"""
+""")
 RS_CONTROLLER = "system:serviceaccount:kube-system:replicaset-controller"
 OPERATOR = "system:serviceaccount:kubeflow:training-operator"
 

@@ -9,6 +9,8 @@ import asyncio
 import copy
 from typing import Any
 
+from kit import policy_yaml
+
 from webhook.engine.cost import Charge
 from webhook.engine.waiting import GATE
 from webhook.libs import kube
@@ -19,17 +21,13 @@ from webhook.quota.store import MemoryStore
 from webhook.server import metrics
 from webhook.server.leading.release import Releaser
 
-POLICY = """
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: release-test}
-spec:
+POLICY = policy_yaml("release-test", """\
   tenants:
     - name: team
       namespaces: [team]
       quota: {gpus: 4}
       overQuota: wait
-"""
+""")
 
 
 def gated(name: str, at: str, job: str | None = None) -> dict[str, Any]:
@@ -242,11 +240,7 @@ def test_each_group_of_a_leaderworkerset_is_a_gang_of_its_own() -> None:
     assert sorted(n for n, _, _ in api.removed) == ["serve-0-0", "serve-0-1"]
 
 
-COHORT = """
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: release-cohort-test}
-spec:
+COHORT = policy_yaml("release-cohort-test", """\
   tenants:
     - name: team
       namespaces: [team]
@@ -257,7 +251,7 @@ spec:
       namespaces: [lender]
       quota: {gpus: 4}
       cohort: {name: lab}
-"""
+""")
 
 
 def test_a_pod_waiting_to_borrow_is_released_onto_what_the_cohort_lends() -> None:

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from kit import policy_yaml
+
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 from webhook.server.cluster import SightCache
 
-POLICY = compile_policy(load_text("""
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: sights}
-spec:
+POLICY = compile_policy(load_text(policy_yaml("sights", """\
   products: {nodeLabel: nvidia.com/gpu.product}
-""", "sights.yaml"))
+"""), "sights.yaml"))
 
 
 def node(name: str, capacity: dict[str, str] | None = None,

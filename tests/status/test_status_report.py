@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+from kit import policy_yaml
 
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
@@ -100,11 +101,7 @@ def test_the_report_says_how_each_tenants_gpus_are_held() -> None:
     assert report(policy(), Cluster(), tenant="research").holding == []
 
 
-EITHER = """\
-apiVersion: gpu-webhook.dev/v1alpha1
-kind: GPUPolicy
-metadata: {name: either}
-spec:
+EITHER = policy_yaml("either", """\
   products:
     nodeLabel: nvidia.com/gpu.product
     aliases: {a100: NVIDIA-A100-SXM4-80GB, h100: NVIDIA-H100-80GB-HBM3}
@@ -113,7 +110,7 @@ spec:
       namespaces: [lab]
       allowedProducts: [a100, h100]
       quota: {gpus: 8}
-"""
+""")
 
 
 def either_pod(name: str, gpus: int, node: str | None) -> dict[str, Any]:
