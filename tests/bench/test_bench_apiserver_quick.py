@@ -49,7 +49,7 @@ def test_quick_apiserver_bench_measures_every_condition(tmp_path: Path) -> None:
         # whole time, and the ledger's commit in real runs only (a dry run commits none).
         phases = r["ours_phases"]
         if r["condition"] != "ours":
-            assert phases == {}  # not called
+            assert not phases  # not a gpu-webhook: no histogram of its own
             continue
         v = phases["validate"]
         assert v["reviews"] > 0 and v["p99_ms"] >= v["p50_ms"] > 0
@@ -73,5 +73,5 @@ def test_quick_apiserver_bench_measures_every_condition(tmp_path: Path) -> None:
     assert any(n > 0 for r in res["runs"] for n in r["ledger_entries"].values())
     assert "| dry-run/8 |" in proc.stdout and "targets:" in proc.stdout
     assert "where a review's time goes" in proc.stdout
-    assert "| real/8 | validate |" in proc.stdout
+    assert "| real/8 | ours | validate |" in proc.stdout
     assert "one ledger commit alone" in proc.stdout
