@@ -54,6 +54,18 @@ def _tenant(body: str) -> str:
         """) + textwrap.indent(textwrap.dedent(body), "      ")
 
 
+def _training_run(body: str) -> str:
+    """A policy with one workload kind, ml.example.com/v1 TrainingRun (resource
+    trainingruns), whose further fields (roles, gang fields) are ``body``."""
+    return _spec("""\
+        workloadKinds:
+          - group: ml.example.com
+            kind: TrainingRun
+            resource: trainingruns
+            versions: [v1]
+        """) + textwrap.indent(textwrap.dedent(body), "      ")
+
+
 CASES: list[tuple[str, str, str, str]] = [
     # (id, policy text with "# <-" on the expected line, field path, message fragment)
     ("unknown-top-field", HEAD + "spec: {}\nstatus: {}  # <-\n", "status",
@@ -76,12 +88,7 @@ CASES: list[tuple[str, str, str, str]] = [
      "spec.tenants[0].maxGpusPerPod", "(got -2)"),
     ("zero-weight", _spec("gpuResources:\n  weights:\n    nvidia.com/mig-1g.10gb: 0  # <-\n"),
      "spec.gpuResources.weights.nvidia.com/mig-1g.10gb", "must be more than 0"),
-    ("workload-replicas-other-item", _spec("""\
-        workloadKinds:
-          - group: ml.example.com
-            kind: TrainingRun
-            resource: trainingruns
-            versions: [v1]
+    ("workload-replicas-other-item", _training_run("""\
             roles:
               - template: /spec/roles/*/template
                 replicas: /spec/replicas  # <-
@@ -94,22 +101,12 @@ CASES: list[tuple[str, str, str, str]] = [
             versions: [v1alpha1]
             roles: [{template: /spec/tasks/*/template}]
         """), "spec.workloadKinds[0].kind", "is built in"),
-    ("workload-bad-pointer", _spec("""\
-        workloadKinds:
-          - group: ml.example.com
-            kind: TrainingRun
-            resource: trainingruns
-            versions: [v1]
+    ("workload-bad-pointer", _training_run("""\
             roles:
               - template: spec.template  # <-
         """), "spec.workloadKinds[0].roles[0].template",
      "must be a JSON Pointer into the object, starting with / (e.g. /spec/template)"),
-    ("workload-unknown-field", _spec("""\
-        workloadKinds:
-          - group: ml.example.com
-            kind: TrainingRun
-            resource: trainingruns
-            versions: [v1]
+    ("workload-unknown-field", _training_run("""\
             gangMin: /spec/x  # <-
             roles: [{template: /spec/template}]
         """), "spec.workloadKinds[0].gangMin", "unknown field 'gangMin'"),
