@@ -12,27 +12,18 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from clikit import TRAINER
 
 from webhook.cli import EXIT_CODES
 
 Run = Callable[..., subprocess.CompletedProcess[str]]  # the gpu_webhook fixture
 
 ROOT = Path(__file__).resolve().parents[2]
-POD = """\
-apiVersion: v1
-kind: Pod
-metadata: {name: trainer, namespace: research}
-spec:
-  containers:
-    - name: main
-      image: pytorch:2
-      resources: {limits: {nvidia.com/gpu: 2}}
-"""
 
 
 def test_review_prints_the_same_results_as_yaml_and_json(gpu_webhook: Run) -> None:
-    as_json = gpu_webhook("review", "-f", "-", "-o", "json", stdin=POD)
-    as_yaml = gpu_webhook("review", "-f", "-", "-o", "yaml", stdin=POD)
+    as_json = gpu_webhook("review", "-f", "-", "-o", "json", stdin=TRAINER)
+    as_yaml = gpu_webhook("review", "-f", "-", "-o", "yaml", stdin=TRAINER)
     assert as_json.returncode == as_yaml.returncode == 0, as_yaml.stderr
     assert yaml.safe_load(as_yaml.stdout) == orjson.loads(as_json.stdout)
     assert yaml.safe_load(as_yaml.stdout)[0]["decision"] == "allowed"

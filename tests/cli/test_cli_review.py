@@ -15,25 +15,11 @@ from typing import Any
 import orjson
 import pytest
 import yaml
+from clikit import TRAINER
 
 Run = Callable[..., subprocess.CompletedProcess[str]]  # the gpu_webhook fixture
 
 ROOT = Path(__file__).resolve().parents[2]
-
-TRAINER = """\
-apiVersion: v1
-kind: Pod
-metadata:
-  name: trainer
-  namespace: research
-spec:
-  containers:
-    - name: main
-      image: pytorch:2
-      resources:
-        limits:
-          nvidia.com/gpu: 2
-"""
 
 MISMATCH = """\
 apiVersion: v1
