@@ -19,7 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,28 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
             proc.kill()
             proc.wait()
     return int(proc.returncode)
+
+
+def healthy_or_stopped(proc: subprocess.Popen[bytes], url: str, ca: Path,
+                       log: Callable[[], str], stop: Callable[[], object],
+                       timeout: float) -> None:
+    """Wait until the server at ``url`` answers /healthz over TLS verified against ``ca``
+    (:func:`await_serving`, :func:`answering`); if it does not, ``stop()`` it first, then
+    let the AssertionError (with the server's ``log``) go on."""
+    try:
+        await_serving(proc, answering(url, ca), log, timeout=timeout)
+    except AssertionError:
+        stop()
+        raise
+
+
+def stop_serving(proc: subprocess.Popen[bytes], clients: Iterable[httpx.Client],
+                 timeout: float) -> int:
+    """The test's ``clients`` of a server closed, then the server stopped as the kubelet
+    does (:func:`stop_process`); the exit code (negative: killed by that signal)."""
+    for c in clients:
+        c.close()
+    return stop_process(proc, timeout)
 
 
 def validating(req: AdmissionRequest, policy: CompiledPolicy,

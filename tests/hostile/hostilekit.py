@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from kit import answering, await_serving, free_port, serve, stop_process
+from kit import free_port, healthy_or_stopped, serve, stop_serving
 
 from webhook.quota.store import MemoryStore
 from webhook.server.sources.reload import PolicySource
@@ -68,20 +68,14 @@ def start(tmp: Path, *flags: str, policy: Path | None = POLICY,
     proc = serve(port, cert_dir, log_path, *flags, *policy_flags, env=env, cwd=tmp)
     server = Server(proc, port, cert_dir, log_path)
 
-    try:
-        await_serving(proc, answering(server.url, server.ca), server.log,
-                      timeout=START_TIMEOUT)
-    except AssertionError:
-        stop(server)
-        raise
+    healthy_or_stopped(proc, server.url, server.ca, server.log, lambda: stop(server),
+                       START_TIMEOUT)
     return server
 
 
 def stop(server: Server) -> int:
     """SIGTERM, as the kubelet sends; the exit code (negative: killed by that signal)."""
-    for c in server.clients:
-        c.close()
-    return stop_process(server.proc, STOP_TIMEOUT)
+    return stop_serving(server.proc, server.clients, STOP_TIMEOUT)
 
 
 def rss_kib(pid: int) -> int:

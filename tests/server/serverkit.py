@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from kit import answering, await_serving, free_port, serve, stop_process
+from kit import free_port, healthy_or_stopped, serve, stop_serving
 
 from webhook.k8s.review import request_review
 
@@ -62,20 +62,14 @@ def start_server(tmp: Path, *extra: str, ca: Path | None = None) -> Server:
     proc = serve(port, cert_dir, tmp / "server.log", *extra, cwd=tmp)
     server = Server(proc, port, cert_dir, tmp / "server.log", ca)
 
-    try:
-        await_serving(proc, answering(server.base_url, server.ca), server.log,
-                      timeout=START_TIMEOUT)
-    except AssertionError:
-        stop_server(server)
-        raise
+    healthy_or_stopped(proc, server.base_url, server.ca, server.log,
+                       lambda: stop_server(server), START_TIMEOUT)
     return server
 
 
 def stop_server(server: Server) -> int:
     """SIGTERM, as the kubelet sends; returns the exit code."""
-    for c in server.clients:
-        c.close()
-    return stop_process(server.process, STOP_TIMEOUT)
+    return stop_serving(server.process, server.clients, STOP_TIMEOUT)
 
 
 ServerFactory = Callable[..., Server]
