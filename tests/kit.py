@@ -19,8 +19,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -169,26 +169,71 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
     return int(proc.returncode)
 
 
-def healthy_or_stopped(proc: subprocess.Popen[bytes], url: str, ca: Path,
-                       log: Callable[[], str], stop: Callable[[], object],
-                       timeout: float) -> None:
-    """Wait until the server at ``url`` answers /healthz over TLS verified against ``ca``
-    (:func:`await_serving`, :func:`answering`); if it does not, ``stop()`` it first, then
-    let the AssertionError (with the server's ``log``) go on."""
+@dataclass
+class Server:
+    """A ``gpu-webhook serve`` process a test started on 127.0.0.1, how to reach it over
+    TLS, and the HTTP clients the test opened to it (closed by :func:`stop_server`)."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    cert_dir: Path
+    log_path: Path
+    ca_file: Path | None = None  # when the server runs on certificates given by flags
+    client_timeout: float = 10.0  # of the clients :meth:`client` makes
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca(self) -> Path:
+        return self.ca_file or self.cert_dir / "ca.pem"
+
+    def context(self) -> ssl.SSLContext:
+        """TLS that trusts only the server's own CA."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def client(self, timeout: float | None = None) -> httpx.Client:
+        """An HTTP/1.1 keep-alive client that trusts only the server's own CA."""
+        c = httpx.Client(base_url=self.base_url, verify=self.context(),
+                         timeout=self.client_timeout if timeout is None else timeout)
+        self.clients.append(c)
+        return c
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+SERVER_START_TIMEOUT = 30.0  # generous: the first start also generates certificates
+SERVER_STOP_TIMEOUT = 30.0  # uvicorn's graceful shutdown is capped at 20 s
+
+
+def start_server(tmp: Path, *flags: str, ca: Path | None = None,
+                 env: dict[str, str] | None = None, client_timeout: float = 10.0) -> Server:
+    """``gpu-webhook serve`` with ``flags`` in ``tmp`` (certificates in ``tmp/certs``, its
+    log ``tmp/server.log``), returned once /healthz answers over verified TLS (trusting
+    ``ca``, or the CA of the dev certificates the server generates); stopped, and the
+    AssertionError with its log raised, if it never does."""
+    port = free_port()
+    cert_dir = tmp / "certs"
+    proc = serve(port, cert_dir, tmp / "server.log", *flags, env=env, cwd=tmp)
+    server = Server(proc, port, cert_dir, tmp / "server.log", ca, client_timeout)
     try:
-        await_serving(proc, answering(url, ca), log, timeout=timeout)
+        await_serving(proc, answering(server.base_url, server.ca), server.log,
+                      timeout=SERVER_START_TIMEOUT)
     except AssertionError:
-        stop()
+        stop_server(server)
         raise
+    return server
 
 
-def stop_serving(proc: subprocess.Popen[bytes], clients: Iterable[httpx.Client],
-                 timeout: float) -> int:
-    """The test's ``clients`` of a server closed, then the server stopped as the kubelet
-    does (:func:`stop_process`); the exit code (negative: killed by that signal)."""
-    for c in clients:
+def stop_server(server: Server) -> int:
+    """The test's clients of ``server`` closed, then SIGTERM, as the kubelet sends
+    (:func:`stop_process`); the exit code (negative: killed by that signal)."""
+    for c in server.clients:
         c.close()
-    return stop_process(proc, timeout)
+    return stop_process(server.process, SERVER_STOP_TIMEOUT)
 
 
 def validating(req: AdmissionRequest, policy: CompiledPolicy,

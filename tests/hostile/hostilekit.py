@@ -10,14 +10,10 @@ JSON error or the AdmissionReview reply.
 from __future__ import annotations
 
 import socket
-import ssl
-import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-from kit import free_port, healthy_or_stopped, serve, stop_serving
+from kit import Server, start_server
 
 from webhook.quota.store import MemoryStore
 from webhook.server.sources.reload import PolicySource
@@ -25,57 +21,16 @@ from webhook.server.web.app import AdmissionApp, Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "policies" / "multi-tenant.yaml"
-START_TIMEOUT = 30.0
-STOP_TIMEOUT = 30.0  # uvicorn's graceful shutdown is capped at 20 s
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    port: int
-    cert_dir: Path
-    log_path: Path
-    clients: list[httpx.Client] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    @property
-    def ca(self) -> Path:
-        return self.cert_dir / "ca.pem"
-
-    def context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cafile=str(self.ca))
-
-    def client(self, timeout: float = 30.0) -> httpx.Client:
-        c = httpx.Client(base_url=self.url, verify=self.context(), timeout=timeout)
-        self.clients.append(c)
-        return c
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 def start(tmp: Path, *flags: str, policy: Path | None = POLICY,
           env: dict[str, str] | None = None) -> Server:
-    """``gpu-webhook serve`` on 127.0.0.1, healthy over verified TLS before it returns."""
+    """``gpu-webhook serve`` on 127.0.0.1 with ``policy`` (None: no ``--policy``), healthy
+    over verified TLS before it returns (:func:`kit.start_server`); its clients wait up
+    to 30 s."""
     tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    cert_dir = tmp / "certs"
-    log_path = tmp / "server.log"
     policy_flags = ("--policy", str(policy)) if policy is not None else ()
-    proc = serve(port, cert_dir, log_path, *flags, *policy_flags, env=env, cwd=tmp)
-    server = Server(proc, port, cert_dir, log_path)
-
-    healthy_or_stopped(proc, server.url, server.ca, server.log, lambda: stop(server),
-                       START_TIMEOUT)
-    return server
-
-
-def stop(server: Server) -> int:
-    """SIGTERM, as the kubelet sends; the exit code (negative: killed by that signal)."""
-    return stop_serving(server.proc, server.clients, STOP_TIMEOUT)
+    return start_server(tmp, *flags, *policy_flags, env=env, client_timeout=30.0)
 
 
 def rss_kib(pid: int) -> int:

@@ -17,7 +17,8 @@ import httpx
 import orjson
 import pytest
 from cases import gpu_pod, review
-from hostilekit import POLICY, start, stop
+from hostilekit import POLICY, start
+from kit import stop_server
 
 BODY = orjson.dumps(review(gpu_pod(2)))
 GRACE = 25.0  # uvicorn's graceful shutdown is 20 s
@@ -35,7 +36,7 @@ def test_sigterm_during_load_completes_in_flight_requests_and_exits_0(tmp_path: 
     stop_flood = threading.Event()
 
     def flood() -> None:
-        with httpx.Client(base_url=server.url, verify=server.context(), timeout=30) as c:
+        with httpx.Client(base_url=server.base_url, verify=server.context(), timeout=30) as c:
             while not stop_flood.is_set():
                 try:
                     answers.append(c.post("/validate", content=BODY).status_code)
@@ -49,12 +50,12 @@ def test_sigterm_during_load_completes_in_flight_requests_and_exits_0(tmp_path: 
     # Ordered by events, not sleeps: the load is being answered, then the signal is
     # received (uvicorn logs it), then the in-flight request's body completes.
     _until("answers under load", lambda: answers.count(200) >= 4)
-    server.proc.terminate()
+    server.process.terminate()
     _until("the server to begin its shutdown", lambda: "Shutting down" in server.log())
     conn.sendall(BODY[100:])  # the in-flight request finishes after the signal
     head = conn.recv(65536)
     conn.close()
-    code = server.proc.wait(GRACE)  # uvicorn's grace period ends it by then
+    code = server.process.wait(GRACE)  # uvicorn's grace period ends it by then
     stop_flood.set()
     for t in threads:
         t.join(30)
@@ -101,4 +102,4 @@ def test_corrupted_policy_keeps_the_last_good_one_and_readyz_says_why(
         assert r.status_code == 200 and r.json()["response"]["allowed"] is False
         assert "Traceback" not in server.log()
     finally:
-        stop(server)
+        stop_server(server)

@@ -19,8 +19,8 @@ import httpx
 import orjson
 import pytest
 from cases import gpu_pod, review
-from hostilekit import Server, app, read_response, rss_kib, start, stop
-from kit import call_sync
+from hostilekit import app, read_response, rss_kib, start
+from kit import Server, call_sync, stop_server
 from prometheus_client import generate_latest
 
 from webhook.server.metrics import REGISTRY
@@ -52,7 +52,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start(tmp_path_factory.mktemp("small"), "--max-inflight", "4",
               "--request-timeout", str(REQUEST_TIMEOUT))
     yield s
-    stop(s)
+    stop_server(s)
 
 
 def _trickle(server: Server) -> ssl.SSLSocket:
@@ -132,7 +132,7 @@ async def _flood(server: Server, bodies: list[bytes]) -> tuple[Counter[int | str
     statuses: Counter[int | str] = Counter()
     longest = 0.0
     limits = httpx.Limits(max_connections=FLOOD_CLIENTS, max_keepalive_connections=FLOOD_CLIENTS)
-    async with httpx.AsyncClient(base_url=server.url, verify=server.context(), limits=limits,
+    async with httpx.AsyncClient(base_url=server.base_url, verify=server.context(), limits=limits,
                                  timeout=30) as client:
         # Every connection opened first, so that the flood measures the server, not the
         # TLS handshakes of a hundred connections opened at once (on a loaded machine
@@ -165,7 +165,7 @@ async def _flood(server: Server, bodies: list[bytes]) -> tuple[Counter[int | str
 def flooded(tmp_path: Path) -> Iterator[Server]:
     s = start(tmp_path, "--max-inflight", "64", "--request-timeout", str(REQUEST_TIMEOUT))
     yield s
-    stop(s)
+    stop_server(s)
 
 
 def test_flood_gets_bounded_answers_and_memory_stays_flat(flooded: Server) -> None:
@@ -177,9 +177,9 @@ def test_flood_gets_bounded_answers_and_memory_stays_flat(flooded: Server) -> No
     c = flooded.client()
     for b in bodies:  # warm up: imports, caches, first allocations
         assert c.post("/mutate", content=b).status_code == 200
-    before = rss_kib(flooded.proc.pid)
+    before = rss_kib(flooded.process.pid)
     statuses, longest = asyncio.run(_flood(flooded, bodies))
-    after = rss_kib(flooded.proc.pid)
+    after = rss_kib(flooded.process.pid)
     print(f"flood: {dict(statuses)}; longest answered wait {longest:.2f} s; "
           f"RSS {before} -> {after} KiB")
     # Durations are the benchmarks' business (bench/); here: only bounded answers, some

@@ -16,8 +16,8 @@ import jsonpatch
 import orjson
 import pytest
 from cases import CASES, Allow, Case, Deny, Error
-from hostilekit import Server, app, raw_request, start, stop
-from kit import Reply, call_sync
+from hostilekit import app, raw_request, start
+from kit import Reply, Server, call_sync, stop_server
 
 from webhook.server.web.app import AdmissionApp
 
@@ -84,7 +84,7 @@ def test_body_over_the_cap_is_refused_before_it_is_read_whole(asgi: AdmissionApp
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start(tmp_path_factory.mktemp("hostile"))
     yield s
-    assert stop(s) in (0, -15)
+    assert stop_server(s) in (0, -15)
 
 
 def test_every_case_over_tls(server: Server) -> None:

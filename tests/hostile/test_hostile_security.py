@@ -15,7 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 from cases import gpu_pod, review
-from hostilekit import Server, start, stop
+from hostilekit import start
+from kit import Server, stop_server
 
 from webhook.libs import certs
 
@@ -26,7 +27,7 @@ SECRET = "hunter2-sk-live-0123456789abcdef"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start(tmp_path_factory.mktemp("security"), "--log-level", "info")
     yield s
-    stop(s)
+    stop_server(s)
 
 
 def _handshake(server: Server, ctx: ssl.SSLContext) -> tuple[str | None, str | None]:

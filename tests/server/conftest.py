@@ -8,7 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverkit import Server, ServerFactory, start_server, stop_server
+from kit import Server, start_server, stop_server
+from serverkit import ServerFactory
 
 
 @pytest.fixture

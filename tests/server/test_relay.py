@@ -16,8 +16,8 @@ from pathlib import Path
 import jsonpatch
 import orjson
 import pytest
-from kit import Reply, call
-from serverkit import Server, pod, review, start_server, stop_server
+from kit import Reply, Server, call, start_server, stop_server
+from serverkit import pod, review
 
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import httpx
-from serverkit import Server, ServerFactory
+from kit import Server
+from serverkit import ServerFactory
 
 WAVES = 5
 RAW = 4000

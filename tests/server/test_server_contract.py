@@ -19,7 +19,8 @@ import httpx
 import jsonpatch
 import orjson
 import pytest
-from serverkit import Server, pod, review
+from kit import Server
+from serverkit import pod, review
 
 RESEARCH_PINNED = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
                    "topology.example.com/gpu-rack": "rack-a"}

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
-from kit import console_script, free_port
-from serverkit import Server, ServerFactory, pod, review, stop_server
+from kit import Server, console_script, free_port, stop_server
+from serverkit import ServerFactory, pod, review
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = (ROOT / "policies" / "multi-tenant.yaml").read_text()

@@ -11,7 +11,8 @@ import ssl
 
 import httpx
 import pytest
-from serverkit import Server, ServerFactory
+from kit import Server
+from serverkit import ServerFactory
 
 GUARD = 30.0  # only reached when a deadline is missing
 

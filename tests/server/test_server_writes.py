@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
-from serverkit import Server, pod, review
+from kit import Server
+from serverkit import pod, review
 
 RECORD_HEADER = 5
 APPLICATION_DATA = 23
