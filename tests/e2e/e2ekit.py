@@ -502,6 +502,18 @@ def assert_refused_at_create(out: subprocess.CompletedProcess[str], webhook: str
     assert out.stderr.strip() == expected, out.stderr
 
 
+def assert_denied(out: subprocess.CompletedProcess[str], *said: str,
+                  webhook: str | None = None) -> None:
+    """kubectl failed, and its stderr holds each of ``said`` (each anywhere in it) and,
+    with ``webhook``, that webhook's denial prefix (:func:`denial_prefix`); a failed
+    check shows kubectl's whole stderr (its stdout, when kubectl succeeded)."""
+    assert out.returncode != 0, f"kubectl succeeded: {out.stdout}"
+    if webhook is not None:
+        assert denial_prefix(webhook) in out.stderr, out.stderr
+    for words in said:
+        assert words in out.stderr, out.stderr
+
+
 def service_account_kubeconfig(cp: ControlPlane, ns: str, path: Path,
                                *rolebinding: str) -> Path:
     """A kubeconfig at ``path`` for a new ServiceAccount ``dev`` of ``ns``, granted only

@@ -20,6 +20,7 @@ from e2ekit import (
     Deployment,
     NamespaceFactory,
     apply,
+    assert_denied,
     core_client,
     denial_prefix,
     get,
@@ -122,7 +123,7 @@ def test_a_shared_claim_is_charged_once_and_its_pods_add_nothing(
     assert refused is not None and "tenant dra-shared would use 7 of its 6 GPUs" in refused
     assert create(core, ns, gpu_pod("fits", limits="2")) is None
     out = apply(control_plane, ns, claim("another", 1))
-    assert out.returncode != 0 and "tenant dra-shared would use 7 of its 6 GPUs" in out.stderr
+    assert_denied(out, "tenant dra-shared would use 7 of its 6 GPUs")
 
 
 def test_dra_and_device_plugin_pods_racing_across_replicas_admit_exactly_the_cap(
@@ -155,8 +156,7 @@ def test_a_template_and_its_pod_in_one_file_are_admitted_at_once(
         assert f"pod/p-{i} created" in out.stdout, out.stdout
     # Each pod was charged its template's device: 10 of 12 in use.
     over = apply(control_plane, ns, gpu_pod("three", limits="3"), dry_run=True)
-    assert over.returncode != 0
-    assert "tenant dra-pairs would use 13 of its 12 GPUs" in over.stderr, over.stderr
+    assert_denied(over, "tenant dra-pairs would use 13 of its 12 GPUs")
 
 
 def test_a_template_that_does_not_exist_is_said_not_to_exist(
@@ -164,9 +164,7 @@ def test_a_template_that_does_not_exist_is_said_not_to_exist(
 ) -> None:
     ns = namespace("dra-pairs")
     out = apply(control_plane, ns, dra_pod("lost", template_name="no-such-template"))
-    assert out.returncode != 0
-    assert (f"pod {ns}/lost: uses ResourceClaimTemplate no-such-template, which does not "
-            "exist in its namespace (the webhook asked the API server), so the GPUs it "
-            "asks for cannot be counted. Create the template first, or fix its name in "
-            "spec.resourceClaims. [rule unknown-claim, tenant dra-pairs]") in out.stderr, \
-        out.stderr
+    assert_denied(out, f"pod {ns}/lost: uses ResourceClaimTemplate no-such-template, which "
+                  "does not exist in its namespace (the webhook asked the API server), so "
+                  "the GPUs it asks for cannot be counted. Create the template first, or fix "
+                  "its name in spec.resourceClaims. [rule unknown-claim, tenant dra-pairs]")

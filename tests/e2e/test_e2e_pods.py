@@ -19,6 +19,7 @@ from e2ekit import (
     NamespaceFactory,
     absent,
     apply,
+    assert_denied,
     assert_refused_at_create,
     assert_succeeded,
     create_namespace,
@@ -176,11 +177,10 @@ def test_a_product_outside_the_tenant_is_refused_naming_node_label_values(
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": PRODUCT_LABEL, "operator": "In", "values": ["NVIDIA-L4"]}]}]}}}
     out = apply(control_plane, ns, gpu_pod("l4", affinity=own))
-    assert out.returncode != 0
     # What nodes carry, not the policy's short names (a100, h100), which no node matches.
-    assert (f"pod {ns}/l4: its node affinity allows only {PRODUCT_LABEL} in [NVIDIA-L4], "
-            f"but tenant research's GPU pods may run only on {PRODUCT_LABEL} in "
-            f"[{A100}, {H100}].") in out.stderr, out.stderr
+    assert_denied(out, f"pod {ns}/l4: its node affinity allows only {PRODUCT_LABEL} in "
+                  f"[NVIDIA-L4], but tenant research's GPU pods may run only on "
+                  f"{PRODUCT_LABEL} in [{A100}, {H100}].")
 
 
 def test_a_mig_maximum_is_told_in_gpus_and_in_slices(
@@ -190,12 +190,11 @@ def test_a_mig_maximum_is_told_in_gpus_and_in_slices(
     pod = gpu_pod("nb", limits=None)
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.40gb": "3"}}
     out = apply(control_plane, ns, pod)
-    assert out.returncode != 0
-    assert ("asks for 3 nvidia.com/mig-3g.40gb (3 x 0.5 = 1.5 GPUs) in all (counted as "
-            "Kubernetes does: app containers and sidecars together, or the largest init "
-            "container); tenant mig allows at most 1 GPU per pod. Ask for 2 "
-            "nvidia.com/mig-3g.40gb (1 GPU) or fewer, or split the work across pods. "
-            "[rule max-gpus-per-pod, tenant mig]") in out.stderr, out.stderr
+    assert_denied(out, "asks for 3 nvidia.com/mig-3g.40gb (3 x 0.5 = 1.5 GPUs) in all "
+                  "(counted as Kubernetes does: app containers and sidecars together, or the "
+                  "largest init container); tenant mig allows at most 1 GPU per pod. Ask for "
+                  "2 nvidia.com/mig-3g.40gb (1 GPU) or fewer, or split the work across pods. "
+                  "[rule max-gpus-per-pod, tenant mig]")
 
 
 def test_a_pod_over_two_quota_scopes_gets_one_denial_and_no_product_still_refused(

@@ -24,6 +24,7 @@ from e2ekit import (
     absent,
     apply,
     apply_until_counted,
+    assert_denied,
     assert_refused_at_create,
     assert_succeeded,
     core_client,
@@ -132,9 +133,8 @@ def test_dry_run_never_consumes_quota(
 
     # A dry run is still checked: with the quota now full it is refused, with numbers.
     out = apply(control_plane, ns, gpu_pod("one-more", limits="1"), dry_run=True)
-    assert out.returncode != 0
-    assert denial_prefix(webhook.validating) in out.stderr
-    assert "tenant dryrun would use 5 of its 4 GPUs: 4 in use" in out.stderr
+    assert_denied(out, "tenant dryrun would use 5 of its 4 GPUs: 4 in use",
+                  webhook=webhook.validating)
 
 
 def test_a_job_that_can_never_fit_is_refused_at_apply(

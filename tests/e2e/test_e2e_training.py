@@ -16,6 +16,7 @@ from e2ekit import (
     Deployment,
     NamespaceFactory,
     apply,
+    assert_denied,
     assert_gpu_template_patched,
     denial_prefix,
     get,
@@ -96,10 +97,8 @@ def test_a_gang_over_quota_is_refused_at_apply(
 ) -> None:
     ns = namespace("gang")
     out = apply(control_plane, ns, obj)
-    assert out.returncode != 0
-    assert (denial_prefix(webhook.validating) + message.format(ns=ns)) in out.stderr, \
-        out.stderr
-    assert "[rule quota, tenant gang]" in out.stderr
+    assert_denied(out, denial_prefix(webhook.validating) + message.format(ns=ns),
+                  "[rule quota, tenant gang]")
 
 
 # tenant caps: 16 GPUs, 2 GPU pods, 3 a100 GPUs (tests/e2e/policies/e2e.yaml)
@@ -123,11 +122,9 @@ def test_a_gang_over_several_caps_gets_one_answer(
 ) -> None:
     ns = namespace("caps")
     out = apply(control_plane, ns, obj)
-    assert out.returncode != 0
+    assert_denied(out, denial_prefix(webhook.validating) + message.format(ns=ns))
     # One denial: each cap's own "at most N" would name a gang another cap refuses.
     assert out.stderr.count("[rule quota") == 1, out.stderr
-    assert (denial_prefix(webhook.validating) + message.format(ns=ns)) in out.stderr, \
-        out.stderr
 
 
 def templates(kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from e2ekit import (
     NamespaceFactory,
     absent,
     apply,
+    assert_denied,
     assert_succeeded,
     create_namespace,
     deployed,
@@ -68,8 +69,7 @@ def test_a_tenants_pods_without_gpus_wait_for_the_webhook(
     # runtime: with failurePolicy Fail they are refused until a replica answers.
     ns = namespace("ops")
     out = apply(control_plane, ns, plain_pod("web"))
-    assert out.returncode != 0
-    assert 'failed calling webhook "routes-1.gpu-webhook.dev"' in out.stderr, out.stderr
+    assert_denied(out, 'failed calling webhook "routes-1.gpu-webhook.dev"')
 
 
 @pytest.mark.parametrize("exempt", ["kube-system", "e2e-exempt"],
