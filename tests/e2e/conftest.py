@@ -29,7 +29,14 @@ from e2ekit import (
 
 # The simulated GPU cluster (scheduler, controllers, kwok nodes): started only by the
 # tests that ask for it (tests/e2e/test_e2e_sim_*.py).
-from gpucluster.fixtures import core, exempt, sim, sim_namespace  # noqa: F401
+from gpucluster.fixtures import (  # noqa: F401
+    api,
+    core,
+    exempt,
+    sim,
+    sim_namespace,
+    tenant_ns,
+)
 
 _VERSIONS: dict[str, str] = {}
 

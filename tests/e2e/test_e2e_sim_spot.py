@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2ekit import apply, short_id
+from e2ekit import apply
 from gpucluster.fixtures import (
-    core_api,
     deployment,
-    namespaces,
     node_labels,
     pod,
     pods,
@@ -38,23 +36,11 @@ FAULT_TOLERANT = {"gpu-webhook.dev/fault-tolerant": "true"}
 
 
 @pytest.fixture(scope="module")
-def spot_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
     with started(SimCluster(tmp_path_factory.mktemp("gpu-sim-spot"),
                             policy=HERE / "spot-policy.yaml",
                             description=HERE / "spot-cluster.yaml")) as cluster:
         yield cluster
-
-
-@pytest.fixture(scope="module")
-def api(spot_sim: SimCluster) -> k8s.CoreV1Api:
-    return core_api(spot_sim)
-
-
-@pytest.fixture
-def tenant_namespace(spot_sim: SimCluster, api: k8s.CoreV1Api
-                     ) -> Iterator[Callable[[str | None], str]]:
-    with namespaces(spot_sim, api, lambda t: f"spot-{t}-{short_id()}") as make:
-        yield make
 
 
 def capacity_of(api: k8s.CoreV1Api, found: list[Any]) -> dict[str, str]:
@@ -64,15 +50,15 @@ def capacity_of(api: k8s.CoreV1Api, found: list[Any]) -> dict[str, str]:
 
 
 def test_fault_tolerant_pods_run_on_spot_and_others_never_do(
-    spot_sim: SimCluster, api: k8s.CoreV1Api, tenant_namespace: Callable[[str], str],
+    own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Callable[[str], str],
 ) -> None:
-    ns = tenant_namespace("research")
+    ns = tenant_ns("research")
     on_demand = {"a100-on-demand-0"}
     # Four 4-GPU pods that are not fault tolerant, one tolerating the spot taint itself
     # (stripped): the one on-demand node holds two; spot nodes are free, and unused.
     others = [pod(f"serve-{i}", 4) for i in range(3)]
     others.append(pod("serve-3", 4, tolerations=[{"key": CAPACITY, "operator": "Exists"}]))
-    out = apply(spot_sim.cp, ns, *others)
+    out = apply(own_cluster.cp, ns, *others)
     assert out.returncode == 0, out.stderr
     bound = running(api, ns, 2)
     assert {p.spec.node_name for p in bound} == on_demand
@@ -85,7 +71,7 @@ def test_fault_tolerant_pods_run_on_spot_and_others_never_do(
 
     # Four fault-tolerant 4-GPU pods: bound to the two spot nodes, tainted or not.
     tolerant = [pod(f"sweep-{i}", 4, labels=FAULT_TOLERANT) for i in range(4)]
-    out = apply(spot_sim.cp, ns, *tolerant)
+    out = apply(own_cluster.cp, ns, *tolerant)
     assert out.returncode == 0, out.stderr
     found = running(api, ns, 6)
     where = capacity_of(api, found)
@@ -99,10 +85,10 @@ def test_fault_tolerant_pods_run_on_spot_and_others_never_do(
 
 
 def test_a_spot_only_tenants_deployment_runs_on_spot_nodes(
-    spot_sim: SimCluster, api: k8s.CoreV1Api, tenant_namespace: Callable[[str], str],
+    own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Callable[[str], str],
 ) -> None:
-    ns = tenant_namespace("sweeps")
-    out = apply(spot_sim.cp, ns, deployment("hpo", 4, 4))
+    ns = tenant_ns("sweeps")
+    out = apply(own_cluster.cp, ns, deployment("hpo", 4, 4))
     assert out.returncode == 0, out.stderr
     found = running(api, ns, 4)
     assert set(capacity_of(api, found).values()) == {"spot"}

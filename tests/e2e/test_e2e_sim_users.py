@@ -27,12 +27,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import yaml
-from e2ekit import gpu_webhook, short_id, wait_until
+from e2ekit import assert_denied, gpu_webhook, wait_until
 from gpucluster.fixtures import (
     a100_cluster,
-    core_api,
     deployment,
-    namespaces,
     own_policy,
     own_sim,
     pod,
@@ -86,7 +84,7 @@ POLICY = own_policy("users-sim", """\
 
 
 @pytest.fixture(scope="module")
-def users_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
     work = tmp_path_factory.mktemp("users-sim")
     (work / "clock-offset").write_text("0")
     args = ["--test-clock-offset-file", str(work / "clock-offset"),
@@ -94,18 +92,6 @@ def users_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
     with started(own_sim(work, CLUSTER, POLICY, replicas=2, as_installed=True,
                          webhook_args=args)) as cluster:
         yield cluster
-
-
-@pytest.fixture(scope="module")
-def api(users_sim: SimCluster) -> k8s.CoreV1Api:
-    return core_api(users_sim)
-
-
-@pytest.fixture
-def tenant_ns(users_sim: SimCluster, api: k8s.CoreV1Api
-              ) -> Iterator[Callable[[str | None], str]]:
-    with namespaces(users_sim, api, lambda t: f"{t}-{short_id()}") as make:
-        yield make
 
 
 def as_user(sim: SimCluster, user: str, namespace: str, obj: dict[str, Any]) -> Any:
@@ -116,16 +102,16 @@ def as_user(sim: SimCluster, user: str, namespace: str, obj: dict[str, Any]) -> 
 
 
 def test_two_users_racing_through_deployments_get_exactly_their_4_each(
-        users_sim: SimCluster, api: k8s.CoreV1Api, tenant_ns: Callable[[str], str]) -> None:
+        own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Callable[[str], str]) -> None:
     ns = tenant_ns("team")
     for user in ("alice", "bob"):
-        users_sim.cp.kubectl("create", "rolebinding", f"{user}-edit", "-n", ns,
-                             "--clusterrole=edit", f"--user={user}")
+        own_cluster.cp.kubectl("create", "rolebinding", f"{user}-edit", "-n", ns,
+                               "--clusterrole=edit", f"--user={user}")
     # 4 Deployments of 2 one-GPU pods per user, created at once: 8 pods each, raced by
     # their ReplicaSets through both webhook replicas.
     work = [(u, f"{u}-{i}") for u in ("alice", "bob") for i in range(4)]
     with ThreadPoolExecutor(len(work)) as pool:
-        done = list(pool.map(lambda w: as_user(users_sim, w[0], ns,
+        done = list(pool.map(lambda w: as_user(own_cluster, w[0], ns,
                                                deployment(w[1], 2, 1)), work))
     for d in done:
         assert d.returncode == 0, d.stderr
@@ -162,9 +148,9 @@ def test_two_users_racing_through_deployments_get_exactly_their_4_each(
     assert (len(held["alice"]), len(held["bob"])) == (4, 4)
     running(api, ns, 8)
     # Both replicas took part, and the ledger charged each reservation to its user.
-    proxy = users_sim.webhook.proxy  # type: ignore[union-attr]
+    proxy = own_cluster.webhook.proxy  # type: ignore[union-attr]
     assert proxy is not None and all(n > 0 for n in proxy.connections.values())
-    ledger = json.loads(users_sim.cp.kubectl(
+    ledger = json.loads(own_cluster.cp.kubectl(
         "get", "configmap", "-n", "gpu-webhook", "gpu-webhook-ledger-team", "-o",
         "json").stdout)["data"]["reservations"]
     users = {e["user"] for e in json.loads(ledger).values()}
@@ -172,8 +158,8 @@ def test_two_users_racing_through_deployments_get_exactly_their_4_each(
     # The GPUQuota object (kubectl get gpuquota) counts each user's GPUs.
 
     def per_user() -> dict[str, Any]:
-        obj = json.loads(users_sim.cp.kubectl("get", "gpuquota", "-n", ns, "team", "-o",
-                                              "json", check=False).stdout or "{}")
+        obj = json.loads(own_cluster.cp.kubectl("get", "gpuquota", "-n", ns, "team", "-o",
+                                                "json", check=False).stdout or "{}")
         return {c["scope"]: c["used"] + c["reserved"]
                 for c in (obj.get("status") or {}).get("caps", ())}
 
@@ -202,48 +188,45 @@ def through(sim: SimCluster, index: int, namespace: str, name: str) -> Any:
 
 
 def test_a_quota_window_switches_on_both_replicas_with_the_clock(
-        users_sim: SimCluster, api: k8s.CoreV1Api, tenant_ns: Callable[[str], str]) -> None:
+        own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Callable[[str], str]) -> None:
     ns = tenant_ns("lab")
-    assert users_sim.webhook is not None and users_sim.webhook.proxy is not None
-    both = [r.port for r in users_sim.webhook.replicas]
+    assert own_cluster.webhook is not None and own_cluster.webhook.proxy is not None
+    both = [r.port for r in own_cluster.webhook.replicas]
     try:
-        set_clock(users_sim, "2026-03-02 07:59:00")  # a Monday, before the window
-        assert through(users_sim, 0, ns, "w0").returncode == 0
+        set_clock(own_cluster, "2026-03-02 07:59:00")  # a Monday, before the window
+        assert through(own_cluster, 0, ns, "w0").returncode == 0
         for i in (0, 1):
-            d = through(users_sim, i, ns, "w1")
-            assert d.returncode != 0
-            assert "tenant lab would use 2 of its 1 GPUs: 1 in use" in d.stderr, d.stderr
-        set_clock(users_sim, "2026-03-02 08:00:30")  # the window's 3, on each replica
+            d = through(own_cluster, i, ns, "w1")
+            assert_denied(d, "tenant lab would use 2 of its 1 GPUs: 1 in use")
+        set_clock(own_cluster, "2026-03-02 08:00:30")  # the window's 3, on each replica
         for i, name in ((0, "w1"), (1, "w2")):
-            d = through(users_sim, i, ns, name)
+            d = through(own_cluster, i, ns, name)
             assert d.returncode == 0, d.stderr
         for i in (0, 1):
-            d = through(users_sim, i, ns, "w3")
-            assert d.returncode != 0
-            assert "would use 4 of its 3 GPUs in window working-hours" in d.stderr, d.stderr
+            d = through(own_cluster, i, ns, "w3")
+            assert_denied(d, "would use 4 of its 3 GPUs in window working-hours")
 
         def shown() -> str:
-            obj = json.loads(users_sim.cp.kubectl("get", "gpuquota", "-n", ns, "lab", "-o",
-                                                  "json", check=False).stdout or "{}")
+            obj = json.loads(own_cluster.cp.kubectl("get", "gpuquota", "-n", ns, "lab", "-o",
+                                                    "json", check=False).stdout or "{}")
             return str((obj.get("status") or {}).get("window", ""))
 
         wait_until("the GPUQuota status to show the window", lambda: shown().startswith(
             "working-hours (Mon,Tue,Wed,Thu,Fri 08:00-18:00 Europe/Berlin)"), timeout=30,
             every=0.5)
         running(api, ns, 3)
-        set_clock(users_sim, "2026-03-02 18:00:30")  # after it: 1 again, for new pods
+        set_clock(own_cluster, "2026-03-02 18:00:30")  # after it: 1 again, for new pods
         for i in (0, 1):
-            d = through(users_sim, i, ns, "w4")
-            assert d.returncode != 0
-            assert "tenant lab would use 4 of its 1 GPUs: 3 in use" in d.stderr, d.stderr
+            d = through(own_cluster, i, ns, "w4")
+            assert_denied(d, "tenant lab would use 4 of its 1 GPUs: 3 in use")
         # The pods admitted in the window keep running.
         assert sorted(p.metadata.name for p in pods(api, ns)
                       if p.status.phase == "Running") == ["w0", "w1", "w2"]
         wait_until("the GPUQuota status to leave the window", lambda: shown() == "",
                    timeout=30, every=0.5)
     finally:
-        users_sim.webhook.proxy.route(both)
-        (users_sim.work_dir / "clock-offset").write_text("0\n")
+        own_cluster.webhook.proxy.route(both)
+        (own_cluster.work_dir / "clock-offset").write_text("0\n")
 
 
 # ------------------------------------------------- a pod allowed two products, counted
@@ -255,7 +238,7 @@ def gpu_node(api: k8s.CoreV1Api, product: str) -> str:
 
 
 def test_a_pod_allowed_two_products_is_counted_on_the_one_it_runs_on(
-        users_sim: SimCluster, api: k8s.CoreV1Api,
+        own_cluster: SimCluster, api: k8s.CoreV1Api,
         tenant_ns: Callable[[str | None], str]) -> None:
     """Neither pod names a product: the webhook allows both of the tenant's (its node
     affinity lists both) and charges it to neither at admission; once bound, each counts
@@ -265,8 +248,8 @@ def test_a_pod_allowed_two_products_is_counted_on_the_one_it_runs_on(
         p = pod(f"on-{product}", gpus)
         # Where it runs is the pod's own choice (a hostname), within what it is allowed.
         p["spec"]["nodeSelector"] = {"kubernetes.io/hostname": gpu_node(api, PRODUCTS[product])}
-        made = users_sim.cp.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(p),
-                                    check=False)
+        made = own_cluster.cp.kubectl("create", "-n", ns, "-f", "-", input=yaml.safe_dump(p),
+                                      check=False)
         assert made.returncode == 0, made.stderr
     for p in running(api, ns, 2):
         terms = p.spec.affinity.node_affinity.\
@@ -277,13 +260,13 @@ def test_a_pod_allowed_two_products_is_counted_on_the_one_it_runs_on(
     want = [{"product": "a100", "gpus": 1}, {"product": "h100", "gpus": 2}]
 
     def by_product() -> Any:
-        got = users_sim.cp.kubectl("get", "gpuquota", "-n", ns, "either", "-o", "json",
-                                   check=False)
+        got = own_cluster.cp.kubectl("get", "gpuquota", "-n", ns, "either", "-o", "json",
+                                     check=False)
         return (json.loads(got.stdout or "{}").get("status") or {}).get("byProduct")
 
     wait_until("the GPUQuota object to count each pod on its node's product",
                lambda: by_product() == want, timeout=30, every=0.5)
     # The offline tool reads the pods and nodes and counts the same.
-    out = gpu_webhook("status", "--kubeconfig", str(users_sim.cp.kubeconfig), "--policy",
-                      str(users_sim.policy), "--tenant", "either")
+    out = gpu_webhook("status", "--kubeconfig", str(own_cluster.cp.kubeconfig), "--policy",
+                      str(own_cluster.policy), "--tenant", "either")
     assert "either: GPUs in use by product: a100 1, h100 2" in out.stdout, out.stdout

@@ -147,6 +147,26 @@ def sim_namespace(sim: SimCluster, core: k8s.CoreV1Api) -> Iterator[SimNamespace
         yield make
 
 
+# The fixtures of a module that starts a cluster of its own: it defines the module-scoped
+# fixture ``own_cluster`` (``with started(own_sim(...)) as cluster: yield cluster``), and
+# its tests ask for these.
+
+
+@pytest.fixture(scope="module")
+def api(own_cluster: SimCluster) -> k8s.CoreV1Api:
+    """The Kubernetes client's core API, as admin on the module's ``own_cluster``."""
+    return core_api(own_cluster)
+
+
+@pytest.fixture
+def tenant_ns(own_cluster: SimCluster, api: k8s.CoreV1Api) -> Iterator[SimNamespaceFactory]:
+    """``tenant_ns(tenant)``: a fresh namespace of the tenant on the module's
+    ``own_cluster``, deleted (and its pods waited for) when the test ends, so that the
+    next test starts with the nodes' GPUs free."""
+    with namespaces(own_cluster, api, lambda t: f"{t}-{short_id()}") as make:
+        yield make
+
+
 @pytest.fixture
 def exempt(sim: SimCluster) -> Iterator[list[str]]:
     """The exempt namespace; the pods a test names in the list are deleted after it."""
