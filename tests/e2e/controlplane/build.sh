@@ -100,17 +100,21 @@ go_version_ok() {  # $1 = required "go" line of a go.mod, e.g. 1.26.0
     [[ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1)" == "$need" ]]
 }
 
+download_module() {  # $1 = module, $2 = version, $3 = its name in errors, $4 = the variable
+    # that picks the version; sets $gomod (its go.mod) and $need (its go line), and dies
+    # unless the go here is at least that
+    log "downloading $1@$2"
+    gomod=$(go mod download -json "$1@$2" \
+        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+    [[ -f "$gomod" ]] || die "could not download $1@$2"
+    need=$(awk '$1 == "go" { print $2; exit }' "$gomod")
+    go_version_ok "$need" || die "$3 $2 needs go $need, have $go_line; pick an older $4"
+}
+
 # --- kube-apiserver, kubectl, kube-scheduler, kube-controller-manager ----------
 write_kubernetes_module() {  # $1 = module dir; sets $need (the go line)
     local mod_dir=$1 gomod replaces
-    log "downloading k8s.io/kubernetes@$K8S_VERSION"
-    gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
-        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-    [[ -f "$gomod" ]] || die "could not download k8s.io/kubernetes@$K8S_VERSION"
-
-    need=$(awk '$1 == "go" { print $2; exit }' "$gomod")
-    go_version_ok "$need" \
-        || die "k8s.io/kubernetes $K8S_VERSION needs go $need, have $go_line; pick an older K8S_VERSION"
+    download_module k8s.io/kubernetes "$K8S_VERSION" k8s.io/kubernetes K8S_VERSION
 
     # Every k8s.io/<staging> module is required at v0.0.0 and replaced by a
     # directory in the kubernetes repo; point them at the published v0.Y.Z.
@@ -192,13 +196,7 @@ build_kwok() {
         log "kwok already built"
         return
     fi
-    log "downloading sigs.k8s.io/kwok@$KWOK_VERSION"
-    gomod=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" \
-        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
-    [[ -f "$gomod" ]] || die "could not download sigs.k8s.io/kwok@$KWOK_VERSION"
-    need=$(awk '$1 == "go" { print $2; exit }' "$gomod")
-    go_version_ok "$need" \
-        || die "kwok $KWOK_VERSION needs go $need, have $go_line; pick an older KWOK_VERSION"
+    download_module sigs.k8s.io/kwok "$KWOK_VERSION" kwok KWOK_VERSION
 
     rm -rf "$mod_dir"
     mkdir -p "$mod_dir"
