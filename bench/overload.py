@@ -141,7 +141,7 @@ def open_loop(cp: ControlPlane, mixed: list[Item], rate: float, seconds: float,
 
 def shed_counts(conds: Conditions, before: Samples) -> dict[str, float]:
     """The webhook's own refusals for load between ``before`` and now, by reason."""
-    after = conds.ours_samples()
+    after = conds.samples("ours") or []
     name = "gpu_webhook_overload_refusals_total"
     out = {reason: total(after, name, reason=reason) - total(before, name, reason=reason)
            for reason in ("inflight", "deadline", "body-timeout")}
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for ns in [LEDGER_NAMESPACE] + [f"bench-{t}" for t in TENANTS]:
             _kubectl(cp, "create", "namespace", ns)
         conds = Conditions(cp, work, None)
-        conds.start()
+        conds.start(["ours"])
         conds.install("ours")
         mixed = items()
         load(cp, mixed, opts.clients, 2.0, False)  # warm-up, not measured
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                             "p50_ms": round(pct(run.latencies, 0.5) * 1000, 1),
                             "p99_ms": round(pct(run.latencies, 0.99) * 1000, 1)}
         delete_pods(cp)
-        before = conds.ours_samples()
+        before = conds.samples("ours") or []
         res["overload"] = open_loop(cp, mixed, rate * opts.factor, opts.seconds, opts.pool)
         res["overload"]["webhook_shed"] = shed_counts(conds, before)
         delete_pods(cp)
