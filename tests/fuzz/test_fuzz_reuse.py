@@ -1,4 +1,5 @@
-"""Reused mutating decisions (``webhook.server.web.reuse``) are the decisions made afresh.
+"""Reused mutating decisions and validating checks (``webhook.server.web.reuse``) are the
+decisions made afresh.
 
 Hypothesis draws Pods, Deployments, Jobs and CronJobs the way developers write them
 (``fuzzkit``), in namespaces inside and outside the tenants of the example policy. The
@@ -21,13 +22,18 @@ from typing import Any
 
 import orjson
 import pytest
-from fuzzkit import NAMESPACES, POLICY_FILE, reviews
+from fuzzkit import NAMESPACES, POLICY_FILE, pod_templates, reviews
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from webhook.admission.webhooks import mutating
 from webhook.engine.decision import Decision
+from webhook.engine.routes.sights import Sights
 from webhook.k8s.review import parse_review, request_review
 from webhook.libs import logs
+from webhook.policy.compiled import compile_policy
+from webhook.policy.load import load_file
+from webhook.quota.store import MemoryStore
 from webhook.server import metrics
 from webhook.server.sources.reload import PolicySource
 from webhook.server.web.app import AdmissionApp, Runtime
@@ -35,6 +41,7 @@ from webhook.server.web.reuse import DecisionCache
 
 TENANT_LABEL = "gpu.example.com/tenant"
 LABELS: dict[str, dict[str, str]] = {"inference": {TENANT_LABEL: "inference"}}
+POLICY = compile_policy(load_file(POLICY_FILE))
 EXAMPLES = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -183,3 +190,129 @@ def test_pods_naming_dra_claims_are_always_decided_afresh(field: str) -> None:
                     "containers": [{"name": "t", "image": "x"}]}}
     req = parse_review(orjson.dumps(request_review(pod)))
     assert DecisionCache().key(req, None, 1) is None
+
+
+# ---------------------------------------------------------------- the validating webhook
+
+CONTROLLERS = [("apps/v1", "ReplicaSet", "trainer-7c9f8d6b5"), ("batch/v1", "Job", "trainer")]
+
+
+def series(template: dict[str, Any], namespace: str, controller: tuple[str, str, str],
+           dry_run: bool, n: int, mutated: bool = True) -> list[dict[str, Any]]:
+    """The validating reviews of ``n`` pods a controller creates from one template, as
+    the API server sends them (``mutated``: as our mutating webhook left them): each
+    with its generated name, its uid, its own request uid and its field manager's
+    second; nothing else differs."""
+    api, kind, owner = controller
+    meta = {**template["metadata"], "namespace": namespace, "generateName": f"{owner}-",
+            "ownerReferences": [{"apiVersion": api, "kind": kind, "name": owner,
+                                 "uid": "owner-uid", "controller": True}]}
+    meta.pop("name", None)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+           "spec": copy.deepcopy(template["spec"])}
+    if mutated:
+        req = parse_review(orjson.dumps(request_review(pod)))
+        mutating(req, POLICY, LABELS.get)  # edits the object in place, as patched
+        assert req.object is not None
+        pod = req.object
+    out = []
+    for i in range(n):
+        review = next_pod(request_review(pod, uid=f"req-{i}", dry_run=dry_run),
+                          f"req-{i}", f"pod-uid-{i}")
+        review["request"]["object"]["metadata"]["name"] = f"{owner}-{i:05d}"
+        review["request"]["name"] = f"{owner}-{i:05d}"
+        out.append(review)
+    return out
+
+
+def validating_app(*, reuse: bool, policy: Path = POLICY_FILE) -> AdmissionApp:
+    source = PolicySource(str(policy))
+    source.load()
+    return AdmissionApp(Runtime(policy=source, namespace_labels=LABELS.get,
+                                store=MemoryStore(), reuse_size=1024 if reuse else 0))
+
+
+def validated(a: AdmissionApp, review: dict[str, Any]) -> bytes:
+    reply = asyncio.run(a.decide("validate", parse_review(orjson.dumps(review)), 1.0))
+    return orjson.dumps(reply, option=orjson.OPT_SORT_KEYS)
+
+
+def reservations(a: AdmissionApp, n: int) -> list[Any]:
+    """Each pod's reservation in the app's store (None: none kept for it)."""
+    assert isinstance(a.runtime.store, MemoryStore)
+    return [a.runtime.store.reserved.charge(f"pod-uid-{i}") for i in range(n)]
+
+
+@EXAMPLES
+@given(template=pod_templates(), namespace=st.sampled_from(NAMESPACES),
+       controller=st.sampled_from(CONTROLLERS), dry_run=st.booleans(), mutated=st.booleans())
+def test_a_reused_validation_is_the_validation_made_afresh(
+        template: dict[str, Any], namespace: str, controller: tuple[str, str, str],
+        dry_run: bool, mutated: bool) -> None:
+    # Six pods of one shape: enough to pass some tenants' caps, so that quota refuses
+    # the later ones by the pods admitted before them (quota is never reused).
+    cached, fresh = validating_app(reuse=True), validating_app(reuse=False)
+    pods = series(template, namespace, controller, dry_run, 6, mutated)
+    # The last create tried again (a client's retry: the same name, a new uid) is one
+    # charge: the name the reservation is kept under is this pod's.
+    retry = next_pod(pods[-1], "req-retry", "pod-uid-6")
+    for review in [*pods, retry]:
+        assert validated(cached, review) == validated(fresh, review)
+    assert reservations(cached, 7) == reservations(fresh, 7)
+
+
+def test_quota_is_decided_for_each_pod_whose_checks_were_reused() -> None:
+    # research-dev: at most 4 GPUs in the namespace (the example policy); pods of 2.
+    assert "research-dev: {gpus: 4}" in POLICY_FILE.read_text()
+    cached = validating_app(reuse=True)
+    template = {"metadata": {}, "spec": {"containers": [{
+        "name": "t", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}
+    pods = series(template, "research-dev", CONTROLLERS[0], False, 3)
+    answers = [orjson.loads(validated(cached, r))["response"] for r in pods]
+    assert [a["allowed"] for a in answers] == [True, True, False]
+    assert cached.checks is not None and cached.checks.hits == 2
+    # The refusal names the pod it refuses, not the one whose checks were reused.
+    assert "trainer-7c9f8d6b5-00002" in answers[2]["status"]["message"]
+    assert "trainer-7c9f8d6b5-00000" not in answers[2]["status"]["message"]
+    assert reservations(cached, 3)[:2] != [None, None] and reservations(cached, 3)[2] is None
+
+
+def test_pods_without_a_controller_are_checked_afresh() -> None:
+    # A pod of its own is charged to "pod/<its name>": nothing of it is shared.
+    cached = validating_app(reuse=True)
+    template = {"metadata": {}, "spec": {"containers": [{
+        "name": "t", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    for review in series(template, "research", CONTROLLERS[0], False, 3):
+        review["request"]["object"]["metadata"].pop("ownerReferences")
+        validated(cached, review)
+    assert cached.checks is not None and cached.checks.hits == 0
+
+
+@pytest.mark.parametrize("webhook", ["mutate", "validate"])
+def test_a_priority_class_seen_since_is_never_answered_from_the_cache(webhook: str) -> None:
+    # The tenant's ceiling is 0 (the default); a pod names a class the PriorityClass
+    # watch has not delivered yet (its value unknown: allowed), then the class arrives
+    # at a value above the ceiling: the next pod of the shape is refused.
+    classes: dict[str, tuple[int, str]] = {}
+
+    def served(reuse: bool) -> AdmissionApp:
+        source = PolicySource(str(POLICY_FILE))
+        source.load()
+        return AdmissionApp(Runtime(policy=source, namespace_labels=LABELS.get,
+                                    store=MemoryStore(), reuse_size=1024 if reuse else 0,
+                                    sights=Sights(priority_class=classes.get)))
+
+    cached = served(True)
+    template = {"metadata": {}, "spec": {"priorityClassName": "urgent", "containers": [{
+        "name": "t", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+    first, second, third = series(template, "research", CONTROLLERS[0], False, 3)
+
+    def answered(a: AdmissionApp, review: dict[str, Any]) -> dict[str, Any]:
+        reply = asyncio.run(a.decide(webhook, parse_review(orjson.dumps(review)), 1.0))
+        return dict(reply["response"])
+
+    assert answered(cached, first)["allowed"] and answered(cached, second)["allowed"]
+    classes["urgent"] = (1_000_000, "PreemptLowerPriority")
+    assert answered(cached, third) == answered(served(False), third)
+    if webhook == "validate":
+        assert not answered(cached, third)["allowed"]

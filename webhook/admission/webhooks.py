@@ -34,15 +34,15 @@ from webhook.admission.quota import waiting, with_quota
 from webhook.engine import messages
 from webhook.engine.claims import CLAIM_CONTROLLER_USERS, is_claim
 from webhook.engine.cost import Charge
-from webhook.engine.decision import Decision
+from webhook.engine.decision import Decision, subject_of
 from webhook.engine.devices import ClaimLookup, no_claims
-from webhook.engine.handoff import PodAsk, PodQuota
+from webhook.engine.handoff import PodAsk, PodQuota, Validation
 from webhook.engine.mutate import mutate
 from webhook.engine.routes.recheck import recheck
 from webhook.engine.routes.sights import Sights, no_sights
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
 from webhook.engine.target import NamespaceLabels, no_labels, prepare
-from webhook.engine.validate import validate
+from webhook.engine.validate import reserved_as, validate
 from webhook.engine.waiting import GATE, is_gated
 from webhook.k8s.reply import response
 from webhook.k8s.review import API_VERSION, AdmissionRequest
@@ -149,24 +149,59 @@ def reusable(req: AdmissionRequest, policy: CompiledPolicy,
     return owner is None or (owner.cohort is None and not owner.waits)
 
 
-async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
-                     budget: float = 1.0) -> Decision:
-    """The validating webhook, quota included. The routes to a GPU that skip the GPU
-    request are looked at again on the final object, to enforce only: what they refuse
-    is refused before any quota is reserved for it."""
+def checked(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster) -> Validation:
+    """Every rule of the validating webhook but quota, and the quota step it leaves. The
+    routes to a GPU that skip the GPU request are looked at again on the final object,
+    to enforce only: what they refuse leaves no quota step, so nothing is reserved for
+    it."""
     # The pod templates are read once, for the rules and the routes' recheck alike.
     prepared = None if is_claim(req) else prepare(req, policy, cluster.labels, cluster.claims)
     v = validate(req, policy, cluster.labels, cluster.claims, prepared)
     again = recheck(req, policy, cluster.labels, cluster.claims, cluster.sights,
                     CLAIM_CONTROLLER_USERS, prepared)
-    if again:
-        return v.decision.adding(again)
+    return Validation(v.decision.adding(again)) if again else v
+
+
+async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,
+                     budget: float = 1.0, engine: Validation | None = None) -> Decision:
+    """The validating webhook, quota included. ``engine``: what :func:`checked` makes
+    of this request, when the caller has it already (a pod of a shape already checked,
+    :func:`rekeyed`)."""
+    v = engine if engine is not None else checked(req, policy, cluster)
     step = v.quota
     if (isinstance(step, PodQuota) and step.reservation is not None and req.object is not None
             and is_gated(req.object)):
         # Waiting for quota: checked against the caps alone, charged when released.
         return v.decision.adding(*waiting(step, policy))
     return await with_quota(v, policy, cluster.store, budget, cluster.clock())
+
+
+def shareable(v: Validation, req: AdmissionRequest) -> bool:
+    """Whether what :func:`checked` made of this pod creation holds for every pod of its
+    shape (the same request but for the pod's name and uid), once :func:`rekeyed`: the
+    pod has a controller (a pod without one is charged as its own owner, by name), and
+    the engine found nothing (a finding's message names the pod)."""
+    d = v.decision
+    if not d.allowed or d.findings or d.warnings or d.message:
+        return False
+    if req.kind != "Pod" or req.operation != "CREATE" or req.ident.controller is None:
+        return False
+    return v.quota is None or isinstance(v.quota, PodQuota)
+
+
+def rekeyed(v: Validation, req: AdmissionRequest) -> Validation:
+    """A :func:`shareable` validation made for another pod of this request's shape, for
+    this pod: its quota step names this pod and reserves under its uid and name."""
+    step = v.quota
+    if not isinstance(step, PodQuota):
+        return v
+    assert req.object is not None, "a pod creation carries its object"
+    subject = subject_of(req.kind, req.namespace, req.object, req.name)
+    res = step.reservation
+    if res is not None:
+        key, name = reserved_as(req)
+        res = replace(res, key=key, name=name)
+    return Validation(v.decision, replace(step, subject=subject, reservation=res))
 
 
 async def scaling(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster,

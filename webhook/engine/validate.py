@@ -137,8 +137,7 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
               user=user)
     reservation = None
     if target.template.is_pod and not req.dry_run:  # a dry run must leave no trace
-        name = f"{req.namespace}/{req.ident.name or req.name}"
-        key = req.ident.uid or name
+        key, name = reserved_as(req)
         reservation = Reservation(
             key=key, charge=cost.charge(charged_to(tenant, req.object), req.namespace,
                                         owner_of(req.ident), user=user),
@@ -152,6 +151,14 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
             return None
     return PodQuota(tenant=tenant, subject=target.subject, ask=ask, reservation=reservation,
                     borrowing=tenant.cohort if borrowed else None)
+
+
+def reserved_as(req: AdmissionRequest) -> tuple[str, str]:
+    """The key (its uid) and "namespace/name" a pod creation's reservation is kept
+    under: a retry of the same create is one charge, and a name another pod holds is
+    refused before it can hold GPUs (see quota.ledger)."""
+    name = f"{req.namespace}/{req.ident.name or req.name}"
+    return req.ident.uid or name, name
 
 
 def _tolerates_gpu_taints(check: Checker, policy: CompiledPolicy, target: Target) -> None:

@@ -41,6 +41,13 @@ REUSED = Counter(
     "shape (a ReplicaSet's or a Job's pods), under the same policy and namespace labels.",
     registry=REGISTRY,
 )
+REUSED_CHECKS = Counter(
+    "gpu_webhook_validations_reused_total",
+    "Validating reviews of pod creations whose checks (every rule but quota) were the ones "
+    "already made for a pod of the same shape, re-aimed at this pod; quota is decided "
+    "for each pod.",
+    registry=REGISTRY,
+)
 MUTATIONS = Counter(
     "gpu_webhook_mutations_total",
     "Changes made by the mutating webhook, by kind of change.",
