@@ -86,7 +86,7 @@ def test_a_reused_decision_is_the_decision_made_afresh(review: dict[str, Any],
     assert answer(cached, second) == answer(fresh, second)
     assert cached.reuse is not None
     if review["request"]["kind"]["kind"] == "Pod":
-        assert cached.reuse.hits == 1  # the second pod was answered from the cache
+        assert cached.reuse.decisions.hits == 1  # the second pod was answered from the cache
 
 
 GPU_POD_IN_DEFAULT = request_review(
@@ -117,7 +117,7 @@ def test_new_namespace_labels_are_never_answered_from_the_cache(
     assert answer(cached, after) == answer(app(labels, reuse=False), after)
     assert cached.reuse is not None
     if review["request"]["kind"]["kind"] == "Pod":
-        assert cached.reuse.hits == (0 if relabelled else 1)
+        assert cached.reuse.decisions.hits == (0 if relabelled else 1)
 
 
 def test_a_new_policy_is_never_answered_from_the_cache(tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_a_new_policy_is_never_answered_from_the_cache(tmp_path: Path) -> None:
     # policy, is answered from the cache, so only the policy can keep the third from it.
     before = answer(cached, next_pod(review, "u-1", "o-1"))
     answer(cached, next_pod(review, "u-2", "o-2"))
-    assert cached.reuse is not None and cached.reuse.hits == 1
+    assert cached.reuse is not None and cached.reuse.decisions.hits == 1
     # The platform team moves the tenant's default product from A100 to H100.
     assert "defaultProduct: a100" in text
     policy.write_text(text.replace("defaultProduct: a100", "defaultProduct: h100", 1))
@@ -143,7 +143,7 @@ def test_a_new_policy_is_never_answered_from_the_cache(tmp_path: Path) -> None:
     again = answer(cached, after)
     assert again != before
     assert again == answer(app(LABELS, reuse=False, policy=policy), after)
-    assert cached.reuse.hits == 1
+    assert cached.reuse.decisions.hits == 1
 
 
 def test_each_reused_review_is_logged_and_counted_as_itself() -> None:
@@ -171,7 +171,7 @@ def test_each_reused_review_is_logged_and_counted_as_itself() -> None:
         (f"pod-{i}", "allowed", decisions[0]["changes"]) for i in range(5)]
     assert decisions[0]["changes"]  # a GPU pod that was mutated
     assert counted._value.get() - before == 5
-    assert cached.reuse is not None and cached.reuse.hits == 4
+    assert cached.reuse is not None and cached.reuse.decisions.hits == 4
 
 
 def test_the_cache_holds_at_most_its_size() -> None:
@@ -270,7 +270,7 @@ def test_quota_is_decided_for_each_pod_whose_checks_were_reused() -> None:
     pods = series(template, "research-dev", CONTROLLERS[0], False, 3)
     answers = [orjson.loads(validated(cached, r))["response"] for r in pods]
     assert [a["allowed"] for a in answers] == [True, True, False]
-    assert cached.checks is not None and cached.checks.hits == 2
+    assert cached.reuse is not None and cached.reuse.checks.hits == 2
     # The refusal names the pod it refuses, not the one whose checks were reused.
     assert "trainer-7c9f8d6b5-00002" in answers[2]["status"]["message"]
     assert "trainer-7c9f8d6b5-00000" not in answers[2]["status"]["message"]
@@ -285,7 +285,7 @@ def test_pods_without_a_controller_are_checked_afresh() -> None:
     for review in series(template, "research", CONTROLLERS[0], False, 3):
         review["request"]["object"]["metadata"].pop("ownerReferences")
         validated(cached, review)
-    assert cached.checks is not None and cached.checks.hits == 0
+    assert cached.reuse is not None and cached.reuse.checks.hits == 0
 
 
 @pytest.mark.parametrize("webhook", ["mutate", "validate"])

@@ -43,29 +43,22 @@ from webhook.admission.webhooks import (
     Phase,
     WorkloadReader,
     admit,
-    checked,
-    mutating,
-    rekeyed,
     reply,
-    reusable,
-    shareable,
     validating,
 )
 from webhook.engine.decision import Decision
 from webhook.engine.devices import ClaimLookup, no_claims
-from webhook.engine.handoff import Validation
 from webhook.engine.routes.sights import Sights, no_sights
 from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
 from webhook.libs import logs
-from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.store import UsageStore
 from webhook.server import metrics
 from webhook.server.sources.reload import PolicySource
 from webhook.server.web import policyhook
 from webhook.server.web.forward import RELAYED, Relay
-from webhook.server.web.reuse import DecisionCache, ValidationCache
+from webhook.server.web.reuse import Reuse
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -123,9 +116,7 @@ class AdmissionApp:
         self.other = _control_app(runtime, self.state)
         self.inflight = 0
         self.deadlines = BodyDeadlines()
-        self.reuse = DecisionCache(runtime.reuse_size) if runtime.reuse_size > 0 else None
-        self.checks = (ValidationCache(runtime.reuse_size) if runtime.reuse_size > 0
-                       else None)
+        self.reuse = Reuse(runtime.reuse_size, self.cluster) if runtime.reuse_size > 0 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -242,12 +233,12 @@ class AdmissionApp:
             # A pod naming DRA claims is never reused (webhook.server.web.reuse), and may
             # need one read from the API server first (webhook.admission.claimreads).
             if phase is Phase.MUTATE and self.reuse is not None and not named(req):
-                decision = self._mutating(req, active.policy, active.generation)
-            elif (phase is Phase.VALIDATE and self.checks is not None and req.kind == "Pod"
+                decision = self.reuse.mutating(req, active.policy, active.generation)
+            elif (phase is Phase.VALIDATE and self.reuse is not None and req.kind == "Pod"
                   and req.operation == "CREATE" and not req.sub_resource and not named(req)):
                 decision = await validating(req, active.policy, self.cluster, budget,
-                                            self._checked(req, active.policy,
-                                                          active.generation))
+                                            self.reuse.checked(req, active.policy,
+                                                               active.generation))
             else:
                 decision = await admit(phase, req, active.policy, self.cluster, budget)
         except Exception as exc:  # a bug must deny (fail closed), never 500 or allow
@@ -261,55 +252,6 @@ class AdmissionApp:
                 api_version=req.api_version)
         _record(phase, req, decision, active.policy.name, active.generation)
         return reply(phase, req.uid, decision, req.api_version)
-
-
-    def _mutating(self, req: AdmissionRequest, policy: CompiledPolicy, generation: int
-                  ) -> Decision:
-        """The mutating decision, reused for a pod of a shape already decided under this
-        policy generation and these namespace labels (webhook.server.web.reuse)."""
-        assert self.reuse is not None
-        labels = self.cluster.labels(req.namespace)
-        if not reusable(req, policy, labels):
-            return mutating(req, policy, self.cluster.labels, self.cluster.claims,
-                            self.cluster.store, self.cluster.sights, self.cluster.clock())
-        key = self.reuse.key(req, labels, generation, seen=self._seen(req))
-        if key is not None:
-            reused = self.reuse.get(key)
-            if reused is not None:
-                metrics.REUSED.inc()
-                return reused
-        decision = mutating(req, policy, self.cluster.labels, self.cluster.claims,
-                            self.cluster.store, self.cluster.sights)
-        if key is not None:
-            self.reuse.put(key, decision)
-        return decision
-
-
-    def _checked(self, req: AdmissionRequest, policy: CompiledPolicy, generation: int
-                 ) -> Validation:
-        """What the validating engine makes of a pod creation (every rule but quota),
-        reused from a pod of the same shape under this policy generation and these
-        namespace labels, re-aimed at this pod (webhook.server.web.reuse)."""
-        assert self.checks is not None
-        key = self.checks.key(req, self.cluster.labels(req.namespace), generation,
-                              named=False, seen=self._seen(req))
-        if key is not None:
-            found = self.checks.get(key)
-            if found is not None:
-                metrics.REUSED_CHECKS.inc()
-                return rekeyed(found, req)
-        v = checked(req, policy, self.cluster)
-        if key is not None and shareable(v, req):
-            self.checks.put(key, v)
-        return v
-
-    def _seen(self, req: AdmissionRequest) -> object:
-        """What the watches say of the PriorityClass the pod names: the routes' checks
-        read it, so a class created or changed since is never answered from the cache."""
-        obj = req.object
-        spec = obj.get("spec") if isinstance(obj, dict) else None
-        name = spec.get("priorityClassName") if isinstance(spec, dict) else None
-        return self.cluster.sights.priority_class(name) if isinstance(name, str) else None
 
 
 _FAULTS = {"ledger-unavailable": metrics.RESERVATIONS_UNAVAILABLE,

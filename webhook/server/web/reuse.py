@@ -43,9 +43,19 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from webhook.admission.webhooks import (
+    Cluster,
+    checked,
+    mutating,
+    rekeyed,
+    reusable,
+    shareable,
+)
 from webhook.engine.decision import Decision
 from webhook.engine.handoff import Validation
 from webhook.k8s.review import AdmissionRequest
+from webhook.policy.compiled import CompiledPolicy
+from webhook.server import metrics
 
 DEFAULT_SIZE = 1024
 MAX_OBJECT_BYTES = 64 * 1024  # a pod past this is rare; its key would cost more than it saves
@@ -136,3 +146,59 @@ def _shape_of(meta: dict[str, Any], named: bool = True) -> dict[str, Any]:
 
 def _refuse(value: Any) -> Any:
     raise TypeError(type(value).__name__)
+
+
+class Reuse:
+    """The mutating decisions and the validating checks kept for pods of one shape, for
+    the server's reviews of pods in series (see the module docstring)."""
+
+    def __init__(self, size: int, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.decisions = DecisionCache(size)
+        self.checks = ValidationCache(size)
+
+    def mutating(self, req: AdmissionRequest, policy: CompiledPolicy, generation: int
+                 ) -> Decision:
+        """The mutating decision, reused for a pod of a shape already decided under this
+        policy generation and these namespace labels."""
+        cluster = self.cluster
+        labels = cluster.labels(req.namespace)
+        if not reusable(req, policy, labels):
+            return mutating(req, policy, cluster.labels, cluster.claims, cluster.store,
+                            cluster.sights, cluster.clock())
+        key = self.decisions.key(req, labels, generation, seen=self._seen(req))
+        if key is not None:
+            reused = self.decisions.get(key)
+            if reused is not None:
+                metrics.REUSED.inc()
+                return reused
+        decision = mutating(req, policy, cluster.labels, cluster.claims, cluster.store,
+                            cluster.sights)
+        if key is not None:
+            self.decisions.put(key, decision)
+        return decision
+
+    def checked(self, req: AdmissionRequest, policy: CompiledPolicy, generation: int
+                ) -> Validation:
+        """What the validating engine makes of a pod creation (every rule but quota),
+        reused from a pod of the same shape under this policy generation and these
+        namespace labels, re-aimed at this pod."""
+        key = self.checks.key(req, self.cluster.labels(req.namespace), generation,
+                              named=False, seen=self._seen(req))
+        if key is not None:
+            found = self.checks.get(key)
+            if found is not None:
+                metrics.REUSED_CHECKS.inc()
+                return rekeyed(found, req)
+        v = checked(req, policy, self.cluster)
+        if key is not None and shareable(v, req):
+            self.checks.put(key, v)
+        return v
+
+    def _seen(self, req: AdmissionRequest) -> object:
+        """What the watches say of the PriorityClass the pod names: the routes' checks
+        read it, so a class created or changed since is never answered from the cache."""
+        obj = req.object
+        spec = obj.get("spec") if isinstance(obj, dict) else None
+        name = spec.get("priorityClassName") if isinstance(spec, dict) else None
+        return self.cluster.sights.priority_class(name) if isinstance(name, str) else None
