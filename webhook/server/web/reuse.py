@@ -183,6 +183,10 @@ class Reuse:
         """What the validating engine makes of a pod creation (every rule but quota),
         reused from a pod of the same shape under this policy generation and these
         namespace labels, re-aimed at this pod."""
+        if req.ident.controller is None:
+            # Never shareable (see shareable): a one-off pod is not worth its key, the
+            # whole request serialised.
+            return checked(req, policy, self.cluster)
         key = self.checks.key(req, self.cluster.labels(req.namespace), generation,
                               named=False, seen=self._seen(req))
         if key is not None:
