@@ -12,6 +12,7 @@ writes the tenant's ledger.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import orjson
@@ -78,6 +79,48 @@ def test_another_replica_writing_mid_batch_makes_the_batch_decide_again(
     assert "uid-elsewhere" in held and "uid-first" in held
     assert sum(e["gpus"] for e in held.values()) == 6  # the a100 cap, not a GPU more
     assert store.conflicts == 1
+
+
+def test_a_batch_whose_write_fails_admits_none_of_it_and_holds_nothing(
+        api: FakeAPI) -> None:
+    # The first pod's write is held at the API server while three more pods arrive;
+    # they queue as the next batch, and the API server fails that batch's write. None
+    # of the batch is admitted (the API server would create pods the ledger does not
+    # hold), each is told why, and the ledger keeps only the first pod: the room the
+    # batch asked for is still there once the API server answers again.
+    store = make_store(api)
+    cluster = Cluster(store=store)
+    landing = threading.Event()
+
+    def hold_the_first_write() -> None:
+        api.before_write = lambda: api.faults.append("500")  # the batch's write
+        landing.wait(10)
+
+    async def scenario() -> list[Decision]:
+        def review(name: str) -> Any:
+            req = parse_review(orjson.dumps(request_review(pod(name, gpus=1))))
+            return asyncio.create_task(validating(req, policy(), cluster, 5.0))
+
+        first = review("p0")
+        while ("POST", f"/api/v1/namespaces/{NS}/configmaps") not in api.requests:
+            await asyncio.sleep(0.005)  # its write is at the API server, held there
+        batch = [review(f"p{i}") for i in range(1, 4)]
+        while len(store._queued.get("team-a", ())) < 3:  # all three wait for the next write
+            await asyncio.sleep(0.005)
+        landing.set()
+        return [await first, *[await t for t in batch]]
+
+    api.before_write = hold_the_first_write
+    decisions = asyncio.run(scenario())
+    assert [d.allowed for d in decisions] == [True, False, False, False]
+    assert all("the GPU quota ledger cannot be reached" in d.message
+               for d in decisions[1:]), [d.message for d in decisions]
+    assert sorted(reserved(api)) == ["uid-p0"]
+    assert store.commits == 1
+    # team-a may run 5 pods: 4 more fit now that the API server answers.
+    after = asyncio.run(admit_all(store, [pod(f"q{i}", gpus=1) for i in range(5)]))
+    assert sum(d.allowed for d in after) == 4
+    assert len(reserved(api)) == 5
 
 
 def test_a_commit_after_a_commit_is_one_write(api: FakeAPI) -> None:
