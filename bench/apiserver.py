@@ -11,6 +11,10 @@ rounds, one admission condition at a time:
 - ``nothing``: the do-nothing webhook (``bench/baseline.py``: uvicorn with the webhook's
   TLS context, reads the review and allows it) registered exactly as ours is (the same
   rendered configurations, mutating and validating, matchConditions included);
+- ``patching``: the same with ``--patch``: it answers each pod's mutating review with a
+  patch of the shape ours returns, made without a policy, so what it adds over
+  ``nothing`` is what the API server spends applying a patch (the floor of any webhook
+  that changes pods, Kyverno's included);
 - ``ours``: ``gpu-webhook serve`` connected to the cluster (pod and namespace watches,
   the quota ledger in ConfigMaps), its configurations from ``gpu-webhook manifests``;
 - ``kyverno``: Kyverno v1.19.0 run out of cluster (``tools/kyverno.sh`` builds it; left
@@ -70,8 +74,12 @@ LEDGER_NAMESPACE = "gpu-webhook"
 # The leader-decides webhook's Lease, apart from the ledger webhook's (which leads its own).
 LEADER_NAMESPACE = "gpu-webhook-leader"
 METRIC = "apiserver_admission_webhook_admission_duration_seconds"
-CONDITIONS = ("none", "nothing", "ours", "leader", "relayed", "kyverno")
+CONDITIONS = ("none", "nothing", "patching", "ours", "leader", "relayed", "kyverno")
 OWN = ("ours", "leader", "relayed")  # the conditions that are a gpu-webhook serve
+FLOORS = ("nothing", "patching")  # bench.baseline, without and with --patch
+# Each ratio reported: (condition, the condition it is divided by).
+RATIOS = [*((mine, other) for mine in OWN for other in (*FLOORS, "kyverno")),
+          ("patching", "nothing")]
 KYVERNO_TOOL = ROOT / "tools" / "kyverno.sh"
 KYVERNO_NAMESPACE = "kyverno"
 KYVERNO_PORT_ENV = "GPU_WEBHOOK_BENCH_KYVERNO_PORT"
@@ -424,17 +432,20 @@ class Conditions:
             # hop a Service's other endpoints add).
             self.ports["relayed"] = self._serve("relayed", "relaying.log", LEADER_NAMESPACE,
                                                 "--quota-commit", "leader")
-        if "nothing" in conditions:
+        for floor in FLOORS:
+            if floor not in conditions:
+                continue
             port = free_port()
-            self.procs["nothing"] = spawn("do-nothing", [
+            self.procs[floor] = spawn(f"do-{floor}", [
                 sys.executable, "-m", "bench.baseline", "--host", "127.0.0.1", "--port",
-                str(port), "--cert-dir", str(self.cert_dir)], self.work / "nothing.log")
-            wait_https(self.procs["nothing"], port)
-            nothing = self._render(f"https://127.0.0.1:{port}").replace(
-                "name: gpu-webhook", "name: do-nothing").replace(
-                ".gpu-webhook.dev", ".do-nothing.dev")
-            self.configs["nothing"] = nothing
-            self.names["nothing"] = _hook_names(nothing)
+                str(port), "--cert-dir", str(self.cert_dir),
+                *(["--patch"] if floor == "patching" else [])], self.work / f"{floor}.log")
+            wait_https(self.procs[floor], port)
+            config = self._render(f"https://127.0.0.1:{port}").replace(
+                "name: gpu-webhook", f"name: do-{floor}").replace(
+                ".gpu-webhook.dev", f".do-{floor}.dev")
+            self.configs[floor] = config
+            self.names[floor] = _hook_names(config)
         if self.kyverno_dir is not None:
             self._start_kyverno(self.kyverno_dir)
 
@@ -467,13 +478,13 @@ class Conditions:
         """Take the current condition out and put ``condition`` in, then wait until a pod
         creation calls exactly its webhooks."""
         cp = self.cp
-        if self.current in ("ours", "leader", "relayed", "nothing"):
+        if self.current in (*OWN, *FLOORS):
             _kubectl(cp, "delete", "--wait=true", "-f", "-", input=self.configs[self.current])
         elif self.current == "kyverno":
             _kubectl(cp, "delete", "clusterpolicy", "gpu-pods", "--wait=true")
         self.current = "none"
         wait_calls(cp, lambda called: not called, "no webhook to be called")
-        if condition in ("ours", "leader", "relayed", "nothing"):
+        if condition in (*OWN, *FLOORS):
             _kubectl(cp, "apply", "-f", "-", input=self.configs[condition])
             names = self.names[condition]
             # Pods go through its pod webhooks, not the ones for claims or scale requests.
@@ -797,16 +808,15 @@ def summarize(results: list[dict[str, Any]], conditions: list[str]) -> dict[str,
             if cond in OWN:
                 e["phases"] = _median_phases([x.get("ours_phases") or {} for x in own])
             entry[cond] = e
-        for mine in OWN:
-            for other in ("nothing", "kyverno"):
-                if mine not in entry or other not in entry:
-                    continue
-                for q in ("p50", "p99"):
-                    a, b = entry[mine][f"added_{q}_ms"], entry[other][f"added_{q}_ms"]
-                    entry[f"{mine}/{other}_{q}"] = round(a / b, 2) if b > 0 else None
-                a, b = (entry[mine]["apiserver_mean_ms_per_call"],
-                        entry[other]["apiserver_mean_ms_per_call"])
-                entry[f"{mine}/{other}_apiserver_mean"] = round(a / b, 2) if a and b else None
+        for mine, other in RATIOS:
+            if mine not in entry or other not in entry:
+                continue
+            for q in ("p50", "p99"):
+                a, b = entry[mine][f"added_{q}_ms"], entry[other][f"added_{q}_ms"]
+                entry[f"{mine}/{other}_{q}"] = round(a / b, 2) if b > 0 else None
+            a, b = (entry[mine]["apiserver_mean_ms_per_call"],
+                    entry[other]["apiserver_mean_ms_per_call"])
+            entry[f"{mine}/{other}_apiserver_mean"] = round(a / b, 2) if a and b else None
         out[f"{mode}/{clients}"] = entry
     return out
 
@@ -863,8 +873,10 @@ def target(ratio: str, load_name: str) -> float | None:
     other condition's in ``ratio`` ("ours/nothing", "leader/kyverno", ...), at a load
     ("real/8"); None where no target is set. Real creations commit quota and may cost
     more than dry runs, which commit nothing."""
-    other = ratio.split("/")[1]
+    mine, other = ratio.split("/")
     mode, clients = load_name.split("/")
+    if mine not in OWN or other == "patching":  # a floor against a floor: no target
+        return None
     if other == "kyverno":
         return 0.3
     if other != "nothing":
@@ -878,22 +890,20 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
     lines = []
     for load_name, e in summary.items():
         for q in ("p50", "p99"):
-            for mine in OWN:
-                for other in ("nothing", "kyverno"):
-                    key = f"{mine}/{other}"
-                    v, limit = e.get(f"{key}_{q}"), target(key, load_name)
-                    if v is None or limit is None:
-                        continue
-                    ok = v <= limit
-                    lines.append(f"  [{'met' if ok else 'MISSED'}] {load_name} added {q} "
-                                 f"{key} {v} <= {limit}")
+            for mine, other in RATIOS:
+                key = f"{mine}/{other}"
+                v, limit = e.get(f"{key}_{q}"), target(key, load_name)
+                if v is None or limit is None:
+                    continue
+                ok = v <= limit
+                lines.append(f"  [{'met' if ok else 'MISSED'}] {load_name} added {q} "
+                             f"{key} {v} <= {limit}")
     return lines
 
 
 def table(summary: dict[str, Any], conditions: list[str]) -> str:
     others = [c for c in conditions if c != "none"]
-    ratios = [(c, other) for c in OWN for other in ("nothing", "kyverno")
-              if c in conditions and other in conditions]
+    ratios = [(c, other) for c, other in RATIOS if c in conditions and other in conditions]
     head = ["load", "none p50/p99"] + [f"{c} +p50/+p99" for c in others] + \
         [f"{a}/{b} p50/p99" for a, b in ratios] + ["apiserver mean ms/call " +
                                                    "/".join(others)]
@@ -933,7 +943,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.apiserver", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="one short round of none/nothing/ours at 1 and 8 clients")
+                   help="one short round of none/nothing/patching/ours at 1 and 8 clients")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=5.0, help="per run")
     p.add_argument("--clients", default="1,8,32", help="concurrent clients, comma-separated")
@@ -943,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = p.parse_args(argv)
     if opts.quick:
         opts.rounds, opts.seconds, opts.clients = 1, 1.0, "1,8"
-        opts.conditions = "none,nothing,ours"
+        opts.conditions = "none,nothing,patching,ours"
     opts.conditions = [c for c in opts.conditions.split(",") if c]
     unknown = set(opts.conditions) - set(CONDITIONS)
     if unknown or "none" not in opts.conditions:

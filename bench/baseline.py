@@ -5,12 +5,20 @@ SSLContext from ``webhook.server.run``, one worker, uvloop, httptools, no access
 The difference between this and ``gpu-webhook serve`` on the same requests is what the
 webhook itself costs: the envelope checks, the engine, metrics and the decision log.
 
-    python -m bench.baseline --host 127.0.0.1 --port P --cert-dir D
+With ``--patch`` it answers each pod's mutating review with a JSON Patch of the shape
+gpu-webhook's (for a GPU pod: the GPU request equal to its limit, the GPU toleration, a
+node affinity for the product, the ``mutated`` annotation; for another pod: GPU devices
+hidden and the GPU toleration stripped), built from the pod with no policy and no
+checks. Through a real API server it is the floor of any webhook that changes pods:
+what the API server itself spends applying a patch (bench/apiserver.py, ``patching``).
+
+    python -m bench.baseline --host 127.0.0.1 --port P --cert-dir D [--patch]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import ssl
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -27,6 +35,41 @@ Message = MutableMapping[str, Any]
 HEADERS = [(b"content-type", b"application/json")]
 
 
+GPU = "nvidia.com/gpu"
+_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [{"matchExpressions": [{
+        "key": "nvidia.com/gpu.product", "operator": "In",
+        "values": ["NVIDIA-A100-SXM4-80GB"]}]}]}}}
+
+
+def patch_like_ours(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON Patch gpu-webhook returns for the pods bench/apiserver.py creates (single
+    container, no requests, no affinity, no annotations), made without a policy."""
+    spec = pod.get("spec") or {}
+    container = (spec.get("containers") or [{}])[0]
+    limits = (container.get("resources") or {}).get("limits") or {}
+    if GPU in limits:
+        return [{"op": "add", "path": "/spec/containers/0/resources/requests",
+                 "value": {GPU: limits[GPU]}},
+                {"op": "add", "path": "/spec/tolerations/-", "value": _TOLERATION},
+                {"op": "add", "path": "/spec/affinity", "value": _AFFINITY},
+                {"op": "add", "path": "/metadata/annotations", "value": {
+                    "gpu-webhook.dev/mutated": "gpu-requests,gpu-tolerations,gpu-node-affinity"}}]
+    ops: list[dict[str, Any]] = [
+        {"op": "remove", "path": f"/spec/tolerations/{i}"}
+        for i, t in reversed(list(enumerate(spec.get("tolerations") or [])))
+        if t.get("key") == GPU]
+    return [*ops, {"op": "add", "path": "/spec/containers/0/env",
+                   "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]},
+            {"op": "add", "path": "/metadata/annotations", "value": {
+                "gpu-webhook.dev/mutated": ("strip-gpu-tolerations," if ops else "")
+                + "gpu-visible-devices"}}]
+
+
+PATCH = False  # --patch: answer mutating reviews as patch_like_ours
+
+
 async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Message]],
               send: Callable[[Message], Awaitable[None]]) -> None:
     if scope["type"] != "http":
@@ -38,11 +81,16 @@ async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[M
         if not message.get("more_body", False):
             break
     uid = ""
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
     if scope["method"] == "POST":
         review = orjson.loads(b"".join(chunks))
-        uid = review["request"]["uid"]
+        response["uid"] = review["request"]["uid"]
+        if PATCH and scope["path"] == "/mutate" and review["request"].get("object"):
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(
+                orjson.dumps(patch_like_ours(review["request"]["object"]))).decode()
     body = orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                         "response": {"uid": uid, "allowed": True}})
+                         "response": response})
     await send({"type": "http.response.start", "status": 200,
                 "headers": [*HEADERS, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -65,7 +113,12 @@ class _Config(uvicorn.Config):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.baseline", description=__doc__)
     Settings.add_arguments(parser)
-    settings = Settings.from_args(parser.parse_args(argv))
+    parser.add_argument("--patch", action="store_true",
+                        help="answer pods' mutating reviews with a patch shaped like ours")
+    args = parser.parse_args(argv)
+    global PATCH
+    PATCH = args.patch
+    settings = Settings.from_args(args)
     cert, key = tls.tls_files(settings)
     context = tls.ssl_context(settings, cert, key)
     # The keyword arguments of serve.run's uvicorn config, with uvicorn's own httptools

@@ -27,9 +27,9 @@ def test_quick_apiserver_bench_measures_every_condition(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads((tmp_path / "apiserver.json").read_text())
     assert res["apiserver_version"] == "v1.37.2"
-    assert res["conditions"] == ["none", "nothing", "ours"]
+    assert res["conditions"] == ["none", "nothing", "patching", "ours"]
     seen = {(r["condition"], r["mode"], r["clients"]) for r in res["runs"]}
-    assert seen == {(c, m, n) for c in ("none", "nothing", "ours")
+    assert seen == {(c, m, n) for c in ("none", "nothing", "patching", "ours")
                     for m in ("dry-run", "real") for n in (1, 8)}
     for r in res["runs"]:
         assert r["requests"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0
@@ -63,7 +63,7 @@ def test_quick_apiserver_bench_measures_every_condition(tmp_path: Path) -> None:
         entry = res["summary"][load]
         assert {"added_p50_ms", "added_p99_ms", "apiserver_mean_ms_per_call"} \
             <= entry["ours"].keys()
-        assert "ours/nothing_p50" in entry
+        assert {"ours/nothing_p50", "ours/patching_p50", "patching/nothing_p50"} <= entry.keys()
     # What one ledger commit costs alone: an empty ledger, and the biggest ours' real
     # runs left (every GPU pod it admitted in the last TTL).
     empty, biggest = res["ledger_write"]
