@@ -47,6 +47,21 @@ def _mutated(client: httpx.Client, obj: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the reply envelope
 
+def test_a_forwarded_address_is_not_trusted_and_no_server_header_is_sent(
+        server: Server, client: httpx.Client) -> None:
+    # A caller on the webhook's own host cannot write another address into its log
+    # lines, and a scanner is not told what serves the webhook.
+    r = client.post("/mutate", content=b"not an AdmissionReview",
+                    headers={"content-type": "application/json",
+                             "x-forwarded-for": "203.0.113.9"})
+    assert r.status_code == 400
+    assert "server" not in r.headers
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines()
+             if '"bad review"' in line]
+    assert lines and lines[-1]["client"].startswith("127.0.0.1:"), lines[-1:]
+
+
+
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 @pytest.mark.parametrize("obj", [pod(), pod(gpus=None), pod(namespace="no-tenant-here")],
                          ids=["gpu-pod", "cpu-pod", "denied-pod"])

@@ -212,11 +212,15 @@ def _server(settings: Settings, runtime: Runtime, context: ssl.SSLContext) -> Bo
     app: Any = AdmissionApp(runtime)
     if settings.client_ca:
         app = ClientCertGate(app, settings.client_cn_list())
-    # No ssl= here: Acceptor starts TLS itself (see the module docstring).
+    # No ssl= here: Acceptor starts TLS itself (see the module docstring). The API server
+    # and the kubelet call the webhook directly, never through a proxy: X-Forwarded-For
+    # is not trusted (uvicorn would, from 127.0.0.1, and put it in every log line's
+    # client) nor parsed on each review; and no Server header says what serves it.
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, loop="uvloop",
         http=AdmissionProtocol, lifespan="off", access_log=False, log_config=None,
         timeout_keep_alive=KEEP_ALIVE_TIMEOUT, timeout_graceful_shutdown=20,
+        proxy_headers=False, server_header=False,
     )
     return BoundedServer(config, context, settings.max_connections)
 
