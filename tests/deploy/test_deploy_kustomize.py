@@ -324,21 +324,25 @@ def test_the_webhook_may_read_every_workload_a_waiting_gang_is_sized_from() -> N
     assert wanted - granted == set()
 
 
+@pytest.mark.parametrize("mode", ["cert-manager", "self-managed"])
 def test_the_leader_decides_component_flags_every_replica_and_serves_only_the_leader(
-        tmp_path: Path) -> None:
+        tmp_path: Path, mode: str) -> None:
     # As deploy/README.md says to use it: its snippet added to an overlay of the tree.
+    # The self-managed overlay sets the container's args whole: the setting must
+    # survive that (a flag appended to the args did not, and no replica then led the
+    # Service's only endpoint).
     readme = (DEPLOY / "README.md").read_text()
     snippet = next(b for b in re.findall(r"```yaml\n(.*?)\n```", readme, flags=re.S)
                    if "leader-decides" in b)
     tree = tmp_path / "deploy"
     shutil.copytree(DEPLOY, tree)
-    overlay = tree / "overlays" / "cert-manager" / "kustomization.yaml"
+    overlay = tree / "overlays" / mode / "kustomization.yaml"
     overlay.write_text(yaml.safe_dump({**yaml.safe_load(overlay.read_text()),
                                        **yaml.safe_load(snippet)}))
     objects = kustomize(overlay.parent)
     validate_all(objects)
     container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert "--quota-commit=leader" in container["args"]
+    assert {"name": "GPU_WEBHOOK_QUOTA_COMMIT", "value": "leader"} in container["env"]
     # The leader knows its pod by name; the others reach it at its IP.
     for env in ("POD_NAME", "POD_IP"):
         assert env in {e["name"] for e in container["env"]}

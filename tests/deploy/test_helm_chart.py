@@ -10,6 +10,7 @@ test`` builds it first). The chart on the real API server: tests/e2e/test_e2e_he
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -260,3 +261,34 @@ def test_a_bad_value_is_refused_with_its_name(helm_bin: str, values: list[str],
     with pytest.raises(ChartRefused) as refused:
         template(helm_bin, *values, ok=False)
     assert says in str(refused.value)
+
+
+@pytest.mark.parametrize("mode", ["self-managed", "cert-manager"])
+def test_quota_commit_leader_renders_what_the_leader_decides_component_builds(
+        helm_bin: str, mode: str, tmp_path: Path) -> None:
+    chart = without_helm_labels(template(helm_bin, f"certificates.mode={mode}",
+                                         "quotaCommit=leader"))
+    tree = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, tree)
+    overlay = tree / "overlays" / mode / "kustomization.yaml"
+    overlay.write_text(yaml.safe_dump({**yaml.safe_load(overlay.read_text()),
+                                       "components": ["../../components/leader-decides"]}))
+    built = without_helm_labels(kustomize(overlay.parent))
+    del built[("Namespace", "gpu-webhook")]
+    assert sorted(chart) == sorted(built)
+    for key, obj in built.items():
+        assert chart[key] == obj, key
+    env = container(list(chart.values()))["env"]
+    assert [e for e in env if e["name"] == "GPU_WEBHOOK_QUOTA_COMMIT"] == [
+        {"name": "GPU_WEBHOOK_QUOTA_COMMIT", "value": "leader"}]
+
+
+def test_with_quota_commit_leader_every_replica_is_scraped(helm_bin: str) -> None:
+    # The Service selects the leader's pod alone: a ServiceMonitor would scrape only it.
+    objects = template(helm_bin, "serviceMonitor.enabled=true", "quotaCommit=leader")
+    assert not by_kind(objects, "ServiceMonitor")
+    monitor = one(objects, "PodMonitor")
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert "gpu-webhook.dev/quota-leader" not in monitor["spec"]["selector"]["matchLabels"]
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["https"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from kit import Reply, Server, call, start_server, stop_server
 from serverkit import pod, review
 
+from webhook.libs import certs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
 from webhook.quota.decider import DecidingStore
@@ -126,6 +128,32 @@ def test_with_no_answer_from_the_leader_a_quota_commit_is_refused(tmp_path: Path
         assert not answer["allowed"]
         assert "GPU quota is decided by one webhook replica, and none decides it now" in \
             answer["status"]["message"]
+        await app.runtime.relay.close()  # type: ignore[union-attr]
+
+    asyncio.run(run())
+
+
+def test_a_changed_ca_file_is_what_the_next_relay_checks_the_leader_by(
+        tmp_path: Path, leader: Server) -> None:
+    # The CA file the relay trusts holds another CA (as after the leader's certificate
+    # was issued by a CA rolled over since): the leader is not trusted and the review is
+    # decided here. The file then gets the leader's CA, as a mounted Secret's update or
+    # a self-managed sync writes it: the next review is relayed, with no restart.
+    now = dt.datetime.now(dt.UTC)
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(certs.new_ca(now, now + dt.timedelta(days=1))[0])
+    app, _ = relaying(leader.base_url, ca)
+
+    async def run() -> None:
+        failed, answered = relays("failed"), relays("answered")
+        await call(app, "/mutate", body("early"))
+        assert (relays("failed"), relays("answered")) == (failed + 1, answered)
+        fresh = tmp_path / "ca.crt.new"
+        fresh.write_bytes(leader.ca.read_bytes())
+        fresh.replace(ca)
+        via = await call(app, "/mutate", body("later"))
+        assert (relays("failed"), relays("answered")) == (failed + 1, answered + 1)
+        assert via.json()["response"]["allowed"]
         await app.runtime.relay.close()  # type: ignore[union-attr]
 
     asyncio.run(run())

@@ -162,6 +162,9 @@ class Settings:
         for name in ("ca.crt", "ca.pem"):
             if os.path.isfile(os.path.join(self.cert_dir, name)):
                 return os.path.join(self.cert_dir, name)
+        if self.self_managed_certs:
+            # Written from the certificate Secret by the first sync, before serving.
+            return os.path.join(self.cert_dir, "ca.crt")
         return None
 
     def leader_name(self, namespace: str) -> str | None:
@@ -327,7 +330,9 @@ _DOCS = {
                   "written in the leader Lease (default https://$POD_IP:--port, or "
                   "https://--host:--port when --host is one address).",
     "leader_ca_file": "With --quota-commit leader: the CA the leader's serving certificate "
-                      "is checked against (default ca.crt, else ca.pem, in --cert-dir).",
+                      "is checked against (default ca.crt, else ca.pem, in --cert-dir; "
+                      "with --self-managed-certs, the certificate Secret's ca.crt, "
+                      "written there).",
     "leader_server_name": "With --quota-commit leader: the name the leader's certificate "
                           "is checked for (default the Service's, "
                           "--service.--namespace.svc, in a pod; else the --leader-url's "

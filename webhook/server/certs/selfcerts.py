@@ -299,10 +299,13 @@ class SelfManagedCerts:
 
     def __init__(self, secrets: kube.Secrets, configurations: kube.WebhookConfigurations,
                  secret: str, targets: dict[str, str], wanted: Wanted,
-                 cert_file: str, key_file: str) -> None:
+                 cert_file: str, key_file: str, ca_file: str | None = None) -> None:
         self.secrets, self.configurations = secrets, configurations
         self.secret, self.targets, self.wanted = secret, targets, wanted
         self.cert_file, self.key_file = Path(cert_file), Path(key_file)
+        # The bundle (public), for what checks a replica's certificate: the relay of
+        # --quota-commit leader (webhook.server.web.forward).
+        self.ca_file = Path(ca_file) if ca_file else None
         self.next_check = dt.datetime.now(dt.UTC)
 
     def _bundles(self) -> list[bytes]:
@@ -363,6 +366,9 @@ class SelfManagedCerts:
             except OSError:
                 return None
 
+        if self.ca_file is not None and current(self.ca_file) != material.ca_bundle:
+            self.ca_file.parent.mkdir(parents=True, exist_ok=True)
+            _write_file(self.ca_file, material.ca_bundle, 0o644)
         if current(self.cert_file) == material.cert and current(self.key_file) == material.key:
             return
         self.cert_file.parent.mkdir(parents=True, exist_ok=True)
@@ -411,7 +417,8 @@ class SelfManagedCerts:
 
 def connect(kubeconfig: str | None, namespace: str, secret: str, service: str,
             targets: dict[str, str], hosts: Sequence[str], validity_hours: float,
-            ca_validity_hours: float, cert_file: str, key_file: str) -> SelfManagedCerts:
+            ca_validity_hours: float, cert_file: str, key_file: str,
+            ca_file: str | None = None) -> SelfManagedCerts:
     """The manager for ``serve``'s flags. Raises kube.Unreachable when credentials
     cannot be loaded."""
     api = kube.connect(kubeconfig)
@@ -419,4 +426,4 @@ def connect(kubeconfig: str | None, namespace: str, secret: str, service: str,
     wanted = Wanted((*certs.service_names(service, namespace), *dns), ips,
                     dt.timedelta(hours=validity_hours), dt.timedelta(hours=ca_validity_hours))
     return SelfManagedCerts(kube.Secrets(api, namespace), kube.WebhookConfigurations(api),
-                            secret, targets, wanted, cert_file, key_file)
+                            secret, targets, wanted, cert_file, key_file, ca_file)

@@ -18,6 +18,7 @@ two replicas that each think the other leads refuse rather than loop.
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 from collections.abc import Callable
 
@@ -39,11 +40,9 @@ class Relay:
                  server_name: str | None = None) -> None:
         self.leader = leader  # the leader's https:// base URL; "" when none or this one
         self.server_name = server_name
-        context = ssl.create_default_context(cafile=ca_file)
-        # One pool of kept-alive connections to the leader: a relay costs a request, not a
-        # TLS handshake.
-        self._client = httpx.AsyncClient(verify=context, http1=True, http2=False,
-                                         limits=httpx.Limits(max_keepalive_connections=32))
+        self.ca_file = ca_file
+        self._ca_seen = _stamp(ca_file)
+        self._client = _client(ca_file)
         self._failing = ""
 
     def target(self) -> str:
@@ -54,6 +53,7 @@ class Relay:
         """The leader's answer to ``body`` POSTed to ``path``, or None when it gave none
         within ``timeout`` seconds (logged once while it lasts)."""
         extensions = {"sni_hostname": self.server_name} if self.server_name else None
+        await self._follow_ca()
         try:
             resp = await self._client.post(
                 base + path, content=body, timeout=timeout, extensions=extensions,
@@ -74,5 +74,40 @@ class Relay:
                        error=error)
         self._failing = error
 
+    async def _follow_ca(self) -> None:
+        """A new CA file (a mounted Secret updated, a self-managed CA rolled over) is
+        what the next relay checks the leader by: the pool is made again on it."""
+        seen = _stamp(self.ca_file)
+        if seen == self._ca_seen:
+            return
+        try:
+            fresh = _client(self.ca_file)
+        except (OSError, ssl.SSLError) as exc:  # half-written, or not a CA: keep the last
+            logs.event("the leader's CA file changed but cannot be read; the last one read "
+                       "checks the leader", logging.WARNING, ca_file=self.ca_file,
+                       error=str(exc))
+            self._ca_seen = seen  # said once per change
+            return
+        old, self._client, self._ca_seen = self._client, fresh, seen
+        await old.aclose()
+
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _client(ca_file: str) -> httpx.AsyncClient:
+    context = ssl.create_default_context(cafile=ca_file)
+    # One pool of kept-alive connections to the leader: a relay costs a request, not a
+    # TLS handshake.
+    return httpx.AsyncClient(verify=context, http1=True, http2=False,
+                             limits=httpx.Limits(max_keepalive_connections=32))
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What tells a changed file: its inode (a Secret's update swaps a symlink; ours
+    renames a new file in), size and modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns

@@ -84,6 +84,15 @@ namespace.yaml
 {{- $_ := set $c "volumeMounts" $mounts }}
 {{- end }}
 
+{{- if eq $v.quotaCommit "leader" }}
+{{- /* what deploy/components/leader-decides adds to the Deployment */}}
+{{- $_ := set $c "env" (append $c.env (dict "name" "GPU_WEBHOOK_QUOTA_COMMIT" "value" "leader")) }}
+{{- end }}
+
+{{- else if and (eq $obj.kind "Service") (eq $v.quotaCommit "leader") }}
+{{- /* and to the Service: reviews go to the pod the leader labels as its own */}}
+{{- $_ := set $obj.spec "selector" (merge (dict "gpu-webhook.dev/quota-leader" "true") $obj.spec.selector) }}
+
 {{- else if eq $obj.kind "PodDisruptionBudget" }}
 {{- $_ := set $obj.spec "minAvailable" $v.podDisruptionBudget.minAvailable }}
 
