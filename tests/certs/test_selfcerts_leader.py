@@ -30,6 +30,14 @@ def test_a_leader_replica_with_self_managed_certificates_needs_no_ca_flag(
     s = settings("--self-managed-certs", "--quota-commit", "leader", "--kubeconfig",
                  str(kubeconfig), "--cert-dir", str(tmp_path / "certs"))
     assert s.leader_ca() == str(tmp_path / "certs" / "ca.crt")
+    assert s.written_ca() == s.leader_ca()
+    # A CA of the operator's own is what checks the leader, and is never written over.
+    own = tmp_path / "own-ca.crt"
+    own.write_text("")
+    s = settings("--self-managed-certs", "--quota-commit", "leader", "--kubeconfig",
+                 str(kubeconfig), "--cert-dir", str(tmp_path / "certs"),
+                 "--leader-ca-file", str(own))
+    assert s.leader_ca() == str(own) and s.written_ca() is None
 
 
 def test_each_sync_writes_the_ca_bundle_beside_the_serving_pair(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def self_managed(settings: Settings) -> selfcerts.SelfManagedCerts:
             settings.kubeconfig, namespace, settings.cert_secret, settings.service,
             settings.certificate_targets(), settings.cert_host_list(),
             settings.cert_validity_hours, settings.ca_validity_hours, cert, key,
-            settings.leader_ca() if settings.quota_commit == "leader" else None)
+            settings.written_ca())
     except Unreachable as exc:
         raise CannotStart("cannot start: --self-managed-certs needs the cluster",
                           f"--self-managed-certs needs the cluster: {exc}",

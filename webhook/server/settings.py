@@ -159,11 +159,20 @@ class Settings:
         """The CA the leader's certificate is checked against (see --leader-ca-file)."""
         if self.leader_ca_file:
             return self.leader_ca_file
+        written = self.written_ca()
+        if written is not None:
+            return written
         for name in ("ca.crt", "ca.pem"):
             if os.path.isfile(os.path.join(self.cert_dir, name)):
                 return os.path.join(self.cert_dir, name)
-        if self.self_managed_certs:
-            # Written from the certificate Secret by the first sync, before serving.
+        return None
+
+    def written_ca(self) -> str | None:
+        """Where the self-managed sync writes the certificate Secret's CA bundle for the
+        leader's relay (before serving, and at every sync): with --self-managed-certs and
+        --quota-commit leader, unless --leader-ca-file names a CA of its own (never
+        written over)."""
+        if self.self_managed_certs and self.quota_commit == "leader" and not self.leader_ca_file:
             return os.path.join(self.cert_dir, "ca.crt")
         return None
 
