@@ -114,7 +114,8 @@ def no_node(name: str) -> str | None:
 def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
                        labels: Mapping[str, str] | None = None,
                        claims: ClaimLookup = no_claims,
-                       node_product: Callable[[str], str | None] = no_node
+                       node_product: Callable[[str], str | None] = no_node,
+                       ident: ObjectId | None = None,
                        ) -> tuple[Charge | None, tuple[str, ...]]:
     """:func:`charge_of_pod`, and the ResourceClaimTemplates a live pod of a tenant
     names that ``claims`` does not hold (or holds unreadable): their devices are not in
@@ -122,7 +123,8 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
 
     A pod bound to a node (``spec.nodeName``) is charged to the product of that node
     (``node_product``: the node's product label value, None when not known), whatever
-    it was charged at admission: a pod allowed two products follows the one it got."""
+    it was charged at admission: a pod allowed two products follows the one it got.
+    ``ident``: the pod's identity when the caller has read it already."""
     if not isinstance(pod, dict):
         return None, ()
     status = pod.get("status") or {}
@@ -130,7 +132,8 @@ def charge_and_unknown(pod: Mapping[str, Any], policy: CompiledPolicy,
         return None, ()
     if is_gated(pod):
         return None, ()  # waiting for quota: it holds nothing until released, charged
-    ident = ObjectId.of(pod)
+    if ident is None:
+        ident = ObjectId.of(pod)
     namespace = ident.namespace
     try:
         target = read_target("", "Pod", namespace, pod, "", policy, lambda _: labels,

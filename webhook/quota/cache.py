@@ -33,13 +33,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from webhook.engine.charge import charge_and_unknown
 from webhook.engine.cost import Charge
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import label_of
 from webhook.k8s.slices import SLICE
 from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.charges import ChargeMemo
 from webhook.quota.claims import ClaimCache
 from webhook.quota.line import WaitLine
 from webhook.quota.usage import Usage
@@ -117,6 +117,8 @@ class ClusterState:
         # Told each uid the watch shows with all it costs (or ended): a store deciding
         # in this process drops its reservation then (webhook.quota.decider).
         self.on_seen: Callable[[str], None] | None = None
+        # Charges made for pods of one shape, for the events that repeat them.
+        self.charges = ChargeMemo()
 
     def watch_claims(self, slices: bool = False) -> ClaimCache:
         """Keep DRA claims and templates too (their watches then count for liveness),
@@ -218,8 +220,8 @@ class ClusterState:
                 self.on_seen(uid)
             return
         ns = ident.namespace
-        charge, unknown = charge_and_unknown(pod, self.policy(), self.labels.get(ns),
-                                             self.claim_lookup, self.node_products.get)
+        charge, unknown = self.charges.charge(pod, ident, self.policy(), self.labels.get(ns),
+                                              self.claim_lookup, self.node_products.get)
         self._note_node(uid, pod)
         if self.claims is not None:  # templates are watched: they will arrive
             self._wait(uid, pod, unknown)
@@ -228,7 +230,7 @@ class ClusterState:
         if old is not None and old.gpus > (charge.gpus if charge is not None else 0.0):
             self.freed[old.tenant] = self._clock()
         into.put(uid, ident.key, charge)
-        self.line.seen(uid, pod, charge is not None)
+        self.line.seen(uid, pod, charge is not None, ident)
         if self.on_seen is not None and self.seen(uid):
             self.on_seen(uid)
 

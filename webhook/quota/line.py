@@ -122,12 +122,14 @@ for _b in CRD_KINDS:
         _BY_LABEL.setdefault(_b.pod_label, []).append(_b)
 
 
-def gang_of(pod: Mapping[str, Any]) -> GangOf | None:
+def gang_of(pod: Mapping[str, Any], ident: ObjectId | None = None) -> GangOf | None:
     """The gang of a waiting pod: the training workload that controls it or whose label
     it carries (of a label several kinds share, the kind its owners name, else the first
     that makes pods itself: a TrainJob's pods are its JobSet's), one group of a
-    LeaderWorkerSet, else the batch Job that controls it; None for a pod of neither."""
-    ident = ObjectId.of(pod)
+    LeaderWorkerSet, else the batch Job that controls it; None for a pod of neither.
+    ``ident``: the pod's identity when the caller has read it already."""
+    if ident is None:
+        ident = ObjectId.of(pod)
     ns, labels = ident.namespace, ident.labels
     # (group, kind) -> (version, name) of the pod's owners: the version its controller
     # wrote is one the API server serves.
@@ -164,7 +166,8 @@ class WaitLine:
         self._fresh: set[str] | None = None  # uids seen since a relist began
         self.version = 0  # bumped on every change the line cares about
 
-    def seen(self, uid: str, pod: dict[str, Any], charged: bool) -> None:
+    def seen(self, uid: str, pod: dict[str, Any], charged: bool,
+             ident: ObjectId | None = None) -> None:
         if self._fresh is not None:
             self._fresh.add(uid)
         if is_gated(pod):
@@ -172,7 +175,7 @@ class WaitLine:
             self.version += 1
         elif self.pods.pop(uid, None) is not None:
             self.version += 1
-        gang = gang_of(pod) if charged else None
+        gang = gang_of(pod, ident) if charged else None
         self._member(uid, gang.key if gang else None)
 
     def gone(self, uid: str) -> None:
