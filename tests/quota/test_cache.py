@@ -9,6 +9,7 @@ guard so a broken watcher fails instead of hanging.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from typing import Any
@@ -19,7 +20,7 @@ from quotakit import POLICY, pod, policy
 from webhook.libs.kube import Watcher
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
-from webhook.quota.cache import ClusterState
+from webhook.quota.cache import EVENTS_PER_TURN, ClusterState
 
 GUARD = 30.0  # seconds: only ever reached when the code under test is broken
 # A watch window no step of a test outlasts: a connection is given up after three
@@ -259,3 +260,73 @@ def test_a_stalled_watch_makes_the_state_not_live_until_it_recovers(api: FakeAPI
         looked.set()
         w.stop()
         api.released.set()
+
+
+# -- from the watch thread to the event loop ------------------------------------------------
+
+
+def test_a_burst_of_watch_events_wakes_the_loop_once_and_leaves_it_turns_between() -> None:
+    """A relist or a busy cluster delivers events faster than the loop applies them: they
+    are applied in order, after one wakeup, a turn's worth at a time with the loop's
+    other callbacks (reviews) run between turns."""
+    state, _ = synced_state()
+    applied: list[str] = []
+    wakeups = 0
+    burst = 3 * EVENTS_PER_TURN + 5
+
+    async def run() -> None:
+        nonlocal wakeups
+        loop = asyncio.get_running_loop()
+        wake = loop.call_soon_threadsafe
+
+        def counted(*args: Any) -> Any:
+            nonlocal wakeups
+            wakeups += 1
+            return wake(*args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        deliver = state.deliverer(loop, lambda typ, obj: applied.append(obj["n"]))
+        # The watch thread delivers the whole burst while the loop is busy elsewhere.
+        t = threading.Thread(target=lambda: [deliver("ADDED", {"n": str(i)})
+                                             for i in range(burst)])
+        t.start()
+        t.join(GUARD)
+        loop.call_soon(lambda: applied.append("review"))  # arrives after the burst
+        while len(applied) < burst + 1:
+            await asyncio.sleep(0)
+
+    asyncio.run(run())
+    events = [a for a in applied if a != "review"]
+    assert events == [str(i) for i in range(burst)]
+    assert wakeups == 1
+    # The review ran after the first turn, not after the whole burst.
+    assert applied.index("review") == EVENTS_PER_TURN
+
+
+def test_a_watch_event_that_fails_to_apply_is_reported_and_the_next_ones_applied() -> None:
+    state, _ = synced_state()
+    applied: list[int] = []
+    reported: list[dict[str, Any]] = []
+
+    def handler(typ: str, obj: dict[str, Any]) -> None:
+        if obj["n"] == 1:
+            raise ValueError("a malformed object")
+        applied.append(obj["n"])
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: reported.append(context))
+        deliver = state.deliverer(loop, handler)
+        t = threading.Thread(target=lambda: [deliver("ADDED", {"n": i}) for i in range(3)])
+        t.start()
+        t.join(GUARD)
+        while len(applied) < 2:
+            await asyncio.sleep(0)
+        deliver("MODIFIED", {"n": 3})  # the loop is woken again for what comes later
+        while len(applied) < 3:
+            await asyncio.sleep(0)
+
+    asyncio.run(run())
+    assert applied == [0, 2, 3]
+    assert [c["message"] for c in reported] == ["a watch event (ADDED) could not be applied"]
+    assert isinstance(reported[0]["exception"], ValueError)
