@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pytest
 
 from fakeapi import FakeAPI
 from quotakit import POLICY, pod, policy
 
-from webhook.libs.kube import Watcher
+from webhook.libs.kube import LoopWatcher, Watcher, loop_watcher
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_text
 from webhook.quota.cache import EVENTS_PER_TURN, ClusterState
@@ -180,16 +183,65 @@ class Events:
                 return got
 
 
-def _watcher(api: FakeAPI, events: Events, window: float = QUIET) -> Watcher:
-    w = Watcher(api.api_client(), "pods", events, window=lambda: window)
-    w.start()
-    return w
+class OnLoop:
+    """An event loop running in a thread of its own, as the server's runs."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def start(self, w: LoopWatcher) -> None:
+        async def start() -> None:
+            w.start()
+
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result(GUARD)
+
+    def close(self) -> None:
+        async def cancel_all() -> None:  # as asyncio.run does at the end
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(GUARD)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(GUARD)
+        self.loop.close()
 
 
-def test_the_watcher_lists_then_streams_and_shows_progress(api: FakeAPI) -> None:
+TOKEN = "Bearer a-service-account-token"
+
+
+@pytest.fixture(params=["thread", "loop"])
+def make_watcher(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """Both pod watchers, against the same fake API: :class:`Watcher` (a thread) and
+    :class:`LoopWatcher` (the event loop's own connection)."""
+    on_loop = OnLoop() if request.param == "loop" else None
+
+    def make(api: FakeAPI, deliver: Callable[[str, dict[str, Any]], None],
+             window: Callable[[], float]) -> Watcher | LoopWatcher:
+        c = api.api_client()
+        c.configuration.api_key["authorization"] = TOKEN
+        if on_loop is None:
+            w: Watcher | LoopWatcher = Watcher(c, "pods", deliver, window=window)
+            w.start()
+            return w
+        lw = loop_watcher(c, "pods", deliver, window)
+        assert lw is not None
+        on_loop.start(lw)
+        return lw
+
+    yield make
+    if on_loop is not None:
+        on_loop.close()
+
+
+def test_the_watcher_lists_then_streams_and_shows_progress(
+        api: FakeAPI, make_watcher: Callable[..., Any]) -> None:
     api.pods = [pod("a", gpus=1)]
     events = Events()
-    w = _watcher(api, events)
+    w = make_watcher(api, events, lambda: QUIET)
     try:
         assert events.until("SYNCED") == ["ADDED", "SYNCED"]
         api.watch_events.put({"type": "ADDED", "object": pod("b", gpus=1)})
@@ -206,13 +258,14 @@ def test_the_watcher_lists_then_streams_and_shows_progress(api: FakeAPI) -> None
         api.watch_events.put("close")
 
 
-def test_a_stalled_watch_is_given_up_and_listed_again(api: FakeAPI) -> None:
+def test_a_stalled_watch_is_given_up_and_listed_again(
+        api: FakeAPI, make_watcher: Callable[..., Any]) -> None:
     # The stream goes silent without closing. The watcher must not wait for it forever:
     # its read times out (three windows) and it lists again on a new connection, which
     # the consumer sees as RESET + the list + SYNCED.
     api.pods = [pod("a", gpus=1)]
     events = Events()
-    w = _watcher(api, events, window=0.3)  # given up after 0.9 s of silence
+    w = make_watcher(api, events, lambda: 0.3)  # given up after 0.9 s of silence
     try:
         events.until("SYNCED")
         # Silent either way: the stall, or the test held for 0.9 s before it came.
@@ -223,7 +276,8 @@ def test_a_stalled_watch_is_given_up_and_listed_again(api: FakeAPI) -> None:
         api.released.set()
 
 
-def test_a_stalled_watch_makes_the_state_not_live_until_it_recovers(api: FakeAPI) -> None:
+def test_a_stalled_watch_makes_the_state_not_live_until_it_recovers(
+        api: FakeAPI, make_watcher: Callable[..., Any]) -> None:
     # Between the stall and the relist, no progress arrives: with a clock the test
     # moves, the state goes not-live exactly when two windows pass without a sign.
     # The relist (0.9 s of silence after the list) reaches the state only once the
@@ -243,8 +297,7 @@ def test_a_stalled_watch_makes_the_state_not_live_until_it_recovers(api: FakeAPI
             done.set()
 
     api.pods = [pod("a", gpus=1)]
-    w = Watcher(api.api_client(), "pods", deliver, window=lambda: window[0])
-    w.start()
+    w = make_watcher(api, deliver, lambda: window[0])
     try:
         assert w.synced.wait(GUARD)  # listed: the clock is moved only after this sign
         api.watch_events.put("stall")
@@ -260,6 +313,28 @@ def test_a_stalled_watch_makes_the_state_not_live_until_it_recovers(api: FakeAPI
         looked.set()
         w.stop()
         api.released.set()
+
+
+def test_an_expired_watch_is_listed_again_with_the_credentials_on_every_request(
+        api: FakeAPI, make_watcher: Callable[..., Any]) -> None:
+    # 410 Gone: the resourceVersion the watch resumes from is older than the API server
+    # keeps. Nothing after it can be trusted to be complete: list again.
+    api.pods = [pod("a", gpus=1)]
+    events = Events()
+    w = make_watcher(api, events, lambda: QUIET)
+    try:
+        events.until("SYNCED")
+        api.watch_events.put({"type": "ERROR", "object": {
+            "kind": "Status", "code": 410, "reason": "Expired",
+            "message": "too old resource version"}})
+        api.pods = [pod("b", gpus=1)]
+        assert events.until("SYNCED") == ["RESET", "ADDED", "SYNCED"]
+        watches = [i for i, r in enumerate(api.requests) if r == ("GET", "/api/v1/pods")]
+        assert len(watches) >= 3  # list, watch, list again
+        assert {api.authorizations[i] for i in watches} == {TOKEN}
+    finally:
+        w.stop()
+        api.watch_events.put("close")
 
 
 # -- from the watch thread to the event loop ------------------------------------------------

@@ -94,7 +94,7 @@ class Cluster:
     state: ClusterState
     store: LedgerStore | DecidingStore
     read_workload: WorkloadReader
-    watchers: list[kube.Watcher]
+    watchers: list[kube.Watcher | kube.LoopWatcher]
     api: Any = None  # the API client, for what the leader replica writes (server.upkeep)
     read_claim: ClaimReader | None = None  # a claim or template the watches lack yet
     sights: Sights = no_sights  # nodes and PriorityClasses (SightCache)
@@ -130,7 +130,10 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
         if quota_commit == "leader" else
         LedgerStore(state, kube.ConfigMaps(api, ns), ttl=active.policy.reservation_ttl,
                     holder=holder, phase=ledger_phase))
-    pods = kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event))
+    # Every pod of the cluster, read and applied on the loop (no thread hop per event).
+    pods: kube.Watcher | kube.LoopWatcher = (
+        kube.loop_watcher(api, "pods", state.pod_event, state.watch_window)
+        or kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event)))
     namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
     # DRA: the claims and templates pods name, found without an API call on admission.
     state.watch_claims(slices=True)

@@ -2,7 +2,8 @@
 one module per family of objects.
 
 Everything else speaks the product's terms: pods and namespaces arrive as plain dicts from
-:class:`Watcher` (:mod:`.watch`), the workload of a scale request is read as a plain dict
+:class:`Watcher` (:mod:`.watch`; the pods on the event loop itself,
+:mod:`.loopwatch`), the workload of a scale request is read as a plain dict
 by :class:`Workloads` (:mod:`.workloads`), a DRA claim or template a pod names and the
 watch has not delivered yet by :class:`ResourceClaims` (:mod:`.claims`), the ledger reads
 and writes one ConfigMap with a resourceVersion precondition (:mod:`.configmaps`), self-
@@ -34,6 +35,7 @@ from webhook.libs.kube.custom import (
     GPUPolicies,
 )
 from webhook.libs.kube.leases import Leases, StoredLease
+from webhook.libs.kube.loopwatch import LoopWatcher, loop_watcher
 from webhook.libs.kube.pods import Pods, whoami
 from webhook.libs.kube.secrets import Secrets, StoredSecret
 from webhook.libs.kube.watch import ABSENT_RECHECK_SECONDS, DEFAULT_WATCH_WINDOW, Event, Watcher
@@ -56,6 +58,7 @@ __all__ = [
     "GPUPolicies",
     "KubeError",
     "Leases",
+    "LoopWatcher",
     "NotFound",
     "Pods",
     "ResourceClaims",
@@ -70,6 +73,7 @@ __all__ = [
     "connect",
     "list_objects",
     "list_typed",
+    "loop_watcher",
     "translated",
     "whoami",
 ]

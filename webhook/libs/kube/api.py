@@ -86,16 +86,28 @@ def translated(what: str, timeout: float | None = None,
     try:
         yield
     except ApiException as exc:
-        status = int(exc.status or 0)
-        kind = (statuses or {}).get(status) or {404: NotFound, 409: Conflict}.get(
-            status, Unreachable)
-        words = _STATUS_WORDS.get(status) or (
-            "the API server failed" if status >= 500 else "the API server refused it")
-        raise kind(what, f"{words} (HTTP {status})",
-                   f"HTTP {status} {exc.reason}: {str(exc.body or '')[:500]}") from None
+        raise status_error(what, int(exc.status or 0), exc.reason, exc.body,
+                           statuses) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise Unreachable(what, _network_words(exc, timeout),
-                          f"{type(exc).__name__}: {exc}") from None
+        raise network_error(what, exc, timeout) from None
+
+
+def status_error(what: str, status: int, reason: object, body: object,
+                 statuses: Mapping[int, type[KubeError]] | None = None) -> KubeError:
+    """The error for an answer of HTTP ``status`` to ``what`` (see :func:`translated`)."""
+    kind = (statuses or {}).get(status) or {404: NotFound, 409: Conflict}.get(
+        status, Unreachable)
+    words = _STATUS_WORDS.get(status) or (
+        "the API server failed" if status >= 500 else "the API server refused it")
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    return kind(what, f"{words} (HTTP {status})",
+                f"HTTP {status} {reason}: {str(body or '')[:500]}")
+
+
+def network_error(what: str, exc: BaseException, timeout: float | None) -> Unreachable:
+    """The error for a network, TLS or timeout failure of ``what``."""
+    return Unreachable(what, _network_words(exc, timeout), f"{type(exc).__name__}: {exc}")
 
 
 def _network_words(exc: BaseException, timeout: float | None) -> str:

@@ -95,10 +95,8 @@ class Watcher:
                 self.synced.set()
                 self._stop.wait(ABSENT_RECHECK_SECONDS)
             except Exception as exc:  # any failure: log, back off, relist
-                error = (exc.detail or str(exc)) if isinstance(exc, KubeError) else \
-                    f"{type(exc).__name__}: {exc}"
                 logs.event(f"{self.kind} watch failed; relisting", logging.WARNING,
-                           error=error, retry_in=backoff)
+                           error=failed_words(exc), retry_in=backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
@@ -129,7 +127,7 @@ class Watcher:
                     _request_timeout=3 * window)
                 try:
                     for line in _lines(resp):
-                        rv = self._event(line, rv)
+                        rv = watch_event(self.kind, line, rv, self.deliver)
                         if self._stop.is_set():
                             return
                 finally:
@@ -138,27 +136,36 @@ class Watcher:
             # The server closed the watch at its timeout: the stream was alive to the end.
             self.deliver("PROGRESS", {})
 
-    def _event(self, line: bytes, rv: str) -> str:
-        """Deliver one line of the watch stream; the resourceVersion to resume from."""
-        try:
-            ev = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            # Skipping a line would lose an object's change for good: list again.
-            raise Unreachable(f"watch {self.kind}", "the API server sent a watch event "
-                              "that is not JSON", line[:200].decode(errors="replace")) from None
-        typ = ev.get("type") if isinstance(ev, dict) else None
-        raw = ev.get("object") if isinstance(ev, dict) else None
-        if not isinstance(raw, dict):
-            raw = {}
-        if typ == "ERROR":  # 410 Gone (the resourceVersion is too old) among them
-            code = raw.get("code")
-            raise KubeError(f"watch {self.kind}", f"error {code}", str(raw.get("message")))
-        meta = raw.get("metadata")
-        if isinstance(meta, dict):
-            rv = str(meta.get("resourceVersion") or rv)
-        self.deliver("PROGRESS" if typ == "BOOKMARK" else str(typ),
-                     {} if typ == "BOOKMARK" else raw)
-        return rv
+
+def watch_event(kind: str, line: bytes, rv: str,
+                deliver: Callable[[str, dict[str, Any]], None]) -> str:
+    """Deliver one line of a watch stream of ``kind``; the resourceVersion to resume
+    from. An ERROR event (410 Gone among them) or a line that is not JSON raises: the
+    collection is listed again."""
+    try:
+        ev = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        # Skipping a line would lose an object's change for good: list again.
+        raise Unreachable(f"watch {kind}", "the API server sent a watch event that is "
+                          "not JSON", line[:200].decode(errors="replace")) from None
+    typ = ev.get("type") if isinstance(ev, dict) else None
+    raw = ev.get("object") if isinstance(ev, dict) else None
+    if not isinstance(raw, dict):
+        raw = {}
+    if typ == "ERROR":
+        code = raw.get("code")
+        raise KubeError(f"watch {kind}", f"error {code}", str(raw.get("message")))
+    meta = raw.get("metadata")
+    if isinstance(meta, dict):
+        rv = str(meta.get("resourceVersion") or rv)
+    deliver("PROGRESS" if typ == "BOOKMARK" else str(typ), {} if typ == "BOOKMARK" else raw)
+    return rv
+
+
+def failed_words(exc: BaseException) -> str:
+    """What a watch's failure was, for the log."""
+    return (exc.detail or str(exc)) if isinstance(exc, KubeError) else \
+        f"{type(exc).__name__}: {exc}"
 
 
 def _lines(resp: Any) -> Iterator[bytes]:
