@@ -371,9 +371,11 @@ class ClusterState:
                 waiting.discard(uid)
                 if not waiting:
                     del self._waiting_on[key]
+        if not templates or pod is None:
+            return  # the common case: nothing to wait for
         ns = ObjectId.of(pod).namespace
         missing = frozenset((ns, t) for t in templates)
-        if missing and pod is not None:
+        if missing:
             self._waiting[uid] = (pod, missing)
             for key in missing:
                 self._waiting_on.setdefault(key, set()).add(uid)
