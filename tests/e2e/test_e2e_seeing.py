@@ -11,6 +11,7 @@ replicas serve it, writing the quota status every second and auditing every two.
 from __future__ import annotations
 
 import ssl
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -341,3 +342,54 @@ def test_the_lease_passes_on_expiry_and_at_once_on_release(cluster: ControlPlane
     assert a.try_once()
     stored = leases.read(name)
     assert stored is not None and stored.holder == "a" and stored.transitions == 2
+
+
+class _HeldRenewal(kube.Leases):
+    """The real Leases, with the next write of this holder held until told: a renewal
+    in flight (its thread still running) when the replica stops."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        super().__init__(api, namespace)
+        self.hold = False
+        self.held = threading.Event()  # the renewal's write is waiting
+        self.go = threading.Event()
+        self.read_while_held = threading.Event()
+
+    def read(self, name: str) -> kube.StoredLease | None:
+        if self.held.is_set() and not self.go.is_set():
+            self.read_while_held.set()
+        return super().read(name)
+
+    def write(self, name: str, holder: str, *args: Any, **kwargs: Any) -> None:
+        if self.hold and holder:
+            self.hold = False
+            self.held.set()
+            self.go.wait(TIMEOUT)
+        super().write(name, holder, *args, **kwargs)
+
+
+def test_a_renewal_in_flight_at_shutdown_neither_spoils_the_release_nor_leads_again(
+        cluster: ControlPlane) -> None:
+    # Found by the take-over test above: the replica's renewal thread (its task already
+    # cancelled) wrote the Lease between the release's read and write; the release got a
+    # conflict, the Lease stayed held, and the stopped replica went on leading.
+    leases = _HeldRenewal(kube.connect(str(cluster.kubeconfig)), LEDGER_NAMESPACE)
+    name = f"leader-{short_id()}"
+    a = Leadership(leases, name, "a", duration=30)
+    assert a.try_once()
+    leases.hold = True
+    renewal = threading.Thread(target=a.try_once)
+    renewal.start()
+    assert leases.held.wait(TIMEOUT)
+    release = threading.Thread(target=a.release)
+    release.start()
+    # The release must wait for the renewal: it reads nothing while the renewal's write
+    # is held. (Waited for a second; a release that wrongly goes ahead reads at once.)
+    assert not leases.read_while_held.wait(1.0)
+    leases.go.set()
+    renewal.join(TIMEOUT)
+    release.join(TIMEOUT)
+    assert not a.leading()
+    stored = leases.read(name)
+    assert stored is not None and stored.holder == ""  # released: another leads at once
+    assert not a.try_once() and not a.leading()  # and this replica never again

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,11 @@ class Leadership:
         self.on_change: list[Callable[[bool], None]] = []
         self._was = False
         self._failing = ""
+        # One round at a time: a renewal still running in its thread when the replica
+        # stops (its task cancelled) must finish before the release reads the Lease,
+        # and never lead again after it.
+        self._lock = threading.Lock()
+        self._released = False
 
     def leading(self) -> bool:
         return self.clock() < self._until
@@ -72,6 +78,12 @@ class Leadership:
 
     def try_once(self) -> bool:
         """One round: renew, take over an expired or released Lease, or follow."""
+        with self._lock:
+            if self._released:
+                return False
+            return self._round()
+
+    def _round(self) -> bool:
         started = self.clock()
         try:
             lease = self.leases.read(self.name)
@@ -114,9 +126,14 @@ class Leadership:
                           _micro_time(self.wall()), resource_version, self.address)
 
     def release(self) -> None:
-        """Give the Lease up (at shutdown), so another replica leads without waiting."""
-        if not self.leading():
-            return
+        """Give the Lease up (at shutdown), so another replica leads without waiting;
+        this replica does not lead again."""
+        with self._lock:
+            self._released = True
+            if self.leading():
+                self._release()
+
+    def _release(self) -> None:
         self._until = 0.0
         try:
             lease = self.leases.read(self.name)
