@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
 from fakeapi import FakeAPI
 from quotakit import POLICY, pod, policy
 
@@ -335,6 +334,39 @@ def test_an_expired_watch_is_listed_again_with_the_credentials_on_every_request(
     finally:
         w.stop()
         api.watch_events.put("close")
+
+
+def test_an_event_the_cache_fails_to_apply_is_reported_and_the_watch_goes_on(
+        api: FakeAPI) -> None:
+    # On the loop the watcher hands events to the cache itself: one that raises must
+    # not end the watch (a relist would meet the same pod and fail again, for ever).
+    api.pods = [pod("a", gpus=1)]
+    events = Events()
+    reported: list[str] = []
+
+    def deliver(typ: str, obj: dict[str, Any]) -> None:
+        if (obj.get("metadata") or {}).get("name") in ("a", "b"):
+            raise ValueError("a pod the cache cannot read")
+        events(typ, obj)
+
+    on_loop = OnLoop()
+    on_loop.loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
+    w = loop_watcher(api.api_client(), "pods", deliver, lambda: QUIET)
+    assert w is not None
+    on_loop.start(w)
+    try:
+        assert events.until("SYNCED") == ["SYNCED"]  # the listed pod that failed is skipped
+        api.watch_events.put({"type": "ADDED", "object": pod("b", gpus=1)})
+        api.watch_events.put({"type": "ADDED", "object": pod("c", gpus=1)})
+        typ, obj = events.next()
+        assert (typ, obj["metadata"]["name"]) == ("ADDED", "c")  # on the same stream
+        assert reported == ["a watch event (ADDED) could not be applied"] * 2
+        assert [r for r in api.requests if r == ("GET", "/api/v1/pods")] == [
+            ("GET", "/api/v1/pods")] * 2  # one list, one watch: never listed again
+    finally:
+        w.stop()
+        api.watch_events.put("close")
+        on_loop.close()
 
 
 # -- from the watch thread to the event loop ------------------------------------------------

@@ -74,7 +74,7 @@ class LoopWatcher:
                  window: Callable[[], float]) -> None:
         cfg = api.configuration
         url = urlsplit(str(cfg.host))
-        self.api, self.kind, self.deliver, self.window = api, kind, deliver, window
+        self.api, self.kind, self._consumer, self.window = api, kind, deliver, window
         self._list_fn: Callable[..., Any] = client.CoreV1Api(api).list_pod_for_all_namespaces
         self._host = url.hostname or ""
         self._port = url.port or (443 if url.scheme == "https" else 80)
@@ -96,6 +96,16 @@ class LoopWatcher:
     def resync(self) -> None:
         """Relist (and RESET the consumer) when the current watch window ends."""
         self._relist = True
+
+    def deliver(self, typ: str, obj: dict[str, Any]) -> None:
+        """Hand an event to the consumer. One it fails to apply is reported as the loop
+        reports a callback's, and the next ones delivered: the watch goes on (listing
+        again would meet the same object, and fail again)."""
+        try:
+            self._consumer(typ, obj)
+        except Exception as exc:
+            asyncio.get_running_loop().call_exception_handler({
+                "message": f"a watch event ({typ}) could not be applied", "exception": exc})
 
     async def _run(self) -> None:
         backoff, first = 0.5, True
