@@ -44,7 +44,12 @@ from webhook.libs.kube.api import (
     status_error,
     translated,
 )
-from webhook.libs.kube.watch import ABSENT_RECHECK_SECONDS, failed_words, watch_event
+from webhook.libs.kube.watch import (
+    ABSENT_RECHECK_SECONDS,
+    failed_words,
+    split_lines,
+    watch_event,
+)
 
 # The collections watched here, by the kind :class:`Watcher` names them.
 PATHS = {"pods": "/api/v1/pods"}
@@ -247,10 +252,7 @@ class _Stream(asyncio.Protocol):
             if len(self.error_body) < MAX_ERROR_BODY:
                 self.error_body += body
             return
-        if b"\n" not in body:
-            self.rest += body
-            return
-        *lines, self.rest = (self.rest + body).split(b"\n")
+        lines, self.rest = split_lines(self.rest, body)
         for line in lines:
             self._line(line)
 

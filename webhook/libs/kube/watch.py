@@ -175,16 +175,19 @@ def _lines(resp: Any) -> Iterator[bytes]:
     event, on the thread that shares the interpreter with the event loop)."""
     rest = b""
     for chunk in resp.stream(None, decode_content=False):
-        if b"\n" not in chunk:
-            rest += chunk
-            continue
-        *lines, tail = (rest + chunk).split(b"\n")
-        rest = tail
-        for line in lines:
-            if line.strip():
-                yield line
+        lines, rest = split_lines(rest, chunk)
+        yield from (line for line in lines if line.strip())
     if rest.strip():
         yield rest
+
+
+def split_lines(rest: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
+    """The whole lines of a watch stream that ``chunk`` completes after ``rest`` (what
+    the chunks before it left of an unfinished line), and what it leaves unfinished."""
+    if b"\n" not in chunk:
+        return [], rest + chunk
+    *lines, tail = (rest + chunk).split(b"\n")
+    return lines, tail
 
 
 DEFAULT_WATCH_WINDOW = 15.0
