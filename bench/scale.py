@@ -50,6 +50,7 @@ import os
 import re
 import signal
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -182,12 +183,13 @@ class Sim:
 
 
 def start_sim(work: Path, gpu_nodes: int, replicas: int, policy_file: Path,
-              timeout: float, webhook_args: list[str] | None = None) -> Sim:
+              timeout: float, webhook_args: list[str] | None = None,
+              apiserver_args: list[str] | None = None) -> Sim:
     args = [sys.executable, str(SIM), "up", "--work-dir", str(work), "--gpu-nodes",
             str(gpu_nodes), "--replicas", str(replicas), "--no-install",
             "--policy", str(policy_file)]
     args += [f"--webhook-arg={a}" for a in webhook_args or ()]
-    args += [f"--apiserver-arg={a}" for a in APISERVER_ARGS]
+    args += [f"--apiserver-arg={a}" for a in APISERVER_ARGS + list(apiserver_args or ())]
     for component in ("kube-controller-manager", "kube-scheduler"):
         args += [f"--component-arg={component}={a}" for a in UNLIMITED]
     args += ["--component-arg=kube-controller-manager=--concurrent-job-syncs=50",
@@ -252,12 +254,17 @@ class PodWatch:
             while not self.stopping.is_set():
                 params = {"watch": "1", "resourceVersion": self.rv, "timeoutSeconds": "3600",
                           "allowWatchBookmarks": "true"}
-                with http.stream("GET", "/api/v1/pods", params=params) as r:
-                    for line in r.iter_lines():
-                        if self.stopping.is_set():
-                            return
-                        if line:
-                            self._event(orjson.loads(line))
+                try:
+                    with http.stream("GET", "/api/v1/pods", params=params) as r:
+                        for line in r.iter_lines():
+                            if self.stopping.is_set():
+                                return
+                            if line:
+                                self._event(orjson.loads(line))
+                except httpx.HTTPError:
+                    if self.stopping.is_set():
+                        return  # the cluster is being stopped under the watch
+                    time.sleep(1.0)  # watched again from the last resourceVersion
 
     def _event(self, ev: dict[str, Any]) -> None:
         obj = ev["object"]
@@ -430,6 +437,9 @@ class Phase:
     # overQuota wait: pods the leader released, and seconds from a pod's creation to its
     # release (gpu_webhook_release_wait_seconds, every replica's), and from the moment it
     # could fit (quota freed, or its arrival) to its release (..._release_latency_seconds).
+    # API requests per pod created, by verb and resource (apiserver_request_total), the
+    # ten most frequent: what the API server did per pod besides admitting it.
+    requests_per_pod: dict[str, float] = field(default_factory=dict)
     released: float = 0.0
     release_wait_s: dict[str, float | str | None] = field(default_factory=dict)
     release_latency_s: dict[str, float | str | None] = field(default_factory=dict)
@@ -463,6 +473,16 @@ def measure(phase: Phase, before: Snapshot, after: Snapshot, events: list[PodEve
                                    resource="pods", code="403")
                              - total(before.apiserver, "apiserver_request_total", verb="POST",
                                      resource="pods", code="403"))
+    if phase.created:
+        requests: dict[str, float] = defaultdict(float)
+        for sign, snap in ((1, after), (-1, before)):
+            for n, labels, v in snap.apiserver:
+                if n == "apiserver_request_total":
+                    sub = labels.get("subresource")
+                    what = labels.get("resource", "") + (f"/{sub}" if sub else "")
+                    requests[f"{labels.get('verb')} {what}"] += sign * v
+        top = sorted(requests.items(), key=lambda kv: -kv[1])[:10]
+        phase.requests_per_pod = {k: round(v / phase.created, 2) for k, v in top}
     name = "apiserver_admission_webhook_admission_duration_seconds"
     for kind in ("admit", "validating"):
         h = delta(buckets(after.apiserver, name, type=kind, operation="CREATE"),
@@ -519,14 +539,35 @@ def _ms(seconds: float | None, hist: dict[float, float] | None = None) -> float 
     return round(seconds * 1000, 2)
 
 
+def profile_apiserver(kube: Kube, seconds: float, into: Path) -> threading.Thread:
+    """A CPU profile of the API server (Go's pprof, its ``/debug/pprof/profile``) over
+    ``seconds``, written to ``into`` from a thread; read with ``go tool pprof -top``."""
+    def run() -> None:
+        r = kube.http.get("/debug/pprof/profile", params={"seconds": str(int(seconds))},
+                          timeout=seconds + 60)
+        if r.status_code == 200:
+            into.write_bytes(r.content)
+        else:
+            print(f"  ! API server profile: {r.status_code} {r.text[:200]}", file=sys.stderr)
+    t = threading.Thread(target=run, name="pprof", daemon=True)
+    t.start()
+    return t
+
+
 def run_phase(kube: Kube, meter: Meter, watch: PodWatch, phase: Phase,
               jobs: list[tuple[str, dict[str, Any]]], caps: dict[str, int], key: Any,
-              timeout: float, window: float | None = None) -> Phase:
+              timeout: float, window: float | None = None,
+              profile: tuple[float, Path] | None = None) -> Phase:
     """Post the Jobs and wait for every pod to be created and to end (or, with
-    ``window``, for that many seconds), then measure."""
+    ``window``, for that many seconds), then measure; with ``profile`` (seconds, a
+    directory), the API server's CPU profile of the phase's first seconds too."""
     before = meter.snapshot()
     t0 = time.monotonic()
     post_jobs(kube, jobs)
+    profiling = None
+    if profile is not None:
+        profiling = profile_apiserver(kube, profile[0],
+                                      profile[1] / f"apiserver-{phase.name}.pprof")
     namespaces = set(phase.namespaces)
     deadline = t0 + (window if window is not None else timeout)
     while time.monotonic() < deadline:
@@ -544,7 +585,37 @@ def run_phase(kube: Kube, meter: Meter, watch: PodWatch, phase: Phase,
             print(f"  ! {phase.name}: not complete after {timeout:.0f}s", file=sys.stderr)
     after = meter.snapshot()
     measure(phase, before, after, watch.snapshot(), t0, caps, key)
+    if profiling is not None:
+        profiling.join()
     return phase
+
+
+def clear(kube: Kube, watch: PodWatch, namespaces: list[str], timeout: float) -> float:
+    """Delete the Jobs and pods a phase made and wait until the watch has seen every pod
+    go, so that the next phase starts from the same cluster as this one did (the API
+    server's watch cache, etcd's keys, every controller's and the webhook's caches
+    without its 10,000 finished pods). Seconds taken."""
+    t0 = time.monotonic()
+    # The pods first (every Job is complete: none makes another), then the Jobs, which
+    # then have no dependents left for the garbage collector.
+    for ns in namespaces:
+        kube.http.delete(f"/api/v1/namespaces/{ns}/pods", params={"gracePeriodSeconds": "0"})
+    for ns in namespaces:
+        kube.http.delete(f"/apis/batch/v1/namespaces/{ns}/jobs",
+                         params={"propagationPolicy": "Background"})
+    wanted = set(namespaces)
+    while time.monotonic() - t0 < timeout:
+        live: set[tuple[str, str]] = set()
+        for e in watch.snapshot():
+            if e.namespace in wanted:
+                if e.type == "DELETED":
+                    live.discard((e.namespace, e.name))
+                else:
+                    live.add((e.namespace, e.name))
+        if not live:
+            return time.monotonic() - t0
+        time.sleep(1.0)
+    raise SystemExit(f"the pods of {sorted(wanted)} were not all deleted in {timeout:.0f}s")
 
 
 def wait_deciding(sim: Sim, timeout: float = 300.0) -> None:
@@ -561,21 +632,39 @@ def wait_deciding(sim: Sim, timeout: float = 300.0) -> None:
     raise SystemExit("no webhook replica started deciding GPU quota")
 
 
+PROBE = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+         "spec": {"containers": [{"name": "c", "image": "x",
+                                  "resources": {"limits": {GPU: "1"}}}]}}
+
+
 def install(kube: Kube, sim: Sim, probe_ns: str) -> None:
     """Apply the webhook configurations and wait until the API server calls them (a
     dry-run GPU pod comes back mutated)."""
     subprocess.run([str(bin_dir(sim) / "kubectl"), f"--kubeconfig={sim.info['kubeconfig']}",
                     "apply", "-f", sim.info["webhooks"]], check=True, capture_output=True)
-    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
-             "spec": {"containers": [{"name": "c", "image": "x",
-                                      "resources": {"limits": {GPU: "1"}}}]}}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        r = kube.post(f"/api/v1/namespaces/{probe_ns}/pods", probe, params={"dryRun": "All"})
+        r = kube.post(f"/api/v1/namespaces/{probe_ns}/pods", PROBE, params={"dryRun": "All"})
         if r.status_code == 201 and MUTATED in (r.json()["metadata"].get("annotations") or {}):
             return
         time.sleep(0.2)
     raise SystemExit("the API server never called the webhook")
+
+
+def uninstall(kube: Kube, sim: Sim, probe_ns: str) -> None:
+    """Delete the webhook configurations and wait until the API server no longer calls
+    them (a dry-run GPU pod comes back as sent)."""
+    subprocess.run([str(bin_dir(sim) / "kubectl"), f"--kubeconfig={sim.info['kubeconfig']}",
+                    "delete", "-f", sim.info["webhooks"]], check=True, capture_output=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = kube.post(f"/api/v1/namespaces/{probe_ns}/pods", PROBE, params={"dryRun": "All"})
+        if r.status_code == 201 and MUTATED not in (r.json()["metadata"].get("annotations")
+                                                    or {}):
+            return
+        time.sleep(0.2)
+    raise SystemExit("the API server went on calling the webhook after its configurations "
+                     "were deleted")
 
 
 def bin_dir(sim: Sim) -> Path:
@@ -614,7 +703,10 @@ def report(results: dict[str, Any]) -> str:
                          f"{_s(late.get('p99'))} s")
     ratio = results.get("ratio_with_over_without")
     if ratio is not None:
-        lines.append(f"pods/s with / without the webhook: {ratio:.3f}")
+        rounds = results.get("ratios_by_round") or []
+        by_round = (" (median of rounds: " + ", ".join(f"{r:.3f}" for r in rounds) + ")"
+                    if len(rounds) > 1 else "")
+        lines.append(f"pods/s with / without the webhook: {ratio:.3f}{by_round}")
     lines.append("CPU ms per pod created (all processes of the cluster; webhook replicas):")
     for p in results["phases"]:
         if p["created"]:
@@ -622,6 +714,11 @@ def report(results: dict[str, Any]) -> str:
             hooks = sum(s["cpu_s"] for n, s in p["procs"].items() if n.startswith("gpu-webhook"))
             lines.append(f"  {p['name']}: {1000 * cpu / p['created']:.1f} "
                          f"({1000 * hooks / p['created']:.1f})")
+    lines.append("API requests per pod created (the most frequent):")
+    for p in results["phases"]:
+        if p.get("requests_per_pod"):
+            lines.append(f"  {p['name']}: " + ", ".join(
+                f"{k} {v:g}" for k, v in p["requests_per_pod"].items()))
     lines.append("CPU % of one core (and RSS MiB) per process, by phase:")
     for p in results["phases"]:
         lines.append(f"  {p['name']}: " + ", ".join(
@@ -647,6 +744,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="per phase")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--skip", action="append", default=[], choices=["without", "with", "race"])
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of the without and with phases, in alternating order "
+                         "(without, with; with, without; ...): the ratio is their median")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the without phase's Jobs and pods for the next phases (by "
+                         "default they are deleted: each phase starts from the same cluster)")
+    ap.add_argument("--profile-apiserver", type=float, default=0.0, metavar="SECONDS",
+                    help="a CPU profile of the API server over each phase's first SECONDS, "
+                         "written beside the results as apiserver-<phase>.pprof")
     args = ap.parse_args(argv)
 
     tenants = tenant_names(args.tenants)
@@ -661,7 +767,11 @@ def main(argv: list[str]) -> int:
     print(f"starting the simulated cluster ({args.gpu_nodes} GPU nodes) in {work} ...",
           flush=True)
     sim = start_sim(work, args.gpu_nodes, args.replicas, policy_file, timeout=900,
-                    webhook_args=[f"--quota-commit={args.quota_commit}"])
+                    webhook_args=[f"--quota-commit={args.quota_commit}"],
+                    # The suite's API server runs with profiling off; the flag given
+                    # last wins.
+                    apiserver_args=["--profiling=true"] if args.profile_apiserver > 0
+                    else [])
     results: dict[str, Any] = {"gpu_nodes": args.gpu_nodes, "nodes": sim.info["nodes"],
                                "tenants": args.tenants, "replicas": args.replicas,
                                "args": {k: str(v) for k, v in vars(args).items()},
@@ -674,10 +784,16 @@ def main(argv: list[str]) -> int:
         make_namespaces(kube, namespaces)
         meter, watch = Meter(kube, sim), PodWatch(kube)
 
-        def spread(suffix: str, premutated: bool) -> list[tuple[str, dict[str, Any]]]:
+        def spread(suffix: str, premutated: bool, round_: int
+                   ) -> list[tuple[str, dict[str, Any]]]:
+            prefix = "train" if round_ == 1 else f"train-r{round_}"
             return [(f"{tenants[i % args.tenants]}-{suffix}",
-                     job(f"train-{i:03d}", args.pods_per_job, args.parallelism, args.run_for,
-                         premutated)) for i in range(args.jobs)]
+                     job(f"{prefix}-{i:03d}", args.pods_per_job, args.parallelism,
+                         args.run_for, premutated)) for i in range(args.jobs)]
+
+        profile = ((args.profile_apiserver, args.out) if args.profile_apiserver > 0
+                   else None)
+        args.out.mkdir(parents=True, exist_ok=True)
 
         def tenant_of(ns: str) -> str:
             return ns.split("-", 1)[0]
@@ -685,19 +801,39 @@ def main(argv: list[str]) -> int:
         pods = args.jobs * args.pods_per_job
         caps = dict.fromkeys(tenants, tenant_gpus)
         phases: list[Phase] = []
-        if "without" not in args.skip:
-            print(f"phase without: {args.jobs} Jobs, {pods} pods, no webhook ...", flush=True)
-            phases.append(run_phase(kube, meter, watch,
-                                    Phase("without", [f"{t}-a" for t in tenants], pods),
-                                    spread("a", True), {}, tenant_of, args.timeout))
-        install(kube, sim, f"{tenants[0]}-b")
-        if args.quota_commit == "leader":
-            wait_deciding(sim)
-        if "with" not in args.skip:
-            print(f"phase with: {args.jobs} Jobs, {pods} pods, webhook ...", flush=True)
-            phases.append(run_phase(kube, meter, watch,
-                                    Phase("with", [f"{t}-b" for t in tenants], pods),
-                                    spread("b", False), caps, tenant_of, args.timeout))
+        installed = False
+        # Rounds alternate the order (without, with; with, without; ...) so that neither
+        # condition always runs on a machine the other sessions load more or less.
+        order = [name for r in range(args.rounds)
+                 for name in (("without", "with") if r % 2 == 0 else ("with", "without"))
+                 if name not in args.skip]
+        seen: dict[str, int] = defaultdict(int)
+        for n, name in enumerate(order):
+            seen[name] += 1
+            label = name if seen[name] == 1 else f"{name}-{seen[name]}"
+            with_webhook = name == "with"
+            if with_webhook and not installed:
+                install(kube, sim, f"{tenants[0]}-b")
+                if args.quota_commit == "leader":
+                    wait_deciding(sim)
+                installed = True
+            elif not with_webhook and installed:
+                uninstall(kube, sim, f"{tenants[0]}-a")
+                installed = False
+            suffix = "b" if with_webhook else "a"
+            print(f"phase {label}: {args.jobs} Jobs, {pods} pods, "
+                  f"{'webhook' if with_webhook else 'no webhook'} ...", flush=True)
+            phases.append(run_phase(
+                kube, meter, watch, Phase(label, [f"{t}-{suffix}" for t in tenants], pods),
+                spread(suffix, not with_webhook, seen[name]), caps if with_webhook else {},
+                tenant_of, args.timeout, profile=profile if seen[name] == 1 else None))
+            if not args.keep and (n + 1 < len(order) or "race" not in args.skip):
+                took = clear(kube, watch, [f"{t}-{suffix}" for t in tenants], args.timeout)
+                print(f"  its Jobs and pods deleted ({took:.0f}s)", flush=True)
+        if not installed:
+            install(kube, sim, f"{tenants[0]}-b")
+            if args.quota_commit == "leader":
+                wait_deciding(sim)
         if "race" not in args.skip:
             print(f"phase race: {args.race_seconds:.0f}s, 2 Jobs per race namespace wanting "
                   f"2 x {args.race_gpus} GPUs against a cap of {args.race_gpus} ...", flush=True)
@@ -710,10 +846,15 @@ def main(argv: list[str]) -> int:
             phases.append(race)
         watch.stop()
         results["phases"] = [vars(p) for p in phases]
-        by = {p.name: p for p in phases}
-        if "with" in by and "without" in by and by["without"].created_per_s:
-            results["ratio_with_over_without"] = (by["with"].created_per_s
-                                                  / by["without"].created_per_s)
+        # Round by round, with over without; the median is the run's figure.
+        withs = [p for p in phases if p.name.startswith("with") and
+                 not p.name.startswith("without")]
+        withouts = [p for p in phases if p.name.startswith("without")]
+        ratios = [a.created_per_s / b.created_per_s
+                  for a, b in zip(withs, withouts, strict=False) if b.created_per_s]
+        if ratios:
+            results["ratios_by_round"] = [round(r, 3) for r in ratios]
+            results["ratio_with_over_without"] = statistics.median(ratios)
         results["total_s"] = round(time.monotonic() - t_start, 1)
     finally:
         stop_sim(sim)
