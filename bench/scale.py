@@ -57,6 +57,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -675,6 +676,15 @@ def bin_dir(sim: Sim) -> Path:
 # --------------------------------------------------------------------------- report
 
 
+def _above_idle(phase: dict[str, Any], idle: dict[str, float], names: Iterable[str]
+                ) -> float:
+    """CPU ms per pod the processes ``names`` spent in ``phase`` beyond their idle rate."""
+    seconds = float(phase["seconds"])
+    spent: float = sum(float(phase["procs"][n]["cpu_s"]) - idle.get(n, 0.0) / 100 * seconds
+                       for n in names)
+    return 1000 * spent / float(phase["created"])
+
+
 def report(results: dict[str, Any]) -> str:
     lines = [f"scale run: {results['nodes']} nodes ({results['gpu_nodes']} GPU nodes), "
              f"{results['tenants']} tenants, {results['replicas']} webhook replicas"]
@@ -707,13 +717,24 @@ def report(results: dict[str, Any]) -> str:
         by_round = (" (median of rounds: " + ", ".join(f"{r:.3f}" for r in rounds) + ")"
                     if len(rounds) > 1 else "")
         lines.append(f"pods/s with / without the webhook: {ratio:.3f}{by_round}")
-    lines.append("CPU ms per pod created (all processes of the cluster; webhook replicas):")
+    idle: dict[str, float] = results.get("idle_cpu_pct") or {}
+    lines.append("CPU ms per pod created (all processes of the cluster; webhook replicas)"
+                 + ("; and above idle (the cluster's CPU with nothing to do, "
+                    + ", ".join(f"{n} {v:g}%" for n, v in idle.items()) + ")"
+                    if idle else "") + ":")
     for p in results["phases"]:
         if p["created"]:
             cpu = sum(s["cpu_s"] for s in p["procs"].values())
             hooks = sum(s["cpu_s"] for n, s in p["procs"].items() if n.startswith("gpu-webhook"))
-            lines.append(f"  {p['name']}: {1000 * cpu / p['created']:.1f} "
-                         f"({1000 * hooks / p['created']:.1f})")
+            line = (f"  {p['name']}: {1000 * cpu / p['created']:.1f} "
+                    f"({1000 * hooks / p['created']:.1f})")
+            if idle:
+                hooks_above = _above_idle(p, idle, [n for n in p["procs"]
+                                                    if n.startswith("gpu-webhook")])
+                line += (f"; above idle {_above_idle(p, idle, p['procs']):.1f} "
+                         f"({hooks_above:.1f}); the API server's "
+                         f"{_above_idle(p, idle, ['kube-apiserver']):.1f}")
+            lines.append(line)
     lines.append("API requests per pod created (the most frequent):")
     for p in results["phases"]:
         if p.get("requests_per_pod"):
@@ -747,6 +768,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of the without and with phases, in alternating order "
                          "(without, with; with, without; ...): the ratio is their median")
+    ap.add_argument("--idle-seconds", type=float, default=30.0,
+                    help="measure the cluster's CPU for this long before the first phase, "
+                         "with nothing to do (0: not measured)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the without phase's Jobs and pods for the next phases (by "
                          "default they are deleted: each phase starts from the same cluster)")
@@ -783,6 +807,17 @@ def main(argv: list[str]) -> int:
             namespaces.update({f"{t}-a": t, f"{t}-b": t, f"{t}-race": t})
         make_namespaces(kube, namespaces)
         meter, watch = Meter(kube, sim), PodWatch(kube)
+        if args.idle_seconds > 0:
+            # What the cluster spends per second doing nothing (500 nodes' leases and
+            # statuses, watches, controllers' periodic work): the CPU a phase spends
+            # beyond it is what its pods cost.
+            print(f"idle: {args.idle_seconds:.0f}s ...", flush=True)
+            before = meter.snapshot()
+            time.sleep(args.idle_seconds)
+            after = meter.snapshot()
+            results["idle_cpu_pct"] = {
+                n: round(100 * (p.cpu - before.procs[n].cpu) / (after.at - before.at), 1)
+                for n, p in after.procs.items() if n in before.procs}
 
         def spread(suffix: str, premutated: bool, round_: int
                    ) -> list[tuple[str, dict[str, Any]]]:

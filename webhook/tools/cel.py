@@ -131,16 +131,18 @@ def for_pod_spec(test: Callable[[str], str], configured: Iterable[WorkloadKind] 
             "has(object.spec.jobTemplate.spec.template) && "
             "has(object.spec.jobTemplate.spec.template.spec) ? "
             "[object.spec.jobTemplate.spec.template.spec] : []")
-    specs = (f"(request.kind.kind == 'Pod' ? [object.spec] : "
-             f"request.kind.kind == 'CronJob' ? ({cron}) : ({template}))")
+    specs = (f"(request.kind.kind == 'CronJob' ? ({cron}) : ({template}))")
     for group, kind, listed in reversed([*((b.group, b.kind, _crd_specs(b))
                                             for b in CRD_KINDS),
                                           *((w.group, w.kind, _configured_specs(w))
                                             for w in configured)]):
         specs = (f"(request.kind.group == {_quote(group)} && request.kind.kind == "
                  f"{_quote(kind)}) ? ({listed}) : {specs}")
-    if configured or CRD_KINDS:
-        specs = f"({specs})"  # a conditional binds looser than .exists
+    # A pod first: nearly every request sent is a pod's, and the API server evaluates
+    # this for each of them before calling the webhook (a pod then costs two string
+    # comparisons here, not one per kind).
+    specs = (f"((request.kind.group == '' && request.kind.kind == 'Pod') ? [object.spec] : "
+             f"{specs})")
     return f"{specs}.exists(s, {test('s')})"
 
 
