@@ -44,27 +44,37 @@ _AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": 
 
 
 def patch_like_ours(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    """The JSON Patch gpu-webhook returns for the pods bench/apiserver.py creates (single
-    container, no requests, no affinity, no annotations), made without a policy."""
+    """The JSON Patch gpu-webhook returns for the pods bench/apiserver.py and
+    bench/scale.py create (single container, no requests, no affinity), made without a
+    policy."""
     spec = pod.get("spec") or {}
     container = (spec.get("containers") or [{}])[0]
     limits = (container.get("resources") or {}).get("limits") or {}
+
+    def annotate(value: str) -> dict[str, Any]:
+        # A Job's pods come with the annotations of its template: the key is added.
+        if (pod.get("metadata") or {}).get("annotations"):
+            return {"op": "add", "path": "/metadata/annotations/gpu-webhook.dev~1mutated",
+                    "value": value}
+        return {"op": "add", "path": "/metadata/annotations",
+                "value": {"gpu-webhook.dev/mutated": value}}
+
     if GPU in limits:
+        toleration = ({"op": "add", "path": "/spec/tolerations/-", "value": _TOLERATION}
+                      if "tolerations" in spec else
+                      {"op": "add", "path": "/spec/tolerations", "value": [_TOLERATION]})
         return [{"op": "add", "path": "/spec/containers/0/resources/requests",
                  "value": {GPU: limits[GPU]}},
-                {"op": "add", "path": "/spec/tolerations/-", "value": _TOLERATION},
+                toleration,
                 {"op": "add", "path": "/spec/affinity", "value": _AFFINITY},
-                {"op": "add", "path": "/metadata/annotations", "value": {
-                    "gpu-webhook.dev/mutated": "gpu-requests,gpu-tolerations,gpu-node-affinity"}}]
+                annotate("gpu-requests,gpu-tolerations,gpu-node-affinity")]
     ops: list[dict[str, Any]] = [
         {"op": "remove", "path": f"/spec/tolerations/{i}"}
         for i, t in reversed(list(enumerate(spec.get("tolerations") or [])))
         if t.get("key") == GPU]
     return [*ops, {"op": "add", "path": "/spec/containers/0/env",
                    "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]},
-            {"op": "add", "path": "/metadata/annotations", "value": {
-                "gpu-webhook.dev/mutated": ("strip-gpu-tolerations," if ops else "")
-                + "gpu-visible-devices"}}]
+            annotate(("strip-gpu-tolerations," if ops else "") + "gpu-visible-devices")]
 
 
 PATCH = False  # --patch: answer mutating reviews as patch_like_ours
@@ -85,7 +95,10 @@ async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[M
     if scope["method"] == "POST":
         review = orjson.loads(b"".join(chunks))
         response["uid"] = review["request"]["uid"]
-        if PATCH and scope["path"] == "/mutate" and review["request"].get("object"):
+        # Pods only: a workload's template (bench/scale.py's Jobs) is let through as
+        # sent, and its pods are patched as they are created.
+        if (PATCH and scope["path"] == "/mutate" and review["request"].get("object")
+                and review["request"].get("kind", {}).get("kind") == "Pod"):
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(
                 orjson.dumps(patch_like_ours(review["request"]["object"]))).decode()

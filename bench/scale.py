@@ -49,6 +49,7 @@ import json
 import os
 import re
 import signal
+import socket
 import ssl
 import statistics
 import subprocess
@@ -638,34 +639,90 @@ PROBE = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
                                   "resources": {"limits": {GPU: "1"}}}]}}
 
 
-def install(kube: Kube, sim: Sim, probe_ns: str) -> None:
-    """Apply the webhook configurations and wait until the API server calls them (a
-    dry-run GPU pod comes back mutated)."""
+def _kubectl(sim: Sim, *args: str) -> None:
     subprocess.run([str(bin_dir(sim) / "kubectl"), f"--kubeconfig={sim.info['kubeconfig']}",
-                    "apply", "-f", sim.info["webhooks"]], check=True, capture_output=True)
+                    *args], check=True, capture_output=True)
+
+
+def _called(kube: Kube, probe_ns: str, floor: bool) -> bool:
+    """Whether the API server calls the webhook (``floor``: the do-nothing one) for a GPU
+    pod: a dry-run pod comes back mutated, or the do-nothing webhook's calls counted by
+    the API server go up."""
+    def calls() -> float:
+        return sum(v for n, labels, v in parse_metrics(kube.text("/metrics"), "apiserver_")
+                   if n == "apiserver_admission_webhook_request_total"
+                   and labels.get("name", "").endswith(".do-nothing.dev"))
+    before = calls() if floor else 0.0
+    r = kube.post(f"/api/v1/namespaces/{probe_ns}/pods", PROBE, params={"dryRun": "All"})
+    if r.status_code != 201:
+        return False
+    if floor:
+        return calls() > before
+    return MUTATED in (r.json()["metadata"].get("annotations") or {})
+
+
+def install(kube: Kube, sim: Sim, probe_ns: str, floor: str | None = None) -> None:
+    """Apply the webhook's configurations (or the do-nothing webhook's, ``floor``) and
+    wait until the API server calls them."""
+    _kubectl(sim, "apply", "-f", floor or sim.info["webhooks"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        r = kube.post(f"/api/v1/namespaces/{probe_ns}/pods", PROBE, params={"dryRun": "All"})
-        if r.status_code == 201 and MUTATED in (r.json()["metadata"].get("annotations") or {}):
+        if _called(kube, probe_ns, floor is not None):
             return
         time.sleep(0.2)
     raise SystemExit("the API server never called the webhook")
 
 
-def uninstall(kube: Kube, sim: Sim, probe_ns: str) -> None:
-    """Delete the webhook configurations and wait until the API server no longer calls
-    them (a dry-run GPU pod comes back as sent)."""
-    subprocess.run([str(bin_dir(sim) / "kubectl"), f"--kubeconfig={sim.info['kubeconfig']}",
-                    "delete", "-f", sim.info["webhooks"]], check=True, capture_output=True)
+def uninstall(kube: Kube, sim: Sim, probe_ns: str, floor: str | None = None) -> None:
+    """Delete the webhook's configurations (or the do-nothing webhook's) and wait until
+    the API server no longer calls them."""
+    _kubectl(sim, "delete", "-f", floor or sim.info["webhooks"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        r = kube.post(f"/api/v1/namespaces/{probe_ns}/pods", PROBE, params={"dryRun": "All"})
-        if r.status_code == 201 and MUTATED not in (r.json()["metadata"].get("annotations")
-                                                    or {}):
+        if not _called(kube, probe_ns, floor is not None):
             return
         time.sleep(0.2)
     raise SystemExit("the API server went on calling the webhook after its configurations "
                      "were deleted")
+
+
+def start_floor(sim: Sim, policy_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The floor of any webhook (``bench.baseline``: a bare server that allows every
+    review and changes nothing) on the webhook's serving certificate, and its
+    configurations: the webhook's rules and matchConditions under other names, written
+    beside the cluster's. Returns the process and the configurations' file.
+
+    Its phase creates the pods of the phase without (the toleration and affinity in the
+    Jobs' templates), as the webhook's phase ends up with: the webhook patches each
+    Job's template once, and its pods then need no patch."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    certs = Path(sim.info["ca_file"]).parent
+    log = open(sim.work / "floor.log", "wb")  # noqa: SIM115 (kept open for the child's life)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.baseline", "--host", "127.0.0.1",
+                             "--port", str(port), "--cert-dir", str(certs)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the do-nothing webhook did not start; see "
+                                 f"{sim.work / 'floor.log'}") from None
+            time.sleep(0.2)
+    exe = Path(sys.executable).with_name("gpu-webhook")
+    rendered = subprocess.run(
+        [str(exe), "manifests", "--policy", str(policy_file), "--url",
+         f"https://127.0.0.1:{port}", "--ca-file", sim.info["ca_file"]],
+        check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    configs = sim.work / "floor-webhooks.yaml"
+    configs.write_text(rendered.replace("name: gpu-webhook", "name: do-nothing")
+                       .replace(".gpu-webhook.dev", ".do-nothing.dev"))
+    return proc, str(configs)
 
 
 def bin_dir(sim: Sim) -> Path:
@@ -711,12 +768,14 @@ def report(results: dict[str, Any]) -> str:
                          f"creation to release p50/p99 {_s(w.get('p50'))}/{_s(w.get('p99'))} s;"
                          f" could fit to released p50/p99 {_s(late.get('p50'))}/"
                          f"{_s(late.get('p99'))} s")
-    ratio = results.get("ratio_with_over_without")
-    if ratio is not None:
-        rounds = results.get("ratios_by_round") or []
-        by_round = (" (median of rounds: " + ", ".join(f"{r:.3f}" for r in rounds) + ")"
-                    if len(rounds) > 1 else "")
-        lines.append(f"pods/s with / without the webhook: {ratio:.3f}{by_round}")
+    for name, what in (("with", "with / without the webhook"),
+                       ("nothing", "the do-nothing webhook / without")):
+        ratio = results.get(f"ratio_{name}_over_without")
+        if ratio is not None:
+            rounds = results.get(f"ratios_by_round_{name}_over_without") or []
+            by_round = (" (median of rounds: " + ", ".join(f"{r:.3f}" for r in rounds) + ")"
+                        if len(rounds) > 1 else "")
+            lines.append(f"pods/s {what}: {ratio:.3f}{by_round}")
     idle: dict[str, float] = results.get("idle_cpu_pct") or {}
     lines.append("CPU ms per pod created (all processes of the cluster; webhook replicas)"
                  + ("; and above idle (the cluster's CPU with nothing to do, "
@@ -771,6 +830,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--idle-seconds", type=float, default=30.0,
                     help="measure the cluster's CPU for this long before the first phase, "
                          "with nothing to do (0: not measured)")
+    ap.add_argument("--floor", action="store_true",
+                    help="a third condition in every round: the do-nothing webhook "
+                         "(bench.baseline, with the webhook's configurations pointed at "
+                         "it): what calling any webhook twice per pod costs the cluster")
     ap.add_argument("--keep", action="store_true",
                     help="keep the without phase's Jobs and pods for the next phases (by "
                          "default they are deleted: each phase starts from the same cluster)")
@@ -836,39 +899,60 @@ def main(argv: list[str]) -> int:
         pods = args.jobs * args.pods_per_job
         caps = dict.fromkeys(tenants, tenant_gpus)
         phases: list[Phase] = []
-        installed = False
-        # Rounds alternate the order (without, with; with, without; ...) so that neither
-        # condition always runs on a machine the other sessions load more or less.
-        order = [name for r in range(args.rounds)
-                 for name in (("without", "with") if r % 2 == 0 else ("with", "without"))
-                 if name not in args.skip]
-        seen: dict[str, int] = defaultdict(int)
-        for n, name in enumerate(order):
-            seen[name] += 1
-            label = name if seen[name] == 1 else f"{name}-{seen[name]}"
-            with_webhook = name == "with"
-            if with_webhook and not installed:
-                install(kube, sim, f"{tenants[0]}-b")
-                if args.quota_commit == "leader":
+        floor = start_floor(sim, policy_file) if args.floor else None
+        if floor is not None:
+            meter.pids["do-nothing"] = floor[0].pid
+        # The configurations installed: None, "with" (the webhook's) or "nothing" (the
+        # do-nothing webhook's).
+        installed: str | None = None
+
+        def switch(to: str | None) -> None:
+            nonlocal installed
+            if installed == to:
+                return
+            if installed is not None:
+                uninstall(kube, sim, f"{tenants[0]}-a",
+                          floor[1] if installed == "nothing" and floor else None)
+            if to is not None:
+                install(kube, sim, f"{tenants[0]}-b",
+                        floor[1] if to == "nothing" and floor else None)
+                if to == "with" and args.quota_commit == "leader":
                     wait_deciding(sim)
-                installed = True
-            elif not with_webhook and installed:
-                uninstall(kube, sim, f"{tenants[0]}-a")
-                installed = False
-            suffix = "b" if with_webhook else "a"
-            print(f"phase {label}: {args.jobs} Jobs, {pods} pods, "
-                  f"{'webhook' if with_webhook else 'no webhook'} ...", flush=True)
-            phases.append(run_phase(
-                kube, meter, watch, Phase(label, [f"{t}-{suffix}" for t in tenants], pods),
-                spread(suffix, not with_webhook, seen[name]), caps if with_webhook else {},
-                tenant_of, args.timeout, profile=profile if seen[name] == 1 else None))
-            if not args.keep and (n + 1 < len(order) or "race" not in args.skip):
-                took = clear(kube, watch, [f"{t}-{suffix}" for t in tenants], args.timeout)
-                print(f"  its Jobs and pods deleted ({took:.0f}s)", flush=True)
-        if not installed:
-            install(kube, sim, f"{tenants[0]}-b")
-            if args.quota_commit == "leader":
-                wait_deciding(sim)
+            installed = to
+
+        # Rounds alternate the order (without, [nothing,] with; with, [nothing,]
+        # without; ...): a condition that always ran first or last would run on a
+        # cluster of less history, or on a machine other sessions loaded differently.
+        conditions = ["without", *(["nothing"] if floor else []), "with"]
+        order = [name for r in range(args.rounds)
+                 for name in (conditions if r % 2 == 0 else conditions[::-1])
+                 if name not in args.skip]
+        suffixes = {"without": "a", "with": "b", "nothing": "c"}
+        if floor is not None:
+            make_namespaces(kube, {f"{t}-c": t for t in tenants})
+        seen: dict[str, int] = defaultdict(int)
+        try:
+            for n, name in enumerate(order):
+                seen[name] += 1
+                label = name if seen[name] == 1 else f"{name}-{seen[name]}"
+                switch(None if name == "without" else name)
+                suffix = suffixes[name]
+                print(f"phase {label}: {args.jobs} Jobs, {pods} pods, "
+                      f"{ {'without': 'no webhook', 'with': 'webhook'}.get(name, name)} ...",
+                      flush=True)
+                phases.append(run_phase(
+                    kube, meter, watch, Phase(label, [f"{t}-{suffix}" for t in tenants], pods),
+                    spread(suffix, name != "with", seen[name]),
+                    caps if name == "with" else {}, tenant_of, args.timeout,
+                    profile=profile if seen[name] == 1 else None))
+                if not args.keep and (n + 1 < len(order) or "race" not in args.skip):
+                    took = clear(kube, watch, [f"{t}-{suffix}" for t in tenants],
+                                 args.timeout)
+                    print(f"  its Jobs and pods deleted ({took:.0f}s)", flush=True)
+            switch("with")
+        finally:
+            if floor is not None:
+                floor[0].terminate()
         if "race" not in args.skip:
             print(f"phase race: {args.race_seconds:.0f}s, 2 Jobs per race namespace wanting "
                   f"2 x {args.race_gpus} GPUs against a cap of {args.race_gpus} ...", flush=True)
@@ -881,15 +965,20 @@ def main(argv: list[str]) -> int:
             phases.append(race)
         watch.stop()
         results["phases"] = [vars(p) for p in phases]
-        # Round by round, with over without; the median is the run's figure.
-        withs = [p for p in phases if p.name.startswith("with") and
-                 not p.name.startswith("without")]
-        withouts = [p for p in phases if p.name.startswith("without")]
-        ratios = [a.created_per_s / b.created_per_s
-                  for a, b in zip(withs, withouts, strict=False) if b.created_per_s]
-        if ratios:
-            results["ratios_by_round"] = [round(r, 3) for r in ratios]
-            results["ratio_with_over_without"] = statistics.median(ratios)
+        # Round by round, with (and the do-nothing webhook) over without; the median of the
+        # rounds is the run's figure.
+        def of(name: str) -> list[Phase]:
+            return [p for p in phases if p.name.split("-")[0] == name]
+
+        for name, key in (("with", "ratio_with_over_without"),
+                          ("nothing", "ratio_nothing_over_without")):
+            ratios = [a.created_per_s / b.created_per_s
+                      for a, b in zip(of(name), of("without"), strict=False)
+                      if b.created_per_s]
+            if ratios:
+                results[key.replace("ratio_", "ratios_by_round_")] = [round(r, 3)
+                                                                     for r in ratios]
+                results[key] = statistics.median(ratios)
         results["total_s"] = round(time.monotonic() - t_start, 1)
     finally:
         stop_sim(sim)
