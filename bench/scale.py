@@ -31,6 +31,16 @@ Three phases on the one cluster, in this order:
    for ``--race-seconds``: admissions denied and retried by the Job controller, ledger
    compare-and-swap conflicts between the replicas.
 
+Each phase starts from the same cluster: the last phase's pods and Jobs are deleted first
+(``--keep`` keeps them). ``--rounds N`` repeats ``without`` and ``with`` N times in
+alternating order (without, with; with, without; ...) and gives the median of the rounds'
+ratios; ``--floor`` adds a third condition to every round, ``nothing``: the do-nothing
+webhook (``bench/baseline.py``) behind the webhook's own configurations, its Jobs those
+of the phase without (the webhook patches a Job's template once and its pods need no
+patch): what calling any webhook twice per pod costs. The cluster's CPU with nothing to
+do is measured first (``--idle-seconds``), and ``--profile-apiserver SECONDS`` writes a
+CPU profile of the API server over each condition's first phase.
+
 Measured: pods created per second (first Job POST to last pod seen), from a watch on pods
 (events timestamped as they arrive); admission latency p50/p99 from the API server's
 ``apiserver_admission_webhook_admission_duration_seconds`` (and the webhook's own
