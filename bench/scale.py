@@ -835,8 +835,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--skip", action="append", default=[], choices=["without", "with", "race"])
     ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of the without and with phases, in alternating order "
-                         "(without, with; with, without; ...): the ratio is their median")
+                    help="rounds of the phases without and with (and nothing, --floor), in "
+                         "alternating order (without, with; with, without; ...): the ratio "
+                         "is the median of the rounds'")
     ap.add_argument("--idle-seconds", type=float, default=30.0,
                     help="measure the cluster's CPU for this long before the first phase, "
                          "with nothing to do (0: not measured)")
@@ -845,8 +846,8 @@ def main(argv: list[str]) -> int:
                          "(bench.baseline, with the webhook's configurations pointed at "
                          "it): what calling any webhook twice per pod costs the cluster")
     ap.add_argument("--keep", action="store_true",
-                    help="keep the without phase's Jobs and pods for the next phases (by "
-                         "default they are deleted: each phase starts from the same cluster)")
+                    help="keep each phase's Jobs and pods for the next phases (by default "
+                         "they are deleted: each phase starts from the same cluster)")
     ap.add_argument("--profile-apiserver", type=float, default=0.0, metavar="SECONDS",
                     help="a CPU profile of the API server over each phase's first SECONDS, "
                          "written beside the results as apiserver-<phase>.pprof")
