@@ -816,8 +816,9 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    """The command line (bench/README.md's commands are parsed with it by a test)."""
+    ap = argparse.ArgumentParser(prog="bench.scale", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu-nodes", type=int, default=500)
     ap.add_argument("--tenants", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=200, help="Jobs per phase (without, with)")
@@ -851,7 +852,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--profile-apiserver", type=float, default=0.0, metavar="SECONDS",
                     help="a CPU profile of the API server over each phase's first SECONDS, "
                          "written beside the results as apiserver-<phase>.pprof")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
 
     tenants = tenant_names(args.tenants)
     jobs_per_tenant = -(-args.jobs // args.tenants)
