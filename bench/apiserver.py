@@ -62,6 +62,7 @@ import yaml
 
 from bench import mix
 from bench.scale import Samples, buckets, delta, parse_metrics, quantile, total
+from bench.servers import gpu_webhook
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -373,14 +374,6 @@ def wait_https(proc: Proc, port: int, timeout: float = 90.0) -> None:
         time.sleep(0.3)
     raise RuntimeError(f"{proc.name} not ready on :{port} after {timeout:.0f} s:\n"
                        f"{proc.log.read_text(errors='replace')[-3000:]}")
-
-
-def gpu_webhook(*args: str) -> str:
-    exe = Path(sys.executable).with_name("gpu-webhook")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "webhook.cli"]
-    out: str = subprocess.run([*cmd, *args], check=True, capture_output=True, text=True,
-                              cwd=ROOT).stdout
-    return out
 
 
 class Conditions:

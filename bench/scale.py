@@ -59,7 +59,6 @@ import json
 import os
 import re
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -76,6 +75,8 @@ from typing import Any
 import httpx
 import orjson
 import yaml
+
+from bench.servers import Server, gpu_webhook, start_baseline
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = ROOT / "tests" / "e2e" / "gpucluster" / "sim.py"
@@ -671,68 +672,37 @@ def _called(kube: Kube, probe_ns: str, floor: bool) -> bool:
     return MUTATED in (r.json()["metadata"].get("annotations") or {})
 
 
-def install(kube: Kube, sim: Sim, probe_ns: str, floor: str | None = None) -> None:
-    """Apply the webhook's configurations (or the do-nothing webhook's, ``floor``) and
-    wait until the API server calls them."""
-    _kubectl(sim, "apply", "-f", floor or sim.info["webhooks"])
+def configure(kube: Kube, sim: Sim, probe_ns: str, on: bool, floor: str | None = None
+              ) -> None:
+    """Apply (``on``) or delete the webhook's configurations (or the do-nothing webhook's,
+    the file ``floor``) and wait until the API server calls them, or no longer does."""
+    _kubectl(sim, "apply" if on else "delete", "-f", floor or sim.info["webhooks"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if _called(kube, probe_ns, floor is not None):
+        if _called(kube, probe_ns, floor is not None) == on:
             return
         time.sleep(0.2)
-    raise SystemExit("the API server never called the webhook")
-
-
-def uninstall(kube: Kube, sim: Sim, probe_ns: str, floor: str | None = None) -> None:
-    """Delete the webhook's configurations (or the do-nothing webhook's) and wait until
-    the API server no longer calls them."""
-    _kubectl(sim, "delete", "-f", floor or sim.info["webhooks"])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if not _called(kube, probe_ns, floor is not None):
-            return
-        time.sleep(0.2)
-    raise SystemExit("the API server went on calling the webhook after its configurations "
+    raise SystemExit("the API server never called the webhook" if on else
+                     "the API server went on calling the webhook after its configurations "
                      "were deleted")
 
 
-def start_floor(sim: Sim, policy_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_floor(sim: Sim, policy_file: Path) -> tuple[Server, str]:
     """The floor of any webhook (``bench.baseline``: a bare server that allows every
     review and changes nothing) on the webhook's serving certificate, and its
     configurations: the webhook's rules and matchConditions under other names, written
-    beside the cluster's. Returns the process and the configurations' file.
+    beside the cluster's. Returns the server and the configurations' file.
 
     Its phase creates the pods of the phase without (the toleration and affinity in the
     Jobs' templates), as the webhook's phase ends up with: the webhook patches each
     Job's template once, and its pods then need no patch."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    certs = Path(sim.info["ca_file"]).parent
-    log = open(sim.work / "floor.log", "wb")  # noqa: SIM115 (kept open for the child's life)
-    proc = subprocess.Popen([sys.executable, "-m", "bench.baseline", "--host", "127.0.0.1",
-                             "--port", str(port), "--cert-dir", str(certs)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the do-nothing webhook did not start; see "
-                                 f"{sim.work / 'floor.log'}") from None
-            time.sleep(0.2)
-    exe = Path(sys.executable).with_name("gpu-webhook")
-    rendered = subprocess.run(
-        [str(exe), "manifests", "--policy", str(policy_file), "--url",
-         f"https://127.0.0.1:{port}", "--ca-file", sim.info["ca_file"]],
-        check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    server = start_baseline(Path(sim.info["ca_file"]).parent, sim.work / "floor.log")
+    rendered = gpu_webhook("manifests", "--policy", str(policy_file), "--url", server.url,
+                           "--ca-file", sim.info["ca_file"])
     configs = sim.work / "floor-webhooks.yaml"
     configs.write_text(rendered.replace("name: gpu-webhook", "name: do-nothing")
                        .replace(".gpu-webhook.dev", ".do-nothing.dev"))
-    return proc, str(configs)
+    return server, str(configs)
 
 
 def bin_dir(sim: Sim) -> Path:
@@ -917,7 +887,7 @@ def main(argv: list[str]) -> int:
         phases: list[Phase] = []
         floor = start_floor(sim, policy_file) if args.floor else None
         if floor is not None:
-            meter.pids["do-nothing"] = floor[0].pid
+            meter.pids["do-nothing"] = floor[0].process.pid
         # The configurations installed: None, "with" (the webhook's) or "nothing" (the
         # do-nothing webhook's).
         installed: str | None = None
@@ -927,11 +897,11 @@ def main(argv: list[str]) -> int:
             if installed == to:
                 return
             if installed is not None:
-                uninstall(kube, sim, f"{tenants[0]}-a",
+                configure(kube, sim, f"{tenants[0]}-a", False,
                           floor[1] if installed == "nothing" and floor else None)
             if to is not None:
-                install(kube, sim, f"{tenants[0]}-b",
-                        floor[1] if to == "nothing" and floor else None)
+                configure(kube, sim, f"{tenants[0]}-b", True,
+                          floor[1] if to == "nothing" and floor else None)
                 if to == "with" and args.quota_commit == "leader":
                     wait_deciding(sim)
             installed = to
@@ -946,21 +916,24 @@ def main(argv: list[str]) -> int:
         suffixes = {"without": "a", "with": "b", "nothing": "c"}
         if floor is not None:
             make_namespaces(kube, {f"{t}-c": t for t in tenants})
-        seen: dict[str, int] = defaultdict(int)
+        # Each condition's phases in round order, for the ratios.
+        by_condition: dict[str, list[Phase]] = defaultdict(list)
         try:
             for n, name in enumerate(order):
-                seen[name] += 1
-                label = name if seen[name] == 1 else f"{name}-{seen[name]}"
+                round_ = len(by_condition[name]) + 1
+                label = name if round_ == 1 else f"{name}-{round_}"
                 switch(None if name == "without" else name)
                 suffix = suffixes[name]
                 print(f"phase {label}: {args.jobs} Jobs, {pods} pods, "
                       f"{ {'without': 'no webhook', 'with': 'webhook'}.get(name, name)} ...",
                       flush=True)
-                phases.append(run_phase(
+                phase = run_phase(
                     kube, meter, watch, Phase(label, [f"{t}-{suffix}" for t in tenants], pods),
-                    spread(suffix, name != "with", seen[name]),
+                    spread(suffix, name != "with", round_),
                     caps if name == "with" else {}, tenant_of, args.timeout,
-                    profile=profile if seen[name] == 1 else None))
+                    profile=profile if round_ == 1 else None)
+                phases.append(phase)
+                by_condition[name].append(phase)
                 if not args.keep and (n + 1 < len(order) or "race" not in args.skip):
                     took = clear(kube, watch, [f"{t}-{suffix}" for t in tenants],
                                  args.timeout)
@@ -968,7 +941,7 @@ def main(argv: list[str]) -> int:
             switch("with")
         finally:
             if floor is not None:
-                floor[0].terminate()
+                floor[0].stop()
         if "race" not in args.skip:
             print(f"phase race: {args.race_seconds:.0f}s, 2 Jobs per race namespace wanting "
                   f"2 x {args.race_gpus} GPUs against a cap of {args.race_gpus} ...", flush=True)
@@ -983,13 +956,11 @@ def main(argv: list[str]) -> int:
         results["phases"] = [vars(p) for p in phases]
         # Round by round, with (and the do-nothing webhook) over without; the median of the
         # rounds is the run's figure.
-        def of(name: str) -> list[Phase]:
-            return [p for p in phases if p.name.split("-")[0] == name]
-
         for name, key in (("with", "ratio_with_over_without"),
                           ("nothing", "ratio_nothing_over_without")):
             ratios = [a.created_per_s / b.created_per_s
-                      for a, b in zip(of(name), of("without"), strict=False)
+                      for a, b in zip(by_condition[name], by_condition["without"],
+                                      strict=False)
                       if b.created_per_s]
             if ratios:
                 results[key.replace("ratio_", "ratios_by_round_")] = [round(r, 3)

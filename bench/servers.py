@@ -18,6 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 60.0
 
 
+def gpu_webhook(*args: str) -> str:
+    """The output of a ``gpu-webhook`` command (the installed script, or the module when
+    the environment has none)."""
+    exe = Path(sys.executable).with_name("gpu-webhook")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "webhook.cli"]
+    out: str = subprocess.run([*cmd, *args], check=True, capture_output=True, text=True,
+                              cwd=ROOT).stdout
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
