@@ -40,6 +40,7 @@ from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import label_of
 from webhook.k8s.slices import SLICE
+from webhook.libs.kube.watch import apply_event
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.charges import ChargeMemo
 from webhook.quota.claims import ClaimCache
@@ -421,12 +422,7 @@ class ClusterState:
             with lock:
                 turn = [waiting.popleft() for _ in range(min(len(waiting), EVENTS_PER_TURN))]
             for typ, obj in turn:
-                try:
-                    handler(typ, obj)
-                except Exception as exc:  # reported as the loop reports a callback's
-                    loop.call_exception_handler({
-                        "message": f"a watch event ({typ}) could not be applied",
-                        "exception": exc})
+                apply_event(loop, handler, typ, obj)
             with lock:
                 if not waiting:
                     woken = False

@@ -46,6 +46,7 @@ from webhook.libs.kube.api import (
 )
 from webhook.libs.kube.watch import (
     ABSENT_RECHECK_SECONDS,
+    apply_event,
     failed_words,
     split_lines,
     watch_event,
@@ -103,14 +104,9 @@ class LoopWatcher:
         self._relist = True
 
     def deliver(self, typ: str, obj: dict[str, Any]) -> None:
-        """Hand an event to the consumer. One it fails to apply is reported as the loop
-        reports a callback's, and the next ones delivered: the watch goes on (listing
-        again would meet the same object, and fail again)."""
-        try:
-            self._consumer(typ, obj)
-        except Exception as exc:
-            asyncio.get_running_loop().call_exception_handler({
-                "message": f"a watch event ({typ}) could not be applied", "exception": exc})
+        """Hand an event to the consumer; one it fails to apply is reported and the next
+        ones delivered (:func:`~webhook.libs.kube.watch.apply_event`)."""
+        apply_event(asyncio.get_running_loop(), self._consumer, typ, obj)
 
     async def _run(self) -> None:
         backoff, first = 0.5, True

@@ -3,6 +3,7 @@ relists and resets, for the webhook's in-memory caches."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -179,6 +180,18 @@ def _lines(resp: Any) -> Iterator[bytes]:
         yield from (line for line in lines if line.strip())
     if rest.strip():
         yield rest
+
+
+def apply_event(loop: asyncio.AbstractEventLoop, consumer: Callable[[str, dict[str, Any]], None],
+                typ: str, obj: dict[str, Any]) -> None:
+    """Hand a watch event to its consumer on ``loop``. One the consumer fails to apply is
+    reported as the loop reports a callback's, and the watch goes on: listing again would
+    meet the same object, and fail again."""
+    try:
+        consumer(typ, obj)
+    except Exception as exc:
+        loop.call_exception_handler({
+            "message": f"a watch event ({typ}) could not be applied", "exception": exc})
 
 
 def split_lines(rest: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
