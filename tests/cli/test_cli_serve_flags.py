@@ -58,6 +58,8 @@ PARSE_CASES: list[tuple[list[str], str]] = [
     (["--audit-seconds", "often"], "--audit-seconds: invalid float value"),
     (["--release-seconds", "-1"], "--release-seconds must be 0 (off) or more"),
     (["--test-clock-offset-file", ""], "--test-clock-offset-file is empty"),
+    (["--webhook-configurations-sync", "always"],
+     "--webhook-configurations-sync must be fix, report or off, not 'always'"),
     (["--quota-commit", "queue"], "--quota-commit must be ledger or leader, not 'queue'"),
     (["--quota-commit", "leader"], "--quota-commit leader elects its leader in the cluster"),
     (["--leader-ca-file", ""], "--leader-ca-file is empty"),

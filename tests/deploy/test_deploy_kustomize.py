@@ -166,18 +166,22 @@ def test_cert_manager_overlay_is_valid_and_wired_to_cert_manager(cert_manager):
     assert certificates["gpu-webhook-ca"]["spec"]["isCA"] is True
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         config = one(objects, kind)
-        assert config["metadata"]["annotations"] == {
-            "cert-manager.io/inject-ca-from": "gpu-webhook/gpu-webhook-serving"}
+        annotations = config["metadata"]["annotations"]
+        assert annotations["cert-manager.io/inject-ca-from"] == "gpu-webhook/gpu-webhook-serving"
+        assert set(annotations) == {"cert-manager.io/inject-ca-from", "gpu-webhook.dev/install"}
         assert all("caBundle" not in h["clientConfig"] for h in config["webhooks"])
     volumes = {v["name"]: v for v in
                one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
     assert volumes["certs"]["secret"]["secretName"] == "gpu-webhook-tls"
-    # The webhook does not manage certificates here: no Secret or webhook configuration
-    # access at all.
+    # The webhook does not manage certificates here: no Secret access at all; its own two
+    # webhook configurations only by name (the leader keeps their webhooks as the policy
+    # needs them; cert-manager's injector writes their caBundle).
     for rule in [r for o in by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
                  for r in o["rules"]]:
         assert "secrets" not in rule["resources"]
-        assert rule["apiGroups"] != ["admissionregistration.k8s.io"]
+        if rule["apiGroups"] == ["admissionregistration.k8s.io"]:
+            assert rule["resourceNames"] == ["gpu-webhook"]
+            assert rule["verbs"] == ["get", "patch"]
     check_common(objects)
 
 

@@ -10,6 +10,7 @@ test`` builds it first). The chart on the real API server: tests/e2e/test_e2e_he
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -126,8 +127,12 @@ def test_the_chart_follows_its_release_namespace(helm_bin: str) -> None:
             assert subject["namespace"] == "gpu-admission"
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         config = one(objects, kind)
-        assert config["metadata"]["annotations"] == {
-            "cert-manager.io/inject-ca-from": "gpu-admission/gpu-webhook-serving"}
+        annotations = config["metadata"]["annotations"]
+        assert annotations["cert-manager.io/inject-ca-from"] == \
+            "gpu-admission/gpu-webhook-serving"
+        # The leader renders the webhooks again for this namespace, excluded as here.
+        assert json.loads(annotations["gpu-webhook.dev/install"])["namespace"] == \
+            "gpu-admission"
         for hook in config["webhooks"]:
             assert hook["clientConfig"]["service"]["namespace"] == "gpu-admission"
             if "namespaceSelector" in hook:
@@ -226,6 +231,65 @@ def test_an_inline_policy_is_the_configmap_and_names_its_ledgers(helm_bin: str,
     assert yaml.safe_load(cm["data"]["policy.yaml"]) == policy
     assert ledger_names(objects) == ["gpu-webhook-ledger-inference",
                                      "gpu-webhook-ledger-notebooks"]
+
+
+TEAMS_POLICY = """# The platform team's policy, as a file: comments and line numbers kept.
+apiVersion: gpu-webhook.dev/v1alpha1
+kind: GPUPolicy
+metadata: {name: teams}
+spec:
+  tenants:
+    - name: vision
+      namespaceSelector: {matchLabels: {platform.acme.io/team: vision}}
+      quota: {gpus: 8}
+"""
+
+
+def set_file(helm_bin: str, tmp_path: Path, text: str, *extra: str
+             ) -> subprocess.CompletedProcess[str]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(text)
+    return subprocess.run([helm_bin, "template", "gpu-webhook", str(CHART), "-n", "gpu-webhook",
+                           "--set-file", f"policy.inline={policy}", *extra,
+                           "--kube-version", kube_version()],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_policy_file_is_given_with_set_file_and_served_as_written(helm_bin: str,
+                                                                    tmp_path: Path) -> None:
+    done = set_file(helm_bin, tmp_path, TEAMS_POLICY)
+    assert done.returncode == 0, done.stderr
+    objects = [d for d in yaml.safe_load_all(done.stdout) if d]
+    validate_all(objects)
+    (cm,) = [c for c in by_kind(objects, "ConfigMap")
+             if c["metadata"]["name"] == "gpu-webhook-policy"]
+    assert cm["data"]["policy.yaml"] == TEAMS_POLICY
+    assert ledger_names(objects) == ["gpu-webhook-ledger-vision"]
+    # The leader writes the webhooks this policy needs (deploy/README.md): it is told to.
+    assert "--webhook-configurations-sync=fix" in container(objects)["args"]
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("kind: GPUPolicy\nspec: [unclosed\n", "policy.inline: not a YAML document"),
+    ("apiVersion: v1\nkind: ConfigMap\n", 'a policy has kind: GPUPolicy'),
+])
+def test_a_policy_file_that_is_no_policy_fails_the_render_saying_so(
+        helm_bin: str, tmp_path: Path, text: str, says: str) -> None:
+    done = set_file(helm_bin, tmp_path, text)
+    assert done.returncode != 0
+    assert says in done.stderr
+
+
+def test_the_install_record_follows_the_values(helm_bin: str) -> None:
+    objects = template(helm_bin, "failurePolicy=Ignore", "exemptNamespaces={monitoring,ci}",
+                       namespace="gpu-admission")
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        record = json.loads(one(objects, kind)["metadata"]["annotations"][
+            "gpu-webhook.dev/install"])
+        assert record == {"namespace": "gpu-admission", "exemptNamespaces": ["ci", "monitoring"],
+                          "mutatingFailurePolicy": "Ignore",
+                          "validatingFailurePolicy": "Ignore", "timeoutSeconds": 5,
+                          "service": {"name": "gpu-webhook", "port": 443}}
 
 
 def test_service_monitor_and_kept_crds(helm_bin: str) -> None:

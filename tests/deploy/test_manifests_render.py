@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from webhook.k8s.workloads import CRD_KINDS
+from webhook.policy.apiserver import webhooks as manifests
 from webhook.policy.compiled import compile_policy
 from webhook.policy.load import load_file, load_text
-from webhook.tools import manifests
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "policies" / "multi-tenant.yaml"

@@ -175,25 +175,28 @@ def test_gpupolicies_are_read_and_only_their_status_written(
     assert allowed(base, verb, "gpu-webhook.dev", "gpupolicies", subresource) is granted
 
 
-def test_the_self_managed_overlay_adds_its_secret_and_ca_bundles_only(base: ControlPlane
-                                                                      ) -> None:
+def test_the_leader_may_write_its_own_two_webhook_configurations_only(base: ControlPlane
+                                                                    ) -> None:
+    # The webhooks the served policy needs (and the self-managed caBundle): by name.
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        resource = f"{kind}.admissionregistration.k8s.io/gpu-webhook"
+        assert can(base, "get", resource) and can(base, "patch", resource)
+        assert not can(base, "patch", f"{kind}.admissionregistration.k8s.io/other")
+        assert not can(base, "delete", resource) and not can(base, "update", resource)
+        assert not can(base, "create", f"{kind}.admissionregistration.k8s.io")
+
+
+def test_the_self_managed_overlay_adds_its_secret_only(base: ControlPlane) -> None:
     _apply_rbac(base, DEPLOY / "overlays" / "self-managed" / "rbac.yaml")
     try:
         for verb in ("get", "update"):
             assert can(base, verb, "secrets/gpu-webhook-tls", NS)
         assert can(base, "create", "secrets", NS)
-        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
-            resource = f"{kind}.admissionregistration.k8s.io/gpu-webhook"
-            assert can(base, "get", resource) and can(base, "patch", resource)
-            assert not can(base, "patch", f"{kind}.admissionregistration.k8s.io/other")
-            assert not can(base, "delete", resource)
         assert not can(base, "get", "secrets/other", NS)
         assert not can(base, "list", "secrets", NS)
         assert not can(base, "get", "secrets/gpu-webhook-tls", "team-a")
     finally:
-        for kind, name in (("role", "gpu-webhook-certs"), ("rolebinding", "gpu-webhook-certs"),
-                           ("clusterrole", "gpu-webhook-ca-bundle"),
-                           ("clusterrolebinding", "gpu-webhook-ca-bundle")):
+        for kind, name in (("role", "gpu-webhook-certs"), ("rolebinding", "gpu-webhook-certs")):
             base.kubectl("delete", kind, name, "-n", NS, "--ignore-not-found")
 
 

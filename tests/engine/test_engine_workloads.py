@@ -252,7 +252,7 @@ def test_each_kind_says_where_its_templates_are_where_its_reader_finds_them(
         name: str, kind: str, roles: list[tuple[str | None, int, str]],
         gang: int | None) -> None:
     # The API server's match conditions are written from BuiltIn.templates
-    # (webhook.tools.manifests): a reader that found a template elsewhere would let the
+    # (webhook.policy.apiserver.webhooks): a reader that found a template elsewhere would let the
     # webhook check pods the API server never sends it.
     obj = fixture(name, kind)
     built_in = next(b for b in CRD_KINDS if (b.group, b.kind) == (group_of(obj), kind))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ def add_status(sub: Any) -> None:
                                      "gpu-webhook-policy in --webhook-namespace)")
     st.add_argument("--webhook-namespace", default="gpu-webhook",
                     help="where the webhook keeps its ledger and policy [gpu-webhook]")
+    st.add_argument("--webhook-configurations", default="gpu-webhook",
+                    help="name of the webhook configurations compared with the policy "
+                         "[gpu-webhook]")
     add_kubeconfig(st)
     st.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
@@ -107,6 +111,16 @@ def _status(args: argparse.Namespace) -> int:
     except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
         print(f"gpu-webhook status: {exc}", file=sys.stderr)
         return 2
+    # What a developer's account may not read is left out: the quota is theirs to see.
+    waiting = sum(n for n, _ in rep.waiting.values())
+    try:
+        leader = status.leader_line(status.read_leader(api, args.webhook_namespace),
+                                    time.time(), waiting)
+    except kube.KubeError as exc:
+        leader = f"leader: not read ({exc})"
+    configurations = status.configuration_lines(
+        api, model, {"mutating": args.webhook_configurations,
+                     "validating": args.webhook_configurations})
     if args.output == "json":
         print(orjson.dumps({
             "caps": [{"tenant": r.tenant, "scope": r.scope, "cap": r.cap, "used": r.used,
@@ -116,8 +130,12 @@ def _status(args: argparse.Namespace) -> int:
                                       for t, top in rep.top.items()},
             "byProduct": {t: [{"product": p, "gpus": g} for p, g in on]
                           for t, on in rep.products.items() if on},
-            "notes": rep.unread, "holding": rep.holding},
+            "notes": rep.unread, "holding": rep.holding,
+            "leader": leader.removeprefix("leader: "),
+            "webhookConfigurations": [c.removeprefix("webhook configurations: ")
+                                      for c in configurations]},
             option=orjson.OPT_INDENT_2).decode())
     else:
         print(status.table(rep), end="")
+        print("\n".join([leader, *configurations]))
     return 0

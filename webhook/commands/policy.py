@@ -24,6 +24,9 @@ def add_manifests(sub: Any) -> None:
                                  "outside the cluster, e.g. for tests)")
     m.add_argument("--ca-file", help="PEM CA of the serving certificate, put in caBundle "
                                      "(leave out when cert-manager injects it)")
+    m.add_argument("--exempt-namespace", action="append", default=[], metavar="NS",
+                   help="never send this namespace's objects, besides kube-system, "
+                        "--namespace and the policy's exemptions (repeatable)")
     m.add_argument("--timeout-seconds", type=int, default=5, help="per call, 1-30 [5]")
     m.add_argument("--mutating-failure-policy", choices=["Fail", "Ignore"], default="Fail",
                    help="when the webhook is down: Fail rejects GPU requests, Ignore admits "
@@ -63,8 +66,8 @@ def _manifests(args: argparse.Namespace) -> int:
     Ignore: they are admitted unchecked (no quota, no pinning). Pods without GPUs are
     never sent either way.
     """
+    from webhook.policy.apiserver import webhooks as manifests
     from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
-    from webhook.tools import manifests
 
     try:
         policy = (load_file(args.policy) if args.policy else
@@ -80,7 +83,8 @@ def _manifests(args: argparse.Namespace) -> int:
             name=args.name, namespace=args.namespace, service=args.service, port=args.port,
             url=args.url, ca_bundle=ca, timeout_seconds=args.timeout_seconds,
             mutating_failure_policy=args.mutating_failure_policy,
-            validating_failure_policy=args.validating_failure_policy))
+            validating_failure_policy=args.validating_failure_policy,
+            exempt_namespaces=tuple(args.exempt_namespace)))
     except (OSError, ValueError) as exc:
         print(f"gpu-webhook manifests: {exc}", file=sys.stderr)
         return 2
@@ -89,7 +93,8 @@ def _manifests(args: argparse.Namespace) -> int:
         f"# Rendered by `gpu-webhook manifests` from {source} (policy "
         f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
         "tolerations, nonGpuPodsToleratingGpuTaints, exemptions, workloadKinds or "
-        "tenants' namespaces change.\n")), end="")
+        "tenants' namespaces change\n# (the leader does it in the cluster with "
+        "--webhook-configurations-sync fix).\n")), end="")
     return 0
 
 
@@ -121,8 +126,8 @@ def _policy_crd(args: argparse.Namespace) -> int:
     cluster-scoped) whose OpenAPI schema is generated from the policy model. Shipped as
     deploy/base/crd-gpupolicy.yaml.
     """
+    from webhook.policy.apiserver.webhooks import to_yaml
     from webhook.policy.schema import crd
-    from webhook.tools.manifests import to_yaml
 
     print(to_yaml([crd()], header=(
         "# Rendered by `gpu-webhook policy crd` from the policy model "

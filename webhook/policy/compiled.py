@@ -130,6 +130,9 @@ class CompiledPolicy:
     time_sliced: Mapping[str, int] = field(default_factory=dict)
     hami: HAMi | None = None  # gpuResources.hami: None when HAMi shares no GPU resource
     kai: KAIFractions | None = None  # gpuResources.kai: None when KAI fractions are off
+    # The document it was compiled from: the leader renders the webhook configurations
+    # from it (webhook.policy.apiserver).
+    model: GPUPolicy | None = field(default=None, compare=False, repr=False)
 
     def is_gpu(self, resource: str) -> bool:
         """Whether an extended resource name counts as a GPU (memoised: names are few). A
@@ -258,6 +261,7 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         time_sliced=dict(spec.gpu_resources.time_slicing),
         hami=spec.gpu_resources.hami,
         kai=spec.gpu_resources.kai,
+        model=policy,
     )
 
 

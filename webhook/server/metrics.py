@@ -175,6 +175,21 @@ LEADER = Gauge(
     "audit's PolicyReports), else 0.",
     registry=REGISTRY,
 )
+CONFIGURATION_DRIFT = Gauge(
+    "gpu_webhook_configuration_drift",
+    "Differences between a webhook configuration the API server holds and the one the "
+    "served policy needs (webhooks missing, not needed or changed; 1 when it is absent "
+    "or unreadable), by configuration, as the leader last compared them; 0 in step.",
+    ["configuration"],
+    registry=REGISTRY,
+)
+CONFIGURATION_WRITES = Counter(
+    "gpu_webhook_configuration_writes",
+    "Webhook configurations the leader wrote as the served policy needs them, by "
+    "configuration and result (written, conflict, failed).",
+    ["configuration", "result"],
+    registry=REGISTRY,
+)
 AUDIT_RESULTS = Gauge(
     "gpu_webhook_audit_results",
     "Results of the leader's last periodic audit, by result (fail, warn).",

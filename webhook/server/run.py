@@ -189,7 +189,8 @@ def _attach(settings: Settings, source: PolicySource
 
 def _runtime(settings: Settings, source: PolicySource, active: Active,
              cluster: Cluster | None, ready: dict[str, Callable[[], bool]],
-             relay: Relay | None = None) -> Runtime:
+             relay: Relay | None = None,
+             notes: dict[str, Callable[[], str]] | None = None) -> Runtime:
     """What the app reads: the cluster's caches and ledger, or none of them."""
     return Runtime(
         policy=source,
@@ -203,6 +204,7 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         sights=cluster.sights if cluster else no_sights,
         gatekeeper=cluster.identity if cluster else None,
         ready_checks=ready,
+        ready_notes=notes or {},
         max_inflight=settings.max_inflight,
         request_timeout=settings.request_timeout,
         clock=clock(settings.test_clock_offset_file),
@@ -235,21 +237,28 @@ async def _serve(settings: Settings, source: PolicySource, active: Active,
     # The leader's work before the app: with --quota-commit leader the app relays to the
     # leader the Lease names.
     namespace = ledger_namespace(settings.namespace)
-    kept = upkeep.start(cluster, source, namespace,
+    kept = (upkeep.start(cluster, source, namespace,
                         settings.quota_status_seconds,
                         settings.audit_seconds,
                         clock(settings.test_clock_offset_file),
                         release_seconds=settings.release_seconds,
                         address=settings.advertised() if settings.quota_commit == "leader"
-                        else "") if cluster is not None else None
+                        else "", configurations=settings.certificate_targets(),
+                        sync=settings.webhook_configurations_sync)
+            if cluster is not None else None)
     relay = None
     if kept is not None and settings.quota_commit == "leader":
         ca = settings.leader_ca()
         assert ca is not None  # checked with the settings
         leadership = kept.leadership
         relay = Relay(lambda: leadership.leader_address, ca, settings.leader_name(namespace))
-    server = _server(settings, _runtime(settings, source, active, cluster, ready, relay),
-                     context)
+    # The drift of the webhook configurations is said, never a reason to be unready: a
+    # leader taken out of the Service would leave GPU pods with no replica to decide them
+    # (--quota-commit leader), which is worse than the drift it reports.
+    notes = ({"webhookConfigurations": kept.keeper.summary}
+             if kept is not None and kept.keeper is not None else {})
+    server = _server(settings, _runtime(settings, source, active, cluster, ready, relay,
+                                        notes), context)
     watchers = [asyncio.ensure_future(source.watch(settings.policy_poll_seconds)),
                 asyncio.ensure_future(reloader.watch(settings.cert_poll_seconds))]
     if renewer is not None:

@@ -49,6 +49,7 @@ class Settings:
     cert_secret: str = "gpu-webhook-tls"
     service: str = "gpu-webhook"
     webhook_configurations: str = "mutating=gpu-webhook,validating=gpu-webhook"
+    webhook_configurations_sync: str = "report"
     cert_hosts: str | None = None
     cert_validity_hours: float = 2160.0
     ca_validity_hours: float = 87600.0
@@ -211,6 +212,9 @@ class Settings:
         if self.log_level not in LOG_LEVELS:
             raise SystemExit(f"--log-level must be one of {', '.join(LOG_LEVELS)}, "
                              f"not {self.log_level!r}")
+        if self.webhook_configurations_sync not in ("fix", "report", "off"):
+            raise SystemExit(f"--webhook-configurations-sync must be fix, report or off, not "
+                             f"{self.webhook_configurations_sync!r}")
         if self.quota_commit not in ("ledger", "leader"):
             raise SystemExit(f"--quota-commit must be ledger or leader, not "
                              f"{self.quota_commit!r}")
@@ -313,7 +317,13 @@ _DOCS = {
     "service": "Service name the API server calls; the serving certificate is for its DNS "
                "names in --namespace (with --self-managed-certs).",
     "webhook_configurations": "mutating=NAME,validating=NAME: the webhook configurations "
-                              "whose caBundle --self-managed-certs keeps in step.",
+                              "whose caBundle --self-managed-certs keeps in step, and "
+                              "which the leader compares with the policy.",
+    "webhook_configurations_sync": "With a cluster, on the leader: fix (write the "
+                                   "--webhook-configurations as the served policy needs "
+                                   "them, and report what differed), report (only report: "
+                                   "metric, Event, /readyz, `gpu-webhook status`) or off. "
+                                   "The Helm chart and deploy/base set fix.",
     "cert_hosts": "Extra DNS names and IP addresses for the self-managed serving certificate, "
                   "comma-separated (a webhook called by URL).",
     "cert_validity_hours": "Validity of the self-managed serving certificate (renewed with a "

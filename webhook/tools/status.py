@@ -24,7 +24,9 @@ from webhook.engine.charge import charge_of_pod
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import label_of
 from webhook.libs import kube
+from webhook.policy.apiserver import drift
 from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.model import GPUPolicy
 from webhook.policy.tenantrules import TenantRules
 from webhook.quota import status as quota_status
 from webhook.quota.entries import (
@@ -40,7 +42,8 @@ from webhook.quota.usage import Usage
 
 T = TypeVar("T")
 
-__all__ = ["Cluster", "Report", "Row", "read_cluster", "report", "table"]
+__all__ = ["Cluster", "Report", "Row", "configuration_lines", "leader_line", "read_cluster",
+           "read_leader", "report", "table"]
 
 
 @dataclass(slots=True)
@@ -248,6 +251,52 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
                 api, quota_status.GROUP, quota_status.VERSION, quota_status.PLURAL,
                 timeout=15.0).list(namespace=namespace)
     return out
+
+
+LEADER_LEASE = "gpu-webhook-leader"  # webhook.server.leading.leader.LEASE
+
+
+def leader_line(lease: kube.StoredLease | None, now: float, waiting: int) -> str:
+    """Who leads, from the leader Lease: the leader releases waiting pods, writes the
+    GPUQuota objects and keeps the webhook configurations, so a cluster with none is
+    said plainly (and what it leaves undone)."""
+    undone = (f"{waiting} waiting {'pod is' if waiting == 1 else 'pods are'} not released, "
+              if waiting else "waiting pods would not be released, ")
+    undone += ("GPUQuota objects and webhook configurations are not kept (check the "
+               "replicas: kubectl -n NAMESPACE get pods,lease)")
+    if lease is None:
+        return f"leader: none has led yet (no Lease {LEADER_LEASE}): {undone}"
+    if not lease.holder:
+        return f"leader: none (the last leader released Lease {LEADER_LEASE}): {undone}"
+    if lease.renewed is not None:
+        age = now - lease.renewed.timestamp()
+        # Twice the duration: the holder's clock and this one's are not the same clock.
+        if age > 2 * max(lease.duration, 1.0):
+            return (f"leader: none (Lease {LEADER_LEASE} last renewed by {lease.holder} "
+                    f"{age:.0f} s ago, expires after {lease.duration:.0f} s): {undone}")
+    return f"leader: {lease.holder}"
+
+
+def read_leader(api: Any, namespace: str) -> kube.StoredLease | None:
+    return kube.Leases(api, namespace, timeout=10.0).read(LEADER_LEASE)
+
+
+def configuration_lines(api: Any, model: GPUPolicy, names: dict[str, str]) -> list[str]:
+    """How the webhook configurations the API server holds differ from what the policy
+    needs (webhook.policy.apiserver.drift), one line each; a line saying they could not
+    be read when the account may not."""
+    lines = []
+    configurations = kube.WebhookConfigurations(api, timeout=10.0)
+    for kind, name in names.items():
+        try:
+            live = configurations.read(kind, name)
+        except kube.KubeError as exc:
+            lines.append(f"webhook configurations: not read ({exc})")
+            break
+        found = drift.compare(model, kind, name, live)
+        lines.append(f"webhook configurations: {found.describe()}" if found else
+                     f"webhook configurations: {found.configuration} as the policy needs")
+    return lines
 
 
 def policy_from_cluster(api: Any, namespace: str, name: str) -> str:

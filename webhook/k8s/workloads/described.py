@@ -25,7 +25,7 @@ from webhook.k8s.workloads.shapes import (
 class Templates:
     """Where a kind's pod specs are, as token paths from the object to each template
     (the mapping that holds ``spec``), for what reads them outside this package (the API
-    server's match conditions, :mod:`webhook.tools.cel`). A ``*`` token is every item
+    server's match conditions, :mod:`webhook.policy.apiserver.cel`). A ``*`` token is every item
     of a list (``shape`` list) or every value of a map (map). ``made_of`` says what is
     at a path when it is no pod template: a TrainJob's ``resources`` (one container's
     resources) or an Argo ``steps`` list (templates whose containers make up a spec)."""

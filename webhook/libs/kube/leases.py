@@ -20,6 +20,7 @@ class StoredLease:
     transitions: int
     resource_version: str
     address: str = ""  # where the holder answers (ADDRESS_ANNOTATION), "" if unsaid
+    renewed: datetime | None = None  # renewTime, as the holder's clock wrote it
 
 
 # Where the holder can be reached (an https:// URL): the replicas that do not lead relay
@@ -52,7 +53,8 @@ class Leases:
                            float(spec.get("leaseDurationSeconds") or 0),
                            int(spec.get("leaseTransitions") or 0),
                            str(meta.get("resourceVersion") or ""),
-                           str((meta.get("annotations") or {}).get(ADDRESS_ANNOTATION) or ""))
+                           str((meta.get("annotations") or {}).get(ADDRESS_ANNOTATION) or ""),
+                           _time(spec.get("renewTime")))
 
     def write(self, name: str, holder: str, duration: int, transitions: int,
               renewed: datetime, resource_version: str | None, address: str = "") -> None:
@@ -78,3 +80,13 @@ class Leases:
                 self.coordination.replace_namespaced_lease(
                     name, self.namespace, body, _preload_content=False,
                     _request_timeout=self.timeout)
+
+
+def _time(value: object) -> datetime | None:
+    """A MicroTime ("2026-12-07T10:00:00.123456Z"); None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None

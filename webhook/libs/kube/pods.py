@@ -12,13 +12,12 @@ pods make gangs. A SelfSubjectReview is allowed to every authenticated user (the
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from kubernetes import client
 
 from webhook.libs.kube.api import Conflict, NotFound, json_object, translated
+from webhook.libs.kube.events import write_event
 
 
 class Pods:
@@ -66,20 +65,10 @@ class Pods:
         """A core/v1 Event on the pod (``kubectl describe pod`` lists it)."""
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": ns},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns,
-                               "name": name, "uid": meta.get("uid")},
-            "reason": reason, "message": message[:1024], "type": kind,
-            "source": {"component": self.component},
-            "reportingComponent": self.component, "reportingInstance": self.instance,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        with translated(f"write an event on pod {ns}/{name}", self.timeout):
-            self.core.create_namespaced_event(ns, cast(Any, body),
-                                              _request_timeout=self.timeout)
+        write_event(self.core, ns, {"apiVersion": "v1", "kind": "Pod", "namespace": ns,
+                                    "name": name, "uid": meta.get("uid")},
+                    reason, message, kind, component=self.component,
+                    instance=self.instance, timeout=self.timeout)
 
     def job(self, namespace: str, name: str) -> dict[str, Any]:
         """A batch/v1 Job as a plain dict (the size of a waiting gang)."""

@@ -1,5 +1,7 @@
-"""The mutating and validating webhook configurations, whose ``caBundle`` the
-self-managed certificates keep current."""
+"""The mutating and validating webhook configurations: their ``caBundle``, which the
+self-managed certificates keep current, and their webhooks, which the leader keeps as the
+policy needs them (webhook.server.leading.configurations). RBAC: ``get`` and ``patch`` on
+the two named configurations only; ``create`` on events (the drift is reported on them)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any
 
 from kubernetes import client
 
-from webhook.libs.kube.api import Conflict, json_object, translated
+from webhook.libs.kube.api import Conflict, NotFound, json_object, translated
+from webhook.libs.kube.events import write_event
 
 WEBHOOK_KINDS = ("mutating", "validating")
 
@@ -17,9 +20,43 @@ class WebhookConfigurations:
     """The caBundle of named Mutating/ValidatingWebhookConfigurations (RBAC: get and
     patch on those names only)."""
 
-    def __init__(self, api: client.ApiClient, timeout: float = 5.0) -> None:
+    def __init__(self, api: client.ApiClient, timeout: float = 5.0,
+                 instance: str = "") -> None:
         self.admission = client.AdmissionregistrationV1Api(api)
+        self.core = client.CoreV1Api(api)
         self.timeout = timeout
+        self.instance = instance
+
+    def read(self, kind: str, name: str) -> dict[str, Any] | None:
+        """The configuration as a plain dict; None when the API server holds none."""
+        try:
+            return self._read(kind, name)
+        except NotFound:
+            return None
+
+    def replace_webhooks(self, kind: str, name: str, resource_version: str,
+                         webhooks: list[dict[str, Any]]) -> None:
+        """Write ``webhooks`` as the configuration's whole list, only if it is still at
+        ``resource_version`` (a JSON Patch ``test``: a Conflict otherwise, for instance
+        when a certificate rotation patched a caBundle in between)."""
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "replace", "path": "/webhooks", "value": webhooks}]
+        fn = (self.admission.patch_mutating_webhook_configuration if kind == "mutating"
+              else self.admission.patch_validating_webhook_configuration)
+        with translated(f"write the webhooks of {kind}webhookconfiguration {name}",
+                        self.timeout, statuses={422: Conflict}):
+            fn(name, ops, _content_type="application/json-patch+json",
+               _preload_content=False, _request_timeout=self.timeout)
+
+    def event(self, kind: str, name: str, namespace: str, reason: str, message: str,
+              type_: str = "Warning") -> None:
+        """An Event on the configuration, stored in ``namespace`` (the webhook's own)."""
+        write_event(self.core, namespace, {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": f"{kind.capitalize()}WebhookConfiguration", "name": name},
+            reason, message, type_, component="gpu-webhook", instance=self.instance,
+            timeout=self.timeout)
 
     def _read(self, kind: str, name: str) -> dict[str, Any]:
         fn = (self.admission.read_mutating_webhook_configuration if kind == "mutating"

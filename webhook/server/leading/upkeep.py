@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
+from webhook.policy.model import GPUPolicy
 from webhook.quota import status
 from webhook.quota.decider import DecidingStore
 from webhook.server import metrics
 from webhook.server.cluster import Cluster, pod_namespace
 from webhook.server.leading.background_audit import BackgroundAudit, reports
+from webhook.server.leading.configurations import ConfigurationKeeper
 from webhook.server.leading.leader import Leadership
 from webhook.server.leading.quotastatus import QuotaStatusWriter
 from webhook.server.leading.release import Releaser
@@ -76,6 +78,7 @@ class LeaderMark:
 class Upkeep:
     leadership: Leadership
     tasks: list[asyncio.Future[None]] = field(default_factory=list)
+    keeper: ConfigurationKeeper | None = None  # the webhook configurations, when compared
 
     async def stop(self) -> None:
         for t in self.tasks:
@@ -88,12 +91,17 @@ class Upkeep:
 def start(cluster: Cluster, source: PolicySource, namespace: str,
           status_seconds: float, audit_seconds: float,
           clock: Callable[[], float] = time.time, *, release_seconds: float = 1.0,
-          address: str = "") -> Upkeep | None:
+          address: str = "", configurations: dict[str, str] | None = None,
+          sync: str = "off") -> Upkeep | None:
     """The Lease and the writers that are turned on (None when none is, and the quota
     is not decided by the leader). ``address``: where this replica answers, written in
-    the Lease while it leads (for the others to relay to, --quota-commit leader)."""
+    the Lease while it leads (for the others to relay to, --quota-commit leader).
+    ``configurations`` (kind -> name) are compared with the policy unless ``sync`` is
+    off, and written as it needs them when it is fix."""
     deciding = isinstance(cluster.store, DecidingStore)
-    if status_seconds <= 0 and audit_seconds <= 0 and release_seconds <= 0 and not deciding:
+    comparing = sync != "off" and bool(configurations)
+    if (status_seconds <= 0 and audit_seconds <= 0 and release_seconds <= 0
+            and not deciding and not comparing):
         return None
 
     def policy() -> CompiledPolicy:  # the one served now: a reload is used at once
@@ -128,6 +136,18 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
                             kube.Pods(cluster.api, instance=leadership.me),
                             leadership.leading, release_seconds, wall=clock)
         up.tasks.append(asyncio.ensure_future(releaser.run()))
+    if comparing:
+        assert configurations is not None
+
+        def served() -> tuple[int, GPUPolicy | None]:
+            active = source.active
+            return (active.generation, active.policy.model) if active else (0, None)
+
+        up.keeper = ConfigurationKeeper(
+            kube.WebhookConfigurations(cluster.api, instance=leadership.me),
+            dict(configurations), served, leadership.leading, namespace,
+            interval=status_seconds if status_seconds > 0 else 10.0, fix=sync == "fix")
+        up.tasks.append(asyncio.ensure_future(up.keeper.run()))
     logs.event("contending for the leader lease", identity=leadership.me,
                lease=f"{namespace}/{leadership.name}", quota_status_seconds=status_seconds,
                audit_seconds=audit_seconds)

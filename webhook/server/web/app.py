@@ -85,6 +85,9 @@ class Runtime:
     sights: Sights = no_sights  # nodes and PriorityClasses the watches hold
     gatekeeper: str | None = None  # who may remove the quota gate (the webhook itself)
     ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
+    # What /readyz says beside its checks without failing the probe (the leader's
+    # comparison of the webhook configurations with the policy).
+    ready_notes: Mapping[str, Callable[[], str]] = field(default_factory=dict)
     max_body: int = MAX_BODY_BYTES
     max_inflight: int = 256  # admission requests handled at once; more get 429
     request_timeout: float = 8.0  # seconds from a request's first byte to its answer
@@ -445,6 +448,7 @@ def _control_app(runtime: Runtime, state: metrics.StateCollector) -> FastAPI:
             "generation": active.generation if active else 0,
             "lastReloadError": runtime.policy.last_error,
             "checks": checks,
+            **{name: note() for name, note in runtime.ready_notes.items()},
         }
 
     @app.get("/metrics")

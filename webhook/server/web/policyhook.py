@@ -1,7 +1,7 @@
 """``POST /validate-policy``: the validating webhook for GPUPolicy objects.
 
 The API server sends every CREATE and UPDATE of a GPUPolicy (rendered by
-``webhook.tools.manifests``); the answer allows it when the policy loader accepts it and
+``webhook.policy.apiserver.webhooks``); the answer allows it when the policy loader accepts it and
 denies it with the loader's located messages otherwise (``webhook.policy.review``). It
 neither reads nor changes the policy the replica serves: a GPUPolicy becomes the served
 policy through the watch that reloads it, not through admission. Off the hot path, so

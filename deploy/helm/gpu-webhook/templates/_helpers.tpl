@@ -31,9 +31,12 @@ namespace.yaml
 {{- toJson (dict "names" $names) }}
 {{- end }}
 
-{{/* The policy document served from the ConfigMap. */}}
+{{/* The policy document served from the ConfigMap: policy.inline as a file's text
+(--set-file policy.inline=policy.yaml, comments and line numbers kept) or as an object
+(a values file), else the shipped example. */}}
 {{- define "gpu-webhook.policy" -}}
-{{- if .Values.policy.inline }}{{ toYaml .Values.policy.inline }}{{ else }}{{ .Files.Get "files/base/policy.yaml" }}{{ end }}
+{{- $p := .Values.policy.inline }}
+{{- if kindIs "string" $p }}{{ $p }}{{ else if $p }}{{ toYaml $p }}{{ else }}{{ .Files.Get "files/base/policy.yaml" }}{{ end }}
 {{- end }}
 
 {{/* Whether an object of deploy/base is installed with these values ("yes" or ""). */}}
@@ -109,6 +112,24 @@ namespace.yaml
 {{- if eq $v.certificates.mode "cert-manager" }}
 {{- $_ := set $meta "annotations" (merge (dict "cert-manager.io/inject-ca-from" (printf "%s/gpu-webhook-serving" $ns)) ($meta.annotations | default dict)) }}
 {{- end }}
+{{- /* The install's choices, from which the leader renders the webhooks again from the
+       policy it serves (--webhook-configurations-sync fix; webhook.policy.apiserver.drift) */}}
+{{- $record := index $meta.annotations "gpu-webhook.dev/install" | fromJson }}
+{{- $_ := set $record "namespace" $ns }}
+{{- $_ := set $record "mutatingFailurePolicy" $v.failurePolicy }}
+{{- $_ := set $record "validatingFailurePolicy" $v.failurePolicy }}
+{{- $_ := set $record "exemptNamespaces" ($v.exemptNamespaces | uniq | sortAlpha) }}
+{{- $_ := set $meta.annotations "gpu-webhook.dev/install" (toJson $record) }}
+{{- /* Installed already: its webhooks are those the leader wrote for the policy served,
+       kept as they are (rendering deploy/base's again would take the example policy's
+       back until the leader's next round). */}}
+{{- $live := lookup "admissionregistration.k8s.io/v1" $obj.kind "" $meta.name }}
+{{- if and $live (index ($live.metadata.annotations | default dict) "gpu-webhook.dev/install") }}
+{{- $_ := set $obj "webhooks" $live.webhooks }}
+{{- range $hook := $obj.webhooks }}
+{{- if not (or (hasPrefix "scale." $hook.name) (hasPrefix "release." $hook.name)) }}{{ $_ := set $hook "failurePolicy" $v.failurePolicy }}{{ end }}
+{{- end }}
+{{- else }}
 {{- range $hook := $obj.webhooks }}
 {{- $_ := set $hook.clientConfig.service "namespace" $ns }}
 {{- if eq $hook.failurePolicy "Fail" }}{{ $_ := set $hook "failurePolicy" $v.failurePolicy }}{{ end }}
@@ -116,6 +137,7 @@ namespace.yaml
 {{- range $e := $hook.namespaceSelector.matchExpressions }}
 {{- if and (eq $e.key "kubernetes.io/metadata.name") (eq $e.operator "NotIn") }}
 {{- $_ := set $e "values" (concat (without $e.values "gpu-webhook") (list $ns) $v.exemptNamespaces | uniq | sortAlpha) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}

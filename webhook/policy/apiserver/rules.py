@@ -1,4 +1,4 @@
-"""The rules of the webhook configurations (:mod:`webhook.tools.manifests`): which
+"""The rules of the webhook configurations (:mod:`webhook.policy.apiserver.webhooks`): which
 resources and operations each webhook is sent (the built-in training kinds, from their
 table, and the kinds the policy configures among them), and the namespaces each routes
 webhook takes."""

@@ -84,14 +84,14 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
 
-from webhook.policy.model import GPUPolicy, TolerationPolicy
-from webhook.tools.cel import (
+from webhook.policy.apiserver.cel import (
     GATE_REMOVED,
     SCALE_UP,
     claim_expression,
@@ -104,7 +104,7 @@ from webhook.tools.cel import (
     tolerates_expression,
     with_spec,
 )
-from webhook.tools.rules import (
+from webhook.policy.apiserver.rules import (
     CLAIM_RULES,
     GATE_RULES,
     GROUP,
@@ -117,6 +117,7 @@ from webhook.tools.rules import (
     route_scopes,
     workload_rules,
 )
+from webhook.policy.model import GPUPolicy, TolerationPolicy
 
 FailurePolicy = Literal["Fail", "Ignore"]
 
@@ -135,6 +136,68 @@ class Options:
     timeout_seconds: int = 5
     mutating_failure_policy: FailurePolicy = "Fail"
     validating_failure_policy: FailurePolicy = "Fail"
+    exempt_namespaces: tuple[str, ...] = ()
+    """Namespaces never sent, besides kube-system, ``namespace`` and the policy's exempt
+    ones (the Helm chart's ``exemptNamespaces``)."""
+
+
+# The install's choices, written on both configurations: with the policy they determine
+# every webhook (but its caBundle), so the leader can render them again from a new policy
+# exactly as ``manifests`` or the chart did, and tell what differs (drift.py).
+INSTALL_ANNOTATION = f"{GROUP}/install"
+
+
+def install_record(options: Options) -> str:
+    """The annotation's value: the options as JSON (the CA is the cluster's, not ours)."""
+    record: dict[str, Any] = {
+        "namespace": options.namespace, "timeoutSeconds": options.timeout_seconds,
+        "mutatingFailurePolicy": options.mutating_failure_policy,
+        "validatingFailurePolicy": options.validating_failure_policy,
+        "exemptNamespaces": sorted(options.exempt_namespaces)}
+    if options.url:
+        record["url"] = options.url
+    else:
+        record["service"] = {"name": options.service, "port": options.port}
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def options_of(configuration: dict[str, Any]) -> Options:
+    """The options a configuration was rendered with, from its install annotation;
+    ValueError saying what is wrong and how to put it right."""
+    meta = configuration.get("metadata") or {}
+    where = f"{str(configuration.get('kind', '')).lower()} {meta.get('name', '')}"
+    text = (meta.get("annotations") or {}).get(INSTALL_ANNOTATION)
+    fix = ("render it with `gpu-webhook manifests` or install it with the Helm chart or "
+           "deploy/base")
+    if not text:
+        raise ValueError(f"{where} has no annotation {INSTALL_ANNOTATION}, so the "
+                         f"webhook cannot tell how it was installed: {fix}")
+    try:
+        record = json.loads(text)
+        service = record.get("service") or {}
+        exempt = record.get("exemptNamespaces") or []
+        options = Options(
+            name=str(meta.get("name") or "gpu-webhook"),
+            namespace=str(record["namespace"]),
+            service=str(service.get("name", "gpu-webhook")),
+            port=int(service.get("port", 443)),
+            url=str(record["url"]) if record.get("url") else None,
+            timeout_seconds=int(record.get("timeoutSeconds", 5)),
+            mutating_failure_policy=_failure(record.get("mutatingFailurePolicy", "Fail")),
+            validating_failure_policy=_failure(record.get("validatingFailurePolicy", "Fail")),
+            exempt_namespaces=tuple(str(n) for n in exempt))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{where}: annotation {INSTALL_ANNOTATION} is not a record of "
+                         f"the install ({exc.__class__.__name__}: {exc}): {fix}") from None
+    return options
+
+
+def _failure(value: object) -> FailurePolicy:
+    if value == "Fail":
+        return "Fail"
+    if value == "Ignore":
+        return "Ignore"
+    raise ValueError(f"failure policy {value!r} is neither Fail nor Ignore")
 
 
 def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, Any]]:
@@ -147,16 +210,18 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
     mutating, validating = options.mutating_failure_policy, options.validating_failure_policy
     claims = bool(policy.spec.device_classes)
     labels = {"app.kubernetes.io/name": "gpu-webhook", "app.kubernetes.io/component": "admission"}
+    annotations = {INSTALL_ANNOTATION: install_record(options)}
     return [
         {"apiVersion": "admissionregistration.k8s.io/v1",
          "kind": "MutatingWebhookConfiguration",
-         "metadata": {"name": options.name, "labels": labels},
+         "metadata": {"name": options.name, "labels": labels, "annotations": annotations},
          "webhooks": [r.pods("mutate", mutating),
                       *([r.claims("mutate", mutating)] if claims else []),
                       *[r.route(*scope) for scope in route_scopes(policy, r.excluded)]]},
         {"apiVersion": "admissionregistration.k8s.io/v1",
          "kind": "ValidatingWebhookConfiguration",
-         "metadata": {"name": options.name, "labels": labels},
+         "metadata": {"name": options.name, "labels": labels,
+                      "annotations": dict(annotations)},
          "webhooks": [r.pods("validate", validating), r.scale(),
                       *([r.claims("validate", validating)] if claims else []),
                       r.release(), r.gates(validating), r.policies(validating)]},
@@ -194,7 +259,8 @@ class _Rendering:
             spec.exemptions.users, spec.exemptions.groups,
             [f"system:serviceaccount:{sa.replace('/', ':')}"
              for sa in spec.exemptions.service_accounts])
-        self.excluded = sorted({"kube-system", options.namespace, *spec.exemptions.namespaces})
+        self.excluded = sorted({"kube-system", options.namespace, *spec.exemptions.namespaces,
+                                *options.exempt_namespaces})
 
     def _hook(self, name: str, path: str, rules: Any, side_effects: str, failure: str, *,
               selector: dict[str, Any] | None = None,

@@ -1,5 +1,5 @@
 """The CEL the webhook configurations' matchConditions are made of
-(:mod:`webhook.tools.manifests`): a GPU pod (its resources, DRA claims, KAI-Scheduler
+(:mod:`webhook.policy.apiserver.webhooks`): a GPU pod (its resources, DRA claims, KAI-Scheduler
 annotations, GPU tolerations) tested on each kind's pod specs, found at the places the
 kinds' descriptions give; a claim of a GPU device class; a scale-up; a removed quota
 gate; the requests the policy exempts.

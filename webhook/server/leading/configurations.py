@@ -1,0 +1,160 @@
+"""The webhook configurations kept as the served policy needs them, by the leader.
+
+Which pods the API server sends to the webhook is decided by the webhook configurations
+(their rules, namespace selectors and CEL matchConditions), and those follow from the
+policy: a tenant chosen by another label, a new GPU resource name, an exemption. A chart
+cannot run the renderer at template time, a ConfigMap or GPUPolicy edited after the
+install changes the policy without touching them, and nothing else would notice the two
+apart: the pods of a new tenant's namespaces that ask for no GPU would never be sent, and
+would keep every GPU their image's ``NVIDIA_VISIBLE_DEVICES`` names. So the leader
+renders them itself, from the policy it serves and the options the install recorded on
+them (:mod:`webhook.policy.apiserver.drift`), at once when a new policy is served and
+every ``--quota-status-seconds`` after, and:
+
+- reports what differs: ``gpu_webhook_configuration_drift`` by configuration, a Warning
+  Event ``WebhookConfigurationDrift`` on the configuration (in the webhook's namespace),
+  a log line, and ``/readyz``'s ``webhookConfigurations``;
+- with ``--webhook-configurations-sync fix`` (the default), writes the webhooks as the
+  policy needs them (a JSON Patch conditional on the resourceVersion read; RBAC ``patch``
+  on the two configurations by name), keeping each webhook's caBundle, and says so in a
+  Normal Event ``WebhookConfigurationUpdated``; with ``report`` it only reports, for an
+  install whose configurations are kept by something else (GitOps).
+
+Only the leader writes: replicas serving two generations of a policy during a rollout
+would otherwise write their own in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from webhook.libs import kube, logs
+from webhook.policy.apiserver.drift import Drift, compare, wanted
+from webhook.policy.model import GPUPolicy
+from webhook.server import metrics
+
+DRIFT_REASON = "WebhookConfigurationDrift"
+UPDATED_REASON = "WebhookConfigurationUpdated"
+
+
+@dataclass
+class ConfigurationKeeper:
+    configurations: kube.WebhookConfigurations
+    names: dict[str, str]  # "mutating"/"validating" -> configuration name
+    policy: Callable[[], tuple[int, GPUPolicy | None]]  # (generation, document) served
+    leading: Callable[[], bool]
+    namespace: str  # where its Events go: the webhook's own
+    interval: float = 10.0
+    fix: bool = True
+    # The last comparison by kind, for /readyz and the tests; empty until the first.
+    drift: dict[str, Drift] = field(default_factory=dict)
+    _told: dict[str, str] = field(default_factory=dict)  # the drift last reported, by kind
+    _failing: str = ""
+
+    def summary(self) -> str:
+        """What /readyz says: "in step", the differences, or not compared yet."""
+        if not self.drift:
+            return "not compared (only the leader compares them)"
+        found = [d.describe() for d in self.drift.values() if d]
+        return "; ".join(found) if found else "in step with the policy"
+
+    async def run(self) -> None:
+        due, seen = 0.0, -1
+        while True:
+            generation = self.policy()[0]
+            if self.leading() and (time.monotonic() >= due or generation != seen):
+                due, seen = time.monotonic() + self.interval, generation
+                try:
+                    await asyncio.to_thread(self.once)
+                    self._failing = ""
+                except kube.KubeError as exc:
+                    if self._failing != str(exc):
+                        logs.event("webhook configurations not compared with the policy; "
+                                   "tried again", logging.WARNING, error=str(exc),
+                                   detail=exc.detail)
+                    self._failing = str(exc)
+            elif not self.leading():
+                due = 0.0
+                self.drift.clear()  # another replica compares them now
+            await asyncio.sleep(min(self.interval, 1.0))
+
+    def once(self) -> dict[str, Drift]:
+        """Compare both configurations with the policy, and write those that differ
+        (with ``fix``). Returns what was found before any write."""
+        _, model = self.policy()
+        if model is None:
+            return {}
+        found = {}
+        for kind, name in self.names.items():
+            live = self.configurations.read(kind, name)
+            drift = compare(model, kind, name, live)
+            found[kind] = drift
+            configuration = drift.configuration
+            metrics.CONFIGURATION_DRIFT.labels(configuration).set(_count(drift))
+            if not drift:
+                self._told.pop(kind, None)
+                continue
+            text = drift.describe()
+            if self._told.get(kind) != text:
+                self._told[kind] = text
+                logs.event("a webhook configuration differs from what the policy needs",
+                           logging.WARNING, configuration=configuration, drift=text,
+                           policy=model.metadata.name,
+                           fixing=self.fix and live is not None and not drift.unusable)
+                self._event(kind, name, DRIFT_REASON, "Warning",
+                            f"{text} (policy {model.metadata.name}"
+                            + ("; the leader writes it as the policy needs)"
+                               if self.fix and live is not None and not drift.unusable
+                               else "; not written: --webhook-configurations-sync report)"
+                               if not self.fix else ")"))
+            if self.fix and live is not None and not drift.unusable:
+                self._write(kind, name, model, live, drift)
+        self.drift = found
+        return found
+
+    def _write(self, kind: str, name: str, model: GPUPolicy, live: dict[str, object],
+               drift: Drift) -> None:
+        configuration = drift.configuration
+        meta = live.get("metadata")
+        version = str(meta.get("resourceVersion", "")) if isinstance(meta, dict) else ""
+        try:
+            self.configurations.replace_webhooks(
+                kind, name, version, wanted(model, kind, live)["webhooks"])
+        except kube.Conflict as exc:
+            # Changed since it was read (a caBundle rotation): compared again next round.
+            metrics.CONFIGURATION_WRITES.labels(configuration, "conflict").inc()
+            logs.event("webhook configuration changed while being written; compared again",
+                       configuration=configuration, detail=exc.detail)
+            return
+        except kube.KubeError as exc:
+            metrics.CONFIGURATION_WRITES.labels(configuration, "failed").inc()
+            logs.event("webhook configuration not written as the policy needs (RBAC: patch "
+                       "on it by name); the drift stays reported", logging.WARNING,
+                       configuration=configuration, error=str(exc), detail=exc.detail)
+            return
+        metrics.CONFIGURATION_WRITES.labels(configuration, "written").inc()
+        metrics.CONFIGURATION_DRIFT.labels(configuration).set(0)
+        self._told.pop(kind, None)
+        logs.event("webhook configuration written as the policy needs",
+                   configuration=configuration, policy=model.metadata.name,
+                   was=drift.describe())
+        self._event(kind, name, UPDATED_REASON, "Normal",
+                    f"written as policy {model.metadata.name} needs; it was: "
+                    f"{drift.describe()}")
+
+    def _event(self, kind: str, name: str, reason: str, type_: str, message: str) -> None:
+        try:
+            self.configurations.event(kind, name, self.namespace, reason, message, type_)
+        except kube.KubeError as exc:
+            logs.event("event not written on the webhook configuration", logging.WARNING,
+                       configuration=f"{kind} {name}", reason=reason, error=str(exc))
+
+
+def _count(drift: Drift) -> int:
+    if drift.unusable:
+        return 1
+    return len(drift.missing) + len(drift.extra) + len(drift.changed)
