@@ -11,6 +11,8 @@ so every test gets a new one, labelled to join the tenant it needs.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +22,11 @@ import pytest
 from controlplane.cluster import ControlPlane, build_binaries
 from e2ekit import (
     LEDGER_NAMESPACE,
+    ROOT,
     Deployment,
     NamespaceFactory,
     create_namespace,
+    delete_crds,
     deployed,
     short_id,
 )
@@ -37,8 +41,10 @@ from gpucluster.fixtures import (  # noqa: F401
     sim_namespace,
     tenant_ns,
 )
+from kit import helm
 
 _VERSIONS: dict[str, str] = {}
+POLICY_CRD = "gpupolicies.gpu-webhook.dev"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
@@ -94,6 +100,33 @@ def webhook(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     workdir = tmp_path_factory.mktemp(f"webhook-{request.module.__name__}")
     with deployed(control_plane, workdir, replicas=replicas, proxy=proxy) as d, d.installed():
         yield d
+
+
+@pytest.fixture(scope="module")
+def helm_run(control_plane: ControlPlane) -> Any:
+    """``helm`` as a user runs it (from the repository), with its own home on this
+    control plane."""
+    binary = helm()
+    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig),
+           "HELM_CACHE_HOME": str(control_plane.work_dir / "helm-cache"),
+           "HELM_CONFIG_HOME": str(control_plane.work_dir / "helm-config"),
+           "HELM_DATA_HOME": str(control_plane.work_dir / "helm-data")}
+
+    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+        assert args[0] == "helm"
+        return subprocess.run([binary, *args[1:]], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+
+    return run
+
+
+@pytest.fixture
+def no_crd(control_plane: ControlPlane) -> Iterator[None]:
+    """The chart owns the GPUPolicy CRD: one applied by another module's kubectl would
+    be refused as not the release's. Remove it (and wait) before, and after."""
+    delete_crds(control_plane, POLICY_CRD)
+    yield
+    delete_crds(control_plane, POLICY_CRD)
 
 
 @pytest.fixture

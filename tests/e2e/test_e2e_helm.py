@@ -17,7 +17,6 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +31,12 @@ from e2ekit import (
     crd_gone,
     crd_state,
     create_namespace,
-    delete_crds,
     gpu_pod,
     short_id,
     wait_ready,
     wait_until,
 )
-from kit import console_script, free_port, helm
+from kit import console_script, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -54,31 +52,6 @@ def readme_command(tool: str, verb: str) -> list[str]:
     (line,) = [ln.split("#", 1)[0].strip() for ln in section.splitlines()
                if ln.startswith(f"{tool} {verb} ")]
     return line.split()
-
-
-@pytest.fixture(scope="module")
-def helm_run(control_plane: ControlPlane) -> Any:
-    binary = helm()
-    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig),
-           "HELM_CACHE_HOME": str(control_plane.work_dir / "helm-cache"),
-           "HELM_CONFIG_HOME": str(control_plane.work_dir / "helm-config"),
-           "HELM_DATA_HOME": str(control_plane.work_dir / "helm-data")}
-
-    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-        assert args[0] == "helm"
-        return subprocess.run([binary, *args[1:]], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
-
-    return run
-
-
-@pytest.fixture
-def no_crd(control_plane: ControlPlane) -> Iterator[None]:
-    """The chart owns the GPUPolicy CRD: one applied by another module's kubectl would
-    be refused as not the release's. Remove it (and wait) before, and after."""
-    delete_crds(control_plane, CRD)
-    yield
-    delete_crds(control_plane, CRD)
 
 
 def manifest_objects(helm_run: Any) -> list[dict[str, Any]]:

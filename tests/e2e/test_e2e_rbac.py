@@ -135,9 +135,11 @@ def test_what_the_webhook_uses_is_granted(base: ControlPlane, verb: str, resourc
     ("update", "gpuquotas.gpu-webhook.dev", "team-a"),
     ("update", "policyreports.wgpolicyk8s.io", "team-a"),
     ("create", "clusterpolicyreports.wgpolicyk8s.io", None),
-    # the base install has no certificate duties (cert-manager's overlay), and no writes
+    # the base install has no certificate duties (cert-manager's overlay); of webhook
+    # configurations only its own two (test below)
     ("get", "secrets/gpu-webhook-tls", NS), ("create", "secrets", NS),
-    ("patch", "mutatingwebhookconfigurations.admissionregistration.k8s.io/gpu-webhook", None),
+    ("patch", "mutatingwebhookconfigurations.admissionregistration.k8s.io/other", None),
+    ("list", "validatingwebhookconfigurations.admissionregistration.k8s.io", None),
     ("update", "pods", None), ("delete", "pods", None), ("create", "pods", None),
     ("update", "nodes", None), ("create", "priorityclasses.scheduling.k8s.io", None),
     ("watch", "deployments.apps", "team-a"), ("update", "deployments.apps", "team-a"),

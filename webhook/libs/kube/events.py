@@ -1,6 +1,7 @@
 """core/v1 Events the webhook writes: on a pod waiting for quota (``kubectl describe
-pod``), and on a webhook configuration that differs from the policy (written in the
-webhook's own namespace, since the configuration has none). RBAC: ``create`` on events.
+pod``), and on a webhook configuration that differs from the policy (in the namespace
+``default``, where the API server keeps the Events of cluster-scoped objects). RBAC:
+``create`` on events.
 """
 
 from __future__ import annotations

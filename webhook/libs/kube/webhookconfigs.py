@@ -49,10 +49,11 @@ class WebhookConfigurations:
             fn(name, ops, _content_type="application/json-patch+json",
                _preload_content=False, _request_timeout=self.timeout)
 
-    def event(self, kind: str, name: str, namespace: str, reason: str, message: str,
+    def event(self, kind: str, name: str, reason: str, message: str,
               type_: str = "Warning") -> None:
-        """An Event on the configuration, stored in ``namespace`` (the webhook's own)."""
-        write_event(self.core, namespace, {
+        """An Event on the configuration. The API server keeps the Events of a
+        cluster-scoped object in the namespace ``default`` (it refuses them elsewhere)."""
+        write_event(self.core, "default", {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": f"{kind.capitalize()}WebhookConfiguration", "name": name},
             reason, message, type_, component="gpu-webhook", instance=self.instance,

@@ -12,8 +12,9 @@ them (:mod:`webhook.policy.apiserver.drift`), at once when a new policy is serve
 every ``--quota-status-seconds`` after, and:
 
 - reports what differs: ``gpu_webhook_configuration_drift`` by configuration, a Warning
-  Event ``WebhookConfigurationDrift`` on the configuration (in the webhook's namespace),
-  a log line, and ``/readyz``'s ``webhookConfigurations``;
+  Event ``WebhookConfigurationDrift`` on the configuration (``kubectl get events -n
+  default``, where the Events of cluster-scoped objects are kept), a log line, and
+  ``/readyz``'s ``webhookConfigurations``;
 - with ``--webhook-configurations-sync fix`` (the default), writes the webhooks as the
   policy needs them (a JSON Patch conditional on the resourceVersion read; RBAC ``patch``
   on the two configurations by name), keeping each webhook's caBundle, and says so in a
@@ -47,7 +48,6 @@ class ConfigurationKeeper:
     names: dict[str, str]  # "mutating"/"validating" -> configuration name
     policy: Callable[[], tuple[int, GPUPolicy | None]]  # (generation, document) served
     leading: Callable[[], bool]
-    namespace: str  # where its Events go: the webhook's own
     interval: float = 10.0
     fix: bool = True
     # The last comparison by kind, for /readyz and the tests; empty until the first.
@@ -84,15 +84,16 @@ class ConfigurationKeeper:
 
     def once(self) -> dict[str, Drift]:
         """Compare both configurations with the policy, and write those that differ
-        (with ``fix``). Returns what was found before any write."""
+        (with ``fix``). Returns what was found before any write; what /readyz says
+        afterwards is what is left (nothing, for a configuration written)."""
         _, model = self.policy()
         if model is None:
             return {}
-        found = {}
+        found, left = {}, {}
         for kind, name in self.names.items():
             live = self.configurations.read(kind, name)
             drift = compare(model, kind, name, live)
-            found[kind] = drift
+            found[kind] = left[kind] = drift
             configuration = drift.configuration
             metrics.CONFIGURATION_DRIFT.labels(configuration).set(_count(drift))
             if not drift:
@@ -111,13 +112,14 @@ class ConfigurationKeeper:
                                if self.fix and live is not None and not drift.unusable
                                else "; not written: --webhook-configurations-sync report)"
                                if not self.fix else ")"))
-            if self.fix and live is not None and not drift.unusable:
-                self._write(kind, name, model, live, drift)
-        self.drift = found
+            if self.fix and live is not None and not drift.unusable and \
+                    self._write(kind, name, model, live, drift):
+                left[kind] = Drift(kind, name)
+        self.drift = left
         return found
 
     def _write(self, kind: str, name: str, model: GPUPolicy, live: dict[str, object],
-               drift: Drift) -> None:
+               drift: Drift) -> bool:
         configuration = drift.configuration
         meta = live.get("metadata")
         version = str(meta.get("resourceVersion", "")) if isinstance(meta, dict) else ""
@@ -129,13 +131,13 @@ class ConfigurationKeeper:
             metrics.CONFIGURATION_WRITES.labels(configuration, "conflict").inc()
             logs.event("webhook configuration changed while being written; compared again",
                        configuration=configuration, detail=exc.detail)
-            return
+            return False
         except kube.KubeError as exc:
             metrics.CONFIGURATION_WRITES.labels(configuration, "failed").inc()
             logs.event("webhook configuration not written as the policy needs (RBAC: patch "
                        "on it by name); the drift stays reported", logging.WARNING,
                        configuration=configuration, error=str(exc), detail=exc.detail)
-            return
+            return False
         metrics.CONFIGURATION_WRITES.labels(configuration, "written").inc()
         metrics.CONFIGURATION_DRIFT.labels(configuration).set(0)
         self._told.pop(kind, None)
@@ -145,10 +147,11 @@ class ConfigurationKeeper:
         self._event(kind, name, UPDATED_REASON, "Normal",
                     f"written as policy {model.metadata.name} needs; it was: "
                     f"{drift.describe()}")
+        return True
 
     def _event(self, kind: str, name: str, reason: str, type_: str, message: str) -> None:
         try:
-            self.configurations.event(kind, name, self.namespace, reason, message, type_)
+            self.configurations.event(kind, name, reason, message, type_)
         except kube.KubeError as exc:
             logs.event("event not written on the webhook configuration", logging.WARNING,
                        configuration=f"{kind} {name}", reason=reason, error=str(exc))
