@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     review.add_review(sub)
     cluster.add_audit(sub)
     cluster.add_status(sub)
+    cluster.add_failure_policy(sub)
     policy.add_test(sub)
     wire.add_admission_review(sub)
     completion.add_completion(sub, p)
@@ -97,6 +98,8 @@ EXIT_CODES: dict[str, str] = {
     "admission-review": "0 printed (with --reply: allowed); 1 with --reply: denied; 2 "
                         "unreadable manifest or reply, bad flags",
     "status": "0 printed; 2 the cluster or the policy cannot be read",
+    "failure-policy": "0 set (or already so); 2 the configurations cannot be read or "
+                      "patched",
     "audit": "0 nothing would be refused and no pod holds a route to a GPU; 1 something "
              "would be, or does; 2 the cluster or the policy "
              "cannot be read",

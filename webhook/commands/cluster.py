@@ -41,6 +41,58 @@ def add_status(sub: Any) -> None:
     st.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
 
+def add_failure_policy(sub: Any) -> None:
+    fp = command(sub, "failure-policy", _failure_policy)
+    fp.add_argument("policy", choices=["Ignore", "Fail"], metavar="Ignore|Fail")
+    fp.add_argument("--name", default="gpu-webhook",
+                    help="name of the two webhook configurations [gpu-webhook]")
+    add_kubeconfig(fp)
+
+
+def _failure_policy(args: argparse.Namespace) -> int:
+    """break glass: what the API server does with pods while no replica answers
+
+    Set failurePolicy on every webhook of the two configurations that fails closed
+    (GPU pods, DRA claims, the routes, the quota gate, GPUPolicy objects; never the
+    scale and release webhooks, which always ignore failures), for any install (Helm,
+    kustomize, manifests). Ignore lets pods in unchecked while no replica answers; Fail
+    puts the webhook back in their path. A replica that leads again writes back the
+    failure policy the install recorded (--webhook-configurations-sync fix), ending a
+    break-glass by itself: see docs/operating.md.
+    """
+    from webhook.libs import kube
+    from webhook.policy.apiserver.drift import KINDS, failure_policy_ops
+
+    home = Path.home() / ".kube" / "config"
+    try:
+        api = kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
+                           or (str(home) if home.exists() else None))
+        configurations = kube.WebhookConfigurations(api, timeout=10.0)
+        for kind in ("mutating", "validating"):
+            live = configurations.read(kind, args.name)
+            if live is None:
+                print(f"{KINDS[kind]} {args.name}: not found", file=sys.stderr)
+                continue
+            ops, changed = failure_policy_ops(live, args.policy)
+            if ops:
+                configurations.patch(kind, args.name, ops, "set the failurePolicy")
+            print(f"{KINDS[kind]} {args.name}: "
+                  + (f"{', '.join(changed)} -> {args.policy}" if changed
+                     else f"every webhook already {args.policy}"))
+    except (kube.KubeError, ValueError, OSError) as exc:
+        print(f"gpu-webhook failure-policy: {exc}", file=sys.stderr)
+        return 2
+    if args.policy == "Ignore":
+        print("While no replica answers, the API server now lets in unchecked: GPU pods "
+              "(no quota charged, no toleration or affinity: they stay Pending on tainted "
+              "GPU nodes), pods without GPUs in the tenants' namespaces (their images' "
+              "NVIDIA_VISIBLE_DEVICES kept), DRA claims, GPUPolicy edits, and the removal "
+              "of the quota gate by anyone who may update pods. A replica that leads "
+              "again writes back the failure policy the install recorded; "
+              "`gpu-webhook failure-policy Fail` ends it sooner.")
+    return 0
+
+
 def _cluster_policy(args: argparse.Namespace) -> tuple[Any, Any]:
     """The API client and the policy (--policy, else the webhook's ConfigMap)."""
     from webhook.libs import kube

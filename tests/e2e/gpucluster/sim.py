@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ from e2ekit import (  # noqa: E402
     start_replica,
     wait_installed,
     wait_ready,
+    wait_until,
 )
 from gpucluster import nodes  # noqa: E402
 
@@ -78,6 +80,7 @@ class SimCluster:
                                components=SIMULATED, component_args=component_args,
                                extra_apiserver_args=apiserver_args)
         self.webhook: Deployment | None = None
+        self.mount: subprocess.Popen[bytes] | None = None
         self.timings: dict[str, float] = {}
 
     def start(self) -> SimCluster:
@@ -119,6 +122,26 @@ class SimCluster:
         self.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                         "crd/gpuquotas.gpu-webhook.dev", "crd/gpupolicies.gpu-webhook.dev",
                         "crd/policyreports.wgpolicyk8s.io")
+        self._mount_policy()
+
+    def _mount_policy(self) -> None:
+        """The replicas serve the ConfigMap's policy as a pod would: the key mounted as a
+        file, rewritten when the ConfigMap changes (mount.py plays the kubelet), so an
+        edit of the ConfigMap is what the webhook enforces next."""
+        mounted = self.work_dir / "webhook" / "mounted" / "policy.yaml"
+        mounted.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.work_dir / "webhook" / "mount.log", "ab")  # noqa: SIM115
+        with log:
+            self.mount = subprocess.Popen(
+                [sys.executable, str(HERE / "mount.py"), "--kubeconfig",
+                 str(self.cp.kubeconfig), "--namespace", LEDGER_NAMESPACE, "--name",
+                 "gpu-webhook-policy", "--key", "policy.yaml", "--to", str(mounted)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        wait_until("the policy ConfigMap to be mounted", lambda: mounted.exists()
+                   or self.mount is None or self.mount.poll() is not None, timeout=60)
+        assert self.mount.poll() is None, (self.work_dir / "webhook" / "mount.log").read_text()
+        self.policy = mounted
 
     def _deploy(self) -> Deployment:
         """The webhook as ``e2ekit.deployed`` runs it, kept running past this call (the
@@ -149,6 +172,8 @@ class SimCluster:
 
     def pids(self) -> dict[str, int]:
         pids = self.cp.pids()
+        if self.mount is not None and self.mount.poll() is None:
+            pids["gpu-webhook-policy-mount"] = self.mount.pid
         if self.webhook is not None:
             for i, r in enumerate(self.webhook.replicas):
                 if r.process.poll() is None:
@@ -163,12 +188,17 @@ class SimCluster:
         pids = self.pids()
         self.cp.detach()
         self.webhook = None
+        self.mount = None
         return pids
 
     def stop(self) -> None:
         if self.webhook is not None:
             self.webhook.stop()
             self.webhook = None
+        if self.mount is not None:
+            self.mount.terminate()
+            self.mount.wait(timeout=30)
+            self.mount = None
         self.cp.stop()
 
     def __enter__(self) -> SimCluster:

@@ -39,13 +39,16 @@ class WebhookConfigurations:
         """Write ``webhooks`` as the configuration's whole list, only if it is still at
         ``resource_version`` (a JSON Patch ``test``: a Conflict otherwise, for instance
         when a certificate rotation patched a caBundle in between)."""
-        ops: list[dict[str, Any]] = [
+        self.patch(kind, name, [
             {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
-            {"op": "replace", "path": "/webhooks", "value": webhooks}]
+            {"op": "replace", "path": "/webhooks", "value": webhooks}], "write the webhooks")
+
+    def patch(self, kind: str, name: str, ops: list[dict[str, Any]], what: str) -> None:
+        """A JSON Patch of the configuration (a failed ``test``, HTTP 422: a Conflict)."""
         fn = (self.admission.patch_mutating_webhook_configuration if kind == "mutating"
               else self.admission.patch_validating_webhook_configuration)
-        with translated(f"write the webhooks of {kind}webhookconfiguration {name}",
-                        self.timeout, statuses={422: Conflict}):
+        with translated(f"{what} of {kind}webhookconfiguration {name}", self.timeout,
+                        statuses={422: Conflict}):
             fn(name, ops, _content_type="application/json-patch+json",
                _preload_content=False, _request_timeout=self.timeout)
 

@@ -139,3 +139,26 @@ def _defaulted(hook: dict[str, Any], kind: str) -> dict[str, Any]:
             if not selector.get(key):
                 selector.pop(key, None)
     return h
+
+
+# Webhooks whose failurePolicy is always Ignore (webhooks.py): a delete or a scale is never
+# the webhook's to block.
+ALWAYS_IGNORED = ("scale.", "release.")
+
+
+def failure_policy_ops(live: dict[str, Any], policy: str) -> tuple[list[dict[str, Any]],
+                                                                   list[str]]:
+    """The JSON Patch setting ``policy`` (Fail or Ignore) on every webhook of ``live``
+    that follows the install's failure policy (not the scale and release webhooks), each
+    guarded by a ``test`` of its name; and the names changed."""
+    ops: list[dict[str, Any]] = []
+    changed = []
+    for i, hook in enumerate(live.get("webhooks") or ()):
+        name = str(hook.get("name"))
+        if name.startswith(ALWAYS_IGNORED) or hook.get("failurePolicy", "Fail") == policy:
+            continue
+        ops += [{"op": "test", "path": f"/webhooks/{i}/name", "value": name},
+                {"op": "replace" if "failurePolicy" in hook else "add",
+                 "path": f"/webhooks/{i}/failurePolicy", "value": policy}]
+        changed.append(name)
+    return ops, changed
