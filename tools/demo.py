@@ -310,7 +310,8 @@ def run(work_dir: Path, down_after: bool, timeout: float) -> int:
     # objects and PolicyReports), its status written every 2 s and its audit run every
     # 10 s rather than every 10 s and 5 min, so that both are there when the table is.
     sim = SimCluster(work_dir, as_installed=True,
-                     webhook_args=["--quota-status-seconds", "2", "--audit-seconds", "10"])
+                     webhook_args=["--quota-status-seconds", "2", "--audit-seconds", "10",
+                                   "--webhook-configurations-sync", "fix"])
     sim.start()
     try:
         print(f"  ready in {time.monotonic() - t0:.0f}s ({sim.cp.version}); "

@@ -199,8 +199,10 @@ def capped_policy(workdir: Path, file: str, tenants: Iterable[str], gpus: int, *
 
 def start_replica(workdir: Path, cert_dir: Path, policy: Path, kubeconfig: Path,
                   index: int, args: Sequence[str] = (),
-                  env: dict[str, str] | None = None) -> Replica:
-    port = free_port()
+                  env: dict[str, str] | None = None, port: int | None = None) -> Replica:
+    """A replica on ``port`` (a free one when None: a restarted replica takes its
+    predecessor's, where the installed configurations call it)."""
+    port = port or free_port()
     log_path = workdir / f"replica-{index}.log"
     process = serve(port, cert_dir, log_path, "--policy", str(policy),
                     "--kubeconfig", str(kubeconfig), "--namespace", LEDGER_NAMESPACE, *args,
