@@ -31,6 +31,25 @@ def block(heading: str, after: str = "") -> str:
     return section.split("```sh\n", 1)[1].split("\n```", 1)[0] + "\n"
 
 
+def own_policy_section() -> str:
+    """deploy/README.md's "A policy of your own"."""
+    text = (README.parent / "deploy" / "README.md").read_text()
+    return text.split("\n## A policy of your own\n", 1)[1].split("\n## ", 1)[0]
+
+
+def own_policy_overlay(tree: Path, policy: str) -> Path:
+    """The section's kustomize overlay, laid out as it says (beside the policy, the
+    repository as ``gpu-webhook`` next to it) under ``tree``; its directory."""
+    section = own_policy_section()
+    kustomization = section.split("```yaml\n", 1)[1].split("\n```", 1)[0] + "\n"
+    overlay = tree / "overlay"
+    overlay.mkdir(parents=True)
+    (tree / "gpu-webhook").symlink_to(README.parent)
+    (overlay / "kustomization.yaml").write_text(kustomization)
+    (overlay / "policy.yaml").write_text(policy)
+    return overlay
+
+
 def shown(text: str) -> list[str]:
     """The output lines a block shows: the ``#   `` comments right after a command (a
     bare ``#`` inside them is a blank line of that output)."""

@@ -11,12 +11,14 @@ test`` builds it first). The chart on the real API server: tests/e2e/test_e2e_he
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import readmekit
 import yaml
 from kit import helm, kube_version
 from test_deploy_kustomize import (
@@ -278,6 +280,43 @@ def test_a_policy_file_that_is_no_policy_fails_the_render_saying_so(
     done = set_file(helm_bin, tmp_path, text)
     assert done.returncode != 0
     assert says in done.stderr
+
+
+def test_deploy_readmes_own_policy_lines_render_with_a_stock_helm(helm_bin: str,
+                                                                  tmp_path: Path) -> None:
+    # As a user runs them: from a directory holding the tree's deploy/ and policy.yaml.
+    (tmp_path / "deploy").symlink_to(DEPLOY)
+    (tmp_path / "policy.yaml").write_text(TEAMS_POLICY)
+    lines = [ln for ln in readmekit.own_policy_section().split("```sh\n", 1)[1]
+             .split("\n```", 1)[0].splitlines() if ln.startswith("helm ")]
+    assert [ln.split()[1] for ln in lines] == ["install", "template"]
+    for line in lines:
+        words = shlex.split(line)
+        if words[1] == "install":  # as rendered by it, against the version the tests run
+            words = ["helm", "template", *[w for w in words[2:] if w != "--create-namespace"],
+                     "--kube-version", kube_version()]
+        done = subprocess.run([helm_bin, *words[1:]], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert done.returncode == 0, f"{line}: {done.stderr}"
+        objects = [d for d in yaml.safe_load_all(done.stdout) if d]
+        (cm,) = [c for c in by_kind(objects, "ConfigMap")
+                 if c["metadata"]["name"] == "gpu-webhook-policy"]
+        assert cm["data"]["policy.yaml"] == TEAMS_POLICY
+    # Without --kube-version a stock helm assumes a version below the chart's floor.
+    bare = [w for w in shlex.split(lines[1]) if w not in ("--kube-version", "1.37.0")]
+    done = subprocess.run([helm_bin, *bare[1:]], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "incompatible with Kubernetes" in done.stderr
+
+
+def test_deploy_readmes_kustomize_overlay_serves_its_own_policy(tmp_path: Path) -> None:
+    objects = kustomize(readmekit.own_policy_overlay(tmp_path, TEAMS_POLICY))
+    validate_all(objects)
+    (cm,) = [c for c in by_kind(objects, "ConfigMap")
+             if c["metadata"]["name"] == "gpu-webhook-policy"]
+    assert cm["data"]["policy.yaml"] == TEAMS_POLICY
+    (c,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--webhook-configurations-sync=fix" in c["args"]
 
 
 def test_the_install_record_follows_the_values(helm_bin: str) -> None:

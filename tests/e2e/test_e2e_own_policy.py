@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import readmekit
 import yaml
 from controlplane.cluster import ControlPlane
 from e2ekit import (
     LEDGER_NAMESPACE,
-    ROOT,
     Replica,
     apply,
     delete_crds,
@@ -43,7 +43,6 @@ from e2ekit import (
 from kit import console_script, free_port
 from test_e2e_helm import (
     manifest_objects,
-    readme_command,
     sa_kubeconfig,
     uninstall_leaves_nothing,
 )
@@ -152,10 +151,12 @@ def replica_as_deployed(cp: ControlPlane, container: dict[str, Any], tmp_path: P
 def test_the_chart_with_a_teams_policy_routes_the_teams_namespaces_and_follows_upgrades(
         control_plane: ControlPlane, helm_run: Any, no_crd: None, tmp_path: Path) -> None:
     cp = control_plane
-    policy_file = tmp_path / "acme.yaml"
+    policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(team_policy("vision"))
-    out = helm_run([*readme_command("helm", "install"), "--set-file",
-                    f"policy.inline={policy_file}"])
+    # deploy/README.md's install with a policy file, the file here.
+    (install,) = [ln for ln in readmekit.own_policy_section().splitlines()
+                  if ln.startswith("helm install ")]
+    out = helm_run([w.replace("=policy.yaml", f"={policy_file}") for w in install.split()])
     assert out.returncode == 0, out.stderr
     objects = manifest_objects(helm_run)
     secret = ["secret", "gpu-webhook-tls", "-n", NS]
@@ -195,17 +196,8 @@ def test_the_chart_with_a_teams_policy_routes_the_teams_namespaces_and_follows_u
 def test_kustomize_with_a_teams_policy_routes_the_teams_namespaces(
         control_plane: ControlPlane, tmp_path: Path) -> None:
     cp = control_plane
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "policy.yaml").write_text(team_policy("vision"))
-    # The overlay a platform team writes: the self-managed one, its own policy file.
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(ROOT / "deploy" / "overlays" / "self-managed",
-                                      overlay)],
-        "configMapGenerator": [{"name": "gpu-webhook-policy", "behavior": "replace",
-                                "files": ["policy.yaml"],
-                                "options": {"disableNameSuffixHash": True}}]}))
+    # deploy/README.md's overlay, beside the team's policy file.
+    overlay = readmekit.own_policy_overlay(tmp_path / "tree", team_policy("vision"))
     built = cp.kubectl("kustomize", str(overlay)).stdout
     objects = [d for d in yaml.safe_load_all(built) if d]
     cp.kubectl("apply", "--server-side", "-f", "-", input=built)
