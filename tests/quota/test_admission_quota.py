@@ -196,3 +196,18 @@ def test_quota_in_warn_or_audit_mode_admits(mode: str) -> None:
     assert d.allowed
     assert bool(d.warnings) == (mode == "warn")
     assert d.findings and d.findings[0].mode.value == mode
+
+
+def test_what_to_ask_for_is_said_in_whole_devices() -> None:
+    # A MIG slice (0.125 GPU) leaves 1.875 of team-a's 8 GPUs free: a whole-GPU pod can
+    # ask for 1, a pod of slices for 15 of them; never "1.875".
+    store = store_with(pod("a", gpus=4, product="A100", owner=("Job", "big")),
+                       pod("b", gpus=2, product="H100", owner=("Job", "mid")),
+                       pod("slice", gpus=1, resource="nvidia.com/mig-1g.10gb", product="A100"))
+    gpus = admit(store, policy(), pod("whole", gpus=2, product="H100"))
+    assert not gpus.allowed
+    assert "1.875 are free now. Ask for 1 or fewer," in gpus.message, gpus.message
+    slices = admit(store, policy(), pod("slices", gpus=16, resource="nvidia.com/mig-1g.10gb",
+                                        product="H100"))
+    assert not slices.allowed
+    assert "Ask for 15 nvidia.com/mig-1g.10gb or fewer," in slices.message, slices.message

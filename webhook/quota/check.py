@@ -185,8 +185,17 @@ def check_pod(check: Checker, tenant: TenantRules, ask: Ask, usage: UsageView) -
         line.scope, _what(line), line.used, line.per_pod, line.cap, top,
         "this pod asks" if ask.counts_pods else f"this {ask.kind} asks",
         _alternatives(check.policy, tenant, usage, ask),
-        _asked_as(check, line, ask), len(broken) - 1))
+        _asked_as(check, line, ask), len(broken) - 1, _unit(check, line, ask)))
     return False
+
+
+def _unit(check: Checker, line: Line, ask: Ask) -> tuple[str, float] | None:
+    """The one resource a pod asks and its GPU-equivalents each, where the line counts
+    GPU-equivalents: what to ask for is then said in whole devices."""
+    if (line.what != "GPUs" and line.product is None) or len(ask.resources) != 1:
+        return None
+    (resource,) = ask.resources
+    return resource, check.policy.weight(resource)
 
 
 def users_cap_alone(tenant: TenantRules, ask: Ask, usage: UsageView) -> bool:

@@ -4,6 +4,8 @@ unavailable, names taken, scaling unchecked."""
 
 from __future__ import annotations
 
+import math
+
 from webhook.engine.messages.words import FAILS_CLOSED, PERSISTS, _pods, num, owners
 
 # The words the API server's own ResourceQuota denial starts with ("exceeded quota:
@@ -28,17 +30,25 @@ def alternative(product: str, free: float, label: str | None, annotation: str | 
 
 def quota_exceeded(scope: str, what: str, used: float, asked: float, cap: float,
                    top: list[tuple[str, float]], asker: str, alternatives: list[str],
-                   asked_as: str | None = None, others: int = 0) -> str:
+                   asked_as: str | None = None, others: int = 0,
+                   unit: tuple[str, float] | None = None) -> str:
     """``exceeded quota: tenant team-a would use 10 of its 8 GPUs (product a100): 6 in use
     (...), this pod asks 4. 2 are free now; h100 has 4 free (set label ...).``
-    ``others``: the other caps the pod exceeds, of which this one binds."""
+    ``others``: the other caps the pod exceeds, of which this one binds. ``unit``: the
+    one resource the pod asks and its GPU-equivalents each, so that what to ask for is
+    said in whole devices (1.875 GPUs free is 1 GPU to ask for, or 3 half-GPU slices)."""
     free = max(cap - used, 0)
     held = f"{num(used)} in use" + (f" ({owners(top)})" if top and used else "")
     fits = (f"{num(free)} {'is' if free == 1 else 'are'} free now" if free
             else "none is free now")
     alt = f"; {'; '.join(alternatives)}" if alternatives else ""
-    hint = (f" Ask for {num(free)} or fewer, wait for running pods to finish, or ask the "
-            "platform team for more quota." if free else
+    ask = num(free)
+    if unit is not None:
+        resource, weight = unit
+        whole = math.floor(free / weight + 1e-9) if weight > 0 else 0
+        ask = (num(whole) if weight == 1 else f"{num(whole)} {resource}") if whole else ""
+    hint = (f" Ask for {ask} or fewer, wait for running pods to finish, or ask the "
+            "platform team for more quota." if free and ask else
             " Wait for running pods to finish, free some up, or ask the platform team for "
             "more quota.")
     return (f"{EXCEEDED_QUOTA}: {scope} would use {num(used + asked)} of its {num(cap)} "
