@@ -471,3 +471,19 @@ def test_admin_claims_in_exempt_namespaces_keep_working() -> None:
                   namespace="gpu-operator")
     d = mutating(review(admin), example_policy())
     assert d.allowed and d.findings == []
+
+
+def test_a_rewritten_variable_is_told_to_the_developer() -> None:
+    # A value that showed GPUs, made void or removed: kubectl shows why as a warning.
+    m = mutate_checked(pod(container("job", env=[{"name": VAR, "value": "all"}]),
+                           container("train", limits=gpus(1),
+                                     env=[{"name": VAR, "value": "0"}])))
+    assert m.decision.allowed
+    voided, removed = m.decision.warnings
+    assert 'container "job": set NVIDIA_VISIBLE_DEVICES ("all") but is given no GPU: it is ' \
+        'now "void"' in voided
+    assert 'container "train": set NVIDIA_VISIBLE_DEVICES ("0") itself: the entry is removed' \
+        in removed
+    # A harmless value made void is not worth a word.
+    quiet = mutate_checked(pod(container("job", env=[{"name": VAR, "value": "none"}])))
+    assert quiet.decision.warnings == []

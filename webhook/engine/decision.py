@@ -149,6 +149,16 @@ class Checker:
         self.findings.append(Finding(rule, mode, message))
         return mode
 
+    def notice(self, rule: Rule, text: str, where: str | None = None) -> None:
+        """Tell the developer of a change made to their object for ``rule`` (a warning
+        kubectl shows), by the phase that makes it; nothing in audit mode."""
+        if rule not in self.owned or self.mode(rule) is Mode.AUDIT:
+            return
+        subject = f"{self.subject}, {where}" if where else self.subject
+        tenant = self.tenant.name if self.tenant else None
+        self.findings.append(Finding(
+            rule, Mode.WARN, f"{subject}: {text} {messages.tag(rule, self.policy.name, tenant)}"))
+
     def decide(self, patch: Sequence[dict[str, Any]] = (), mutations: Sequence[str] = ()
                ) -> Decision:
         return Decision.of(self.findings, tenant=self.tenant.name if self.tenant else None,
@@ -164,6 +174,9 @@ class Quiet(Checker):
     def report(self, rule: Rule, text: str, where: str | None = None,
                at_most: Mode | None = None) -> Mode:
         return Mode.AUDIT
+
+    def notice(self, rule: Rule, text: str, where: str | None = None) -> None:
+        return None
 
 
 def subject_of(kind: str, namespace: str, obj: dict[str, Any], request_name: str) -> str:

@@ -97,7 +97,9 @@ from webhook.engine.messages.routes import (
     priority_class_not_allowed,
     privileged,
     visible_devices_charged,
+    visible_devices_removed,
     visible_devices_uncharged,
+    visible_devices_voided,
 )
 from webhook.engine.messages.spot import (
     spot_asked,
@@ -146,7 +148,8 @@ __all__ = [
     "spot_only", "spot_ruled_out", "spot_tenant_never", "spot_tolerated", "spot_unclear",
     "spot_unguarded", "spot_unpinned", "tag", "template_unknown", "tightest",
     "tolerates_gpu_taint", "unknown_product", "unpinned", "user_not_recorded",
-    "user_quota_exceeded", "visible_devices_charged", "visible_devices_uncharged",
+    "user_quota_exceeded", "visible_devices_charged", "visible_devices_removed",
+    "visible_devices_uncharged", "visible_devices_voided",
     "waiting_borrow_event", "waiting_event", "waiting_gang_event", "waits_for_quota",
     "waits_to_borrow", "within",
 ]

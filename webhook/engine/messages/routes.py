@@ -27,6 +27,21 @@ def visible_devices_charged(what: str) -> str:
     )
 
 
+def visible_devices_voided(what: str) -> str:
+    return (
+        f"set NVIDIA_VISIBLE_DEVICES ({what}) but is given no GPU: it is now \"void\", so "
+        "NVIDIA's container runtime shows it no GPU. Ask for GPUs (resources.limits, e.g. "
+        "nvidia.com/gpu: 1, or a DRA claim) if it needs them."
+    )
+
+
+def visible_devices_removed(what: str) -> str:
+    return (
+        f"set NVIDIA_VISIBLE_DEVICES ({what}) itself: the entry is removed, so it sees the "
+        "GPUs it asks for, as the device plugin sets the variable for them."
+    )
+
+
 def privileged(how: str, reach: str) -> str:
     return (
         f"is privileged ({how}) in a pod that can run on a GPU node ({reach}): it would "

@@ -76,6 +76,10 @@ def visible_devices(check: Checker, rules: RouteRules, c: dict[str, Any], cptr: 
                 check.report(Rule.VISIBLE_DEVICES, messages.visible_devices_charged(
                     shown_entry(env[risky[-1]])), where)
             return
+        own = [i for i in hits if env[i] != NEUTRAL_ENTRY]
+        if own:
+            check.notice(Rule.VISIBLE_DEVICES, messages.visible_devices_removed(
+                shown_entry(env[own[-1]])), where)
         patch.remove_indices(c, "env", cptr, hits)
         return
     risky = [i for i in hits if not harmless(env[i])]
@@ -86,6 +90,9 @@ def visible_devices(check: Checker, rules: RouteRules, c: dict[str, Any], cptr: 
     if not hits:
         patch.append(c, "env", cptr, dict(NEUTRAL_ENTRY))
         return
+    if risky:
+        check.notice(Rule.VISIBLE_DEVICES, messages.visible_devices_voided(
+            shown_entry(env[risky[-1]])), where)
     for i in hits:
         if env[i] != NEUTRAL_ENTRY:
             _replace(patch, env, f"{cptr}/env", i, dict(NEUTRAL_ENTRY))
