@@ -91,6 +91,17 @@ def test_allowed_pod_prints_changes_and_patched_object(gpu_webhook: Run,
     }
 
 
+def test_review_names_the_policy_it_decided_by(gpu_webhook: Run, tmp_path: Path) -> None:
+    manifest = _write(tmp_path, "pod.yaml", TRAINER)
+    done = gpu_webhook("review", "-f", manifest)
+    assert ("gpu-webhook review: policy shared-gpu-cluster (the embedded example policy: "
+            "give --policy FILE for the one your cluster serves)") in done.stderr
+    policy = str(Path(__file__).resolve().parents[2] / "policies" / "multi-tenant.yaml")
+    done = gpu_webhook("review", "-f", manifest, "--policy", policy, "-o", "json")
+    assert f"gpu-webhook review: policy shared-gpu-cluster ({policy})" in done.stderr
+    assert _json(done)[0]["decision"] == "allowed"  # stdout stays the document alone
+
+
 def test_denied_pod_exits_1_with_the_message(gpu_webhook: Run, tmp_path: Path) -> None:
     done = gpu_webhook("review", "-f", _write(tmp_path, "pod.yaml", MISMATCH))
     assert done.returncode == 1

@@ -115,6 +115,10 @@ def _review(args: argparse.Namespace) -> int:
             return 2
         denied |= result["decision"] == "denied"
         results.append(result)
+    # Which policy decided: the embedded example is not the cluster's.
+    source = (args.policy or "the embedded example policy: give --policy FILE for the one "
+              "your cluster serves")
+    print(f"gpu-webhook review: policy {policy.name} ({source})", file=sys.stderr)
     if args.output != "text":
         print(dump(results, args.output))
     else:
