@@ -174,6 +174,36 @@ def test_a_workload_larger_than_a_users_cap_is_refused_at_apply() -> None:
     assert through(deployment("sweep", 4), "alice", store, p)[0].allowed
 
 
+def pytorchjob(name: str, workers: int) -> dict[str, Any]:
+    """A PyTorchJob of a master and ``workers`` workers of 1 GPU each."""
+    def role(replicas: int) -> dict[str, Any]:
+        return {"replicas": replicas, "template": {"spec": {"containers": [{
+            "name": "pytorch", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": name, "namespace": "research"},
+            "spec": {"pytorchReplicaSpecs": {"Master": role(1), "Worker": role(workers)}}}
+
+
+def test_a_training_job_larger_than_a_users_cap_is_refused_at_apply_as_a_job_is() -> None:
+    # 5 GPUs for a user capped at 4: refused at kubectl apply, as a Deployment of 5 is,
+    # rather than left to its operator's pods to find out one by one.
+    p, store = policy(), MemoryStore()
+    d, _ = through(pytorchjob("sweep", 4), "alice", store, p)
+    assert not d.allowed
+    assert "user alice's quota is 4 GPUs" in d.message, d.message
+    assert through(pytorchjob("sweep", 3), "alice", store, p)[0].allowed
+
+
+def test_a_user_cap_without_training_operators_is_warned_of() -> None:
+    from webhook.policy.advice import advice
+
+    assert advice(load_text(POLICY)) == []  # the operator is listed
+    bare = load_text(POLICY.replace("        controllers: [kubeflow/training-operator]\n", ""))
+    (said,) = advice(bare)
+    assert said.startswith("tenant research: userQuota caps each user, but "
+                           "userQuota.controllers names no training operator")
+
+
 def test_the_cache_charges_a_seen_pod_to_its_recorded_user() -> None:
     p = policy()
     charge = charge_of_pod(pod("seen", 2, user="alice"), p)

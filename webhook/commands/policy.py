@@ -136,7 +136,13 @@ def _policy_crd(args: argparse.Namespace) -> int:
 
 
 def _policy_check(args: argparse.Namespace) -> int:
-    """validate policy files"""
+    """validate policy files
+
+    Load each policy file as the webhook does; an invalid one is reported with the file,
+    line and field of each problem. A valid one may still get warnings: what it would do
+    that is rarely meant (a per-user cap that training operators' pods would all share).
+    """
+    from webhook.policy.advice import advice
     from webhook.policy.load import PolicyError, load_file
 
     failed = 0
@@ -149,6 +155,8 @@ def _policy_check(args: argparse.Namespace) -> int:
             continue
         n = len(policy.spec.tenants)
         print(f"{f}: ok (policy {policy.metadata.name}, {n} tenant{'' if n == 1 else 's'})")
+        for said in advice(policy):
+            print(f"{f}: warning: {said}", file=sys.stderr)
     if failed:
         print(f"{failed} of {len(args.files)} policy files invalid", file=sys.stderr)
     return 1 if failed else 0

@@ -119,6 +119,11 @@ def _review(args: argparse.Namespace) -> int:
     source = (args.policy or "the embedded example policy: give --policy FILE for the one "
               "your cluster serves")
     print(f"gpu-webhook review: policy {policy.name} ({source})", file=sys.stderr)
+    if policy.model is not None:
+        from webhook.policy.advice import advice
+
+        for said in advice(policy.model):
+            print(f"gpu-webhook review: warning: {said}", file=sys.stderr)
     if args.output != "text":
         print(dump(results, args.output))
     else:

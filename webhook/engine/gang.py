@@ -44,6 +44,7 @@ class GangAsk:
     roles: tuple[RoleAsk, ...]  # the roles with GPUs
     gang: int | None  # pods that must start together; None: no gang
     sequential: bool = False  # pods run one at a time (Argo steps): checked per pod
+    user: str | None = None  # whose pods they are (tenants[].userQuota); None: no one's
 
     def members(self) -> list[int]:
         """Pods of each role in the gang (every pod when there is no gang)."""

@@ -197,8 +197,10 @@ def _roles(targets: Targets, policy: CompiledPolicy, req: AdmissionRequest,
             or not any(a.cost.resources for a in asks)):
         return Validation(decision)
     w = targets.workload
+    # Its pods are charged to one user, as a Job's: the user's caps bind the whole gang.
+    user = charged_user(req, tenant, targets.roles[0].target) if targets.roles else None
     gang = GangAsk(tenant.name, req.namespace, w.kind, w.noun, w.role_word, tuple(asks),
-                   w.gang, w.sequential)
+                   w.gang, w.sequential, user)
     return Validation(decision, GangQuota(tenant=tenant, subject=targets.subject, gang=gang,
                                           reservation=_gang_reservation(req, w)))
 
