@@ -237,7 +237,16 @@ def check_common(objects: list[dict[str, Any]]) -> None:
                 service["metadata"]["name"], ns, 443)
             if all(r["scope"] == "Cluster" for r in hook["rules"]):
                 continue  # GPUPolicy objects: a namespaceSelector never skips those
-            excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
+            (first, *_) = hook["namespaceSelector"]["matchExpressions"]
+            if hook["name"] == "policy-file.gpu-webhook.dev":
+                # The policy ConfigMap, in the webhook's own namespace only; never failing
+                # closed (the install makes it before any replica answers).
+                assert first["operator"] == "In" and first["values"] == [ns]
+                assert configmaps[policy_cm]["metadata"]["name"] in \
+                    hook["matchConditions"][0]["expression"]
+                assert hook["failurePolicy"] == "Ignore"
+                continue
+            excluded = first["values"]
             assert ns in excluded and "kube-system" in excluded
 
     check_rbac(objects, ns, pod["serviceAccountName"])

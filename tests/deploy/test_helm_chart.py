@@ -178,7 +178,10 @@ def test_failure_policy_pdb_and_exempt_namespaces(helm_bin: str) -> None:
             want = "Ignore" if before[hook["name"]]["failurePolicy"] == "Fail" else \
                 before[hook["name"]]["failurePolicy"]
             assert hook["failurePolicy"] == want
-            if "namespaceSelector" in hook:
+            if hook["name"] == "policy-file.gpu-webhook.dev":  # the webhook's own ConfigMap
+                assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [
+                    "gpu-webhook"]
+            elif "namespaceSelector" in hook:
                 excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
                 # A routes webhook of tenants chosen by label also leaves out the
                 # namespaces tenants name (those are routes.gpu-webhook.dev's).

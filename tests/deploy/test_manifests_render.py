@@ -521,7 +521,7 @@ def test_a_configured_kind_with_a_gang_has_its_deletes_sent_for_release():
 @pytest.mark.parametrize("failure", ["Fail", "Ignore"])
 def test_gpupolicy_objects_go_to_the_policy_loader(failure):
     _, validating = render(validating_failure_policy=failure)
-    hook = validating["webhooks"][-1]
+    hook = validating["webhooks"][-2]
     assert hook["name"] == "policies.gpu-webhook.dev"
     assert hook["rules"] == [{
         "apiGroups": ["gpu-webhook.dev"], "apiVersions": ["v1alpha1"],
@@ -530,8 +530,26 @@ def test_gpupolicy_objects_go_to_the_policy_loader(failure):
     assert hook["failurePolicy"] == failure
     assert hook["sideEffects"] == "None"
     # The caBundle reaches it with the others: same configuration, same CA.
-    assert render(url="https://127.0.0.1:9443")[1]["webhooks"][-1]["clientConfig"] == {
+    assert render(url="https://127.0.0.1:9443")[1]["webhooks"][-2]["clientConfig"] == {
         "url": "https://127.0.0.1:9443/validate-policy"}
+
+
+def test_the_policy_configmap_goes_to_the_policy_loader_and_never_fails_closed():
+    _, validating = render(namespace="gpu-system", validating_failure_policy="Fail")
+    hook = validating["webhooks"][-1]
+    assert hook["name"] == "policy-file.gpu-webhook.dev"
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
+                              "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"],
+                              "scope": "Namespaced"}]
+    assert hook["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["gpu-system"]}]}
+    assert hook["clientConfig"]["service"]["path"] == "/validate-policy"
+    # Only the policy's ConfigMap is sent, whoever edits it (no exemption condition).
+    assert [c["name"] for c in hook["matchConditions"]] == ["the-policy-configmap"]
+    for name, sent_there in (("gpu-webhook-policy", True), ("gpu-webhook-ledger-a", False)):
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
+        assert sent(hook, cm, namespace="gpu-system") is sent_there
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
 
 
 def test_time_sliced_resources_are_sent_as_the_policy_counts_them():

@@ -3,9 +3,9 @@ as on a real one (the policy ConfigMap mounted into the replica as the kubelet m
 the leader keeping the webhook configurations): each test is one story, doing what the
 story says happens and running the commands it gives.
 
-- "A policy edit that takes, and one that does not": an edit of the ConfigMap decides the
-  next pod; an edit that does not load is not served (the last good policy is), and
-  ``/readyz``, the log and ``gpu-webhook status`` say where it is wrong.
+- "A policy edit does not take": an edit of the ConfigMap decides the next pod; an edit
+  that does not load is refused at apply, located; one made while no replica answered is
+  not served (the last good policy is), and ``/readyz`` says where it is wrong.
 - "A pod stays SchedulingGated": with no replica leading, a waiting pod is not released
   even once quota frees, and ``gpu-webhook status`` says so; a leader releases it.
 - "The webhook is down": a tenant's pods are refused, GPU or not, other namespaces' are
@@ -153,11 +153,24 @@ def test_an_edit_of_the_policy_configmap_decides_the_next_pod(
             timeout=60, every=0.5)
 
 
-def test_an_edit_that_does_not_load_is_not_served_and_says_where(
+def test_an_edit_that_does_not_load_is_refused_or_not_served_and_says_where(
         ops_sim: SimCluster, ns: Any) -> None:
     team = ns("team")
+    cm = json.loads(ops_sim.cp.kubectl("get", "configmap", "gpu-webhook-policy", "-n",
+                                       LEDGER_NAMESPACE, "-o", "json").stdout)
+    good = cm["data"]["policy.yaml"]
+    bad = good.replace("quota: {gpus: 6}", "quota: {gpus: lots}")
+    # A replica answers: the edit is refused at apply, located as policy check locates it.
+    cm["data"]["policy.yaml"] = bad
+    out = kubectl(ops_sim, "replace", "-f", "-", input=json.dumps(cm))
+    assert out.returncode != 0
+    assert 'admission webhook "policy-file.gpu-webhook.dev" denied the request' in out.stderr
+    assert re.search(r"configmap gpu-webhook/gpu-webhook-policy:\d+: spec\.tenants\[1\]\."
+                     r"quota\.gpus: must be a number \(got 'lots'\)", out.stderr), out.stderr
+    # An edit made while no replica answered (the check fails open) reaches the mounted
+    # file: the replica does not serve it, and says where it is wrong.
     served = readyz(ops_sim)["generation"]
-    edit_policy(ops_sim, "quota: {gpus: 6}", "quota: {gpus: lots}")
+    ops_sim.policy.write_text(bad)  # what the kubelet would deliver
     try:
         wait_until("the replica to refuse the edit", lambda: readyz(ops_sim).get(
             "lastReloadError") is not None, timeout=60, every=0.5)
@@ -167,14 +180,9 @@ def test_an_edit_that_does_not_load_is_not_served_and_says_where(
                          r"\(got 'lots'\)", said["lastReloadError"]), said["lastReloadError"]
         # The last good policy still decides: 6 GPUs.
         assert create(ops_sim, team, pod("fits", 4), dry_run=True).returncode == 0
-        # status reads the ConfigMap, and says what the loader says of it.
-        out = status(ops_sim)
-        assert out.returncode == 2
-        assert re.search(r"configmap gpu-webhook/gpu-webhook-policy:\d+: "
-                         r"spec\.tenants\[1\]\.quota\.gpus", out.stderr), out.stderr
     finally:
-        edit_policy(ops_sim, "quota: {gpus: lots}", "quota: {gpus: 6}")
-        wait_until("the replica to serve the edit put right", lambda: readyz(ops_sim).get(
+        ops_sim.policy.write_text(good)
+        wait_until("the replica to serve the file put right", lambda: readyz(ops_sim).get(
             "lastReloadError") is None, timeout=60, every=0.5)
 
 

@@ -51,3 +51,29 @@ def test_a_body_that_is_not_a_review_is_a_400(client: httpx.Client) -> None:
     r = client.post("/validate-policy", content=b"{}")
     assert r.status_code == 400
     assert "apiVersion" in r.json()["error"]
+
+
+def _configmap(text: str | None) -> dict[str, Any]:
+    cm: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": "gpu-webhook-policy", "namespace": "gpu-webhook"}}
+    if text is not None:
+        cm["data"] = {"policy.yaml": text}
+    return cm
+
+
+def test_the_policy_configmap_is_checked_by_line_as_policy_check_says_of_a_file(
+        client: httpx.Client) -> None:
+    text = (ROOT / "policies" / "multi-tenant.yaml").read_text()
+    assert _response(client, _configmap(text))["allowed"] is True
+    bad = text.replace("gpus: 32", "gpus: lots", 1)
+    line = bad[:bad.index("gpus: lots")].count("\n") + 1
+    resp = _response(client, _configmap(bad))
+    assert resp["allowed"] is False
+    message = resp["status"]["message"]
+    assert message.startswith("the policy does not load, so no replica would serve it")
+    assert f"configmap gpu-webhook/gpu-webhook-policy:{line}: spec.tenants[" in message
+    assert "must be a number (got 'lots')" in message
+    empty = _response(client, _configmap(None))
+    assert empty["allowed"] is False
+    assert "holds no policy: the replicas read its key policy.yaml" in \
+        empty["status"]["message"]

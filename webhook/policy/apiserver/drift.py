@@ -142,8 +142,8 @@ def _defaulted(hook: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 # Webhooks whose failurePolicy is always Ignore (webhooks.py): a delete or a scale is never
-# the webhook's to block.
-ALWAYS_IGNORED = ("scale.", "release.")
+# the webhook's to block, nor the policy ConfigMap an install creates before any replica.
+ALWAYS_IGNORED = ("scale.", "release.", "policy-file.")
 
 
 def failure_policy_ops(live: dict[str, Any], policy: str) -> tuple[list[dict[str, Any]],

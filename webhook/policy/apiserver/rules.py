@@ -137,6 +137,15 @@ POLICY_RULES: list[dict[str, Any]] = [
 ]
 
 
+# The ConfigMap the replicas serve their policy from (deploy/base's configMapGenerator, the
+# chart's policy.inline): an edit the loader refuses is refused at apply.
+POLICY_CONFIGMAP = "gpu-webhook-policy"
+POLICY_FILE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["configmaps"], "scope": "Namespaced"},
+]
+
+
 # The scale subresource: only the replica count changes, and only the validating webhook
 # (quota) cares. The pods a scale-up adds are checked when they are created either way.
 SCALE_RULES: list[dict[str, Any]] = [

@@ -65,6 +65,12 @@ failurePolicy, per webhook (both default to Fail):
 - ``Ignore``: while no replica answers, matching requests are admitted as they are: no
   GPU requests completed, no tolerations or node affinity injected, no quota charged.
 
+``policy-file.gpu-webhook.dev`` is sent the CREATE and UPDATE of the policy ConfigMap
+(``gpu-webhook-policy`` in the webhook's own namespace) at ``/validate-policy``: an edit
+the loader refuses is refused at apply, with the located messages of ``gpu-webhook
+policy check``. It is always ``Ignore``: the install creates the ConfigMap before any
+replica answers.
+
 ``gates.gpu-webhook.dev`` is sent a pod's UPDATE only when it removes the scheduling gate
 ``gpu-webhook.dev/quota`` of a pod waiting for quota (a CEL matchCondition compares the
 old and new gates; no other pod update is sent): only the webhook's own identity may
@@ -109,6 +115,8 @@ from webhook.policy.apiserver.rules import (
     GATE_RULES,
     GROUP,
     NAMESPACE_LABEL,
+    POLICY_CONFIGMAP,
+    POLICY_FILE_RULES,
     POLICY_RULES,
     ROUTE_RULES,
     RULES,
@@ -224,7 +232,8 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
                       "annotations": dict(annotations)},
          "webhooks": [r.pods("validate", validating), r.scale(),
                       *([r.claims("validate", validating)] if claims else []),
-                      r.release(), r.gates(validating), r.policies(validating)]},
+                      r.release(), r.gates(validating), r.policies(validating),
+                      r.policy_file()]},
     ]
 
 
@@ -265,7 +274,7 @@ class _Rendering:
     def _hook(self, name: str, path: str, rules: Any, side_effects: str, failure: str, *,
               selector: dict[str, Any] | None = None,
               conditions: list[dict[str, str]] | None = None,
-              reinvoke: bool = False) -> dict[str, Any]:
+              reinvoke: bool = False, exemptable: bool = True) -> dict[str, Any]:
         hook: dict[str, Any] = {
             "name": f"{name}.{GROUP}",
             "admissionReviewVersions": ["v1"],
@@ -276,7 +285,7 @@ class _Rendering:
         if selector is not None:
             hook["namespaceSelector"] = selector
         if conditions is not None:
-            if self.exempt:
+            if self.exempt and exemptable:
                 conditions.append({"name": "not-exempt", "expression": self.exempt})
             hook["matchConditions"] = conditions
         hook.update(sideEffects=side_effects, timeoutSeconds=self.options.timeout_seconds,
@@ -334,6 +343,20 @@ class _Rendering:
     def policies(self, failure: FailurePolicy) -> dict[str, Any]:
         # It only runs the loader.
         return self._hook("policies", "validate-policy", POLICY_RULES, "None", failure)
+
+    def policy_file(self) -> dict[str, Any]:
+        """The policy ConfigMap in the webhook's own namespace, checked by the loader at
+        each edit (``kubectl edit``, ``helm upgrade``): a policy that does not load is
+        refused with its located messages, where it would otherwise be loaded by no
+        replica. Always Ignore: the install creates the ConfigMap before any replica
+        answers, and an upgrade must go through while none does."""
+        return self._hook(
+            "policy-file", "validate-policy", POLICY_FILE_RULES, "None", "Ignore",
+            selector={"matchExpressions": [{"key": NAMESPACE_LABEL, "operator": "In",
+                                            "values": [self.options.namespace]}]},
+            conditions=[{"name": "the-policy-configmap",
+                         "expression": f"object.metadata.name == '{POLICY_CONFIGMAP}'"}],
+            exemptable=False)
 
     def route(self, name: str, selector: dict[str, Any], only: list[str] | None
               ) -> dict[str, Any]:

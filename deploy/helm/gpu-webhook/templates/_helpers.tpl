@@ -137,6 +137,9 @@ namespace.yaml
 {{- range $e := $hook.namespaceSelector.matchExpressions }}
 {{- if and (eq $e.key "kubernetes.io/metadata.name") (eq $e.operator "NotIn") }}
 {{- $_ := set $e "values" (concat (without $e.values "gpu-webhook") (list $ns) $v.exemptNamespaces | uniq | sortAlpha) }}
+{{- else if and (eq $e.key "kubernetes.io/metadata.name") (eq $e.operator "In") }}
+{{- /* the policy ConfigMap's webhook: the release namespace's own */}}
+{{- $_ := set $e "values" (list $ns) }}
 {{- end }}
 {{- end }}
 {{- end }}
