@@ -334,6 +334,21 @@ def test_the_install_record_follows_the_values(helm_bin: str) -> None:
                           "service": {"name": "gpu-webhook", "port": 443}}
 
 
+def test_a_webhook_url_is_called_instead_of_the_service_and_recorded(helm_bin: str) -> None:
+    objects = template(helm_bin, "webhookURL=https://10.0.0.5:8443")
+    validate_all(objects)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = one(objects, kind)
+        for hook in config["webhooks"]:
+            assert set(hook["clientConfig"]) == {"url"}
+            assert hook["clientConfig"]["url"].startswith("https://10.0.0.5:8443/")
+        record = json.loads(config["metadata"]["annotations"]["gpu-webhook.dev/install"])
+        assert record["url"] == "https://10.0.0.5:8443" and "service" not in record
+    with pytest.raises(ChartRefused) as refused:
+        template(helm_bin, "webhookURL=http://10.0.0.5:8443", ok=False)
+    assert "webhookURL" in str(refused.value)
+
+
 def test_service_monitor_and_kept_crds(helm_bin: str) -> None:
     assert not by_kind(template(helm_bin), "ServiceMonitor")
     objects = template(helm_bin, "serviceMonitor.enabled=true", "serviceMonitor.interval=15s",

@@ -109,14 +109,18 @@ def policy_text(cp: ControlPlane) -> str:
 
 
 @contextlib.contextmanager
-def replica_as_deployed(cp: ControlPlane, container: dict[str, Any], tmp_path: Path
-                        ) -> Iterator[tuple[Replica, Path]]:
+def replica_as_deployed(cp: ControlPlane, container: dict[str, Any], tmp_path: Path,
+                        port: int | None = None) -> Iterator[tuple[Replica, Path]]:
     """``gpu-webhook serve`` with the Deployment's args (paths and port made local),
-    the installed ConfigMap's policy, and the install's service account."""
-    cert_dir, policy = tmp_path / "certs", tmp_path / "policy.yaml"
+    the installed ConfigMap's policy, and the install's service account; on ``port``
+    (where the install calls it, chart value ``webhookURL``), else on a free one, where
+    the install record is pointed."""
+    cert_dir, policy = tmp_path / "certs", tmp_path / "served" / "policy.yaml"
     cert_dir.mkdir()
+    policy.parent.mkdir()
     policy.write_text(policy_text(cp))
-    port = free_port()
+    called = port is not None
+    port = port or free_port()
     local = {"--cert-dir": str(cert_dir), "--port": str(port), "--policy": str(policy)}
     args = [re.sub(r"^(--[a-z-]+)=.*", lambda m: f"{m[1]}={local[m[1]]}", a)
             if a.split("=", 1)[0] in local else a for a in container["args"]]
@@ -141,7 +145,8 @@ def replica_as_deployed(cp: ControlPlane, container: dict[str, Any], tmp_path: P
         ca.write_bytes(base64.b64decode(json.loads(cp.kubectl(*secret, "-o", "json").stdout)[
             "data"]["ca.crt"]))
         wait_ready(replica, ca)
-        point_at(cp, f"https://localhost:{port}")
+        if not called:
+            point_at(cp, f"https://localhost:{port}")
         yield replica, policy
     finally:
         replica.stop()
@@ -153,18 +158,21 @@ def test_the_chart_with_a_teams_policy_routes_the_teams_namespaces_and_follows_u
     cp = control_plane
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(team_policy("vision"))
+    port = free_port()
+    here = ["--set", f"webhookURL=https://localhost:{port}"]  # where the replica runs
     # deploy/README.md's install with a policy file, the file here.
     (install,) = [ln for ln in readmekit.own_policy_section().splitlines()
                   if ln.startswith("helm install ")]
-    out = helm_run([w.replace("=policy.yaml", f"={policy_file}") for w in install.split()])
+    out = helm_run([*(w.replace("=policy.yaml", f"={policy_file}") for w in install.split()),
+                    *here])
     assert out.returncode == 0, out.stderr
     objects = manifest_objects(helm_run)
     secret = ["secret", "gpu-webhook-tls", "-n", NS]
     try:
         assert policy_text(cp) == team_policy("vision")
         vision, speech = team_namespace(cp, "vision"), team_namespace(cp, "speech")
-        with replica_as_deployed(cp, deployment_container(objects), tmp_path) as (replica,
-                                                                                   served):
+        with replica_as_deployed(cp, deployment_container(objects), tmp_path,
+                                 port) as (_replica, served):
             wait_until("the vision team's pods to be sent and neutralised",
                        lambda: voided(cp, vision), timeout=60, every=0.5)
             assert not voided(cp, speech)  # not a tenant yet
@@ -176,18 +184,28 @@ def test_the_chart_with_a_teams_policy_routes_the_teams_namespaces_and_follows_u
 
             policy_file.write_text(team_policy("vision", "speech"))
             out = helm_run(["helm", "upgrade", "gpu-webhook", "deploy/helm/gpu-webhook",
-                            "-n", NS, "--set-file", f"policy.inline={policy_file}"])
+                            "-n", NS, "--set-file", f"policy.inline={policy_file}", *here])
             assert out.returncode == 0, out.stderr
             # The leader's webhooks were kept by the upgrade (not the example's again).
             kept = json.dumps(json.loads(cp.kubectl(
                 "get", "mutatingwebhookconfiguration", "gpu-webhook", "-o",
                 "json").stdout)["webhooks"])
             assert TEAM_LABEL in kept and "gpu.example.com/tenant" not in kept
-            point_at(cp, f"https://localhost:{replica.port}")  # the upgrade wrote the record
             served.write_text(policy_text(cp))  # the kubelet refreshes the mounted file
             wait_until("the speech team's pods to be sent after the upgrade",
                        lambda: voided(cp, speech), timeout=60, every=0.5)
             assert voided(cp, vision)
+
+            # A policy that does not load fails the upgrade, located by line.
+            policy_file.write_text(team_policy("vision").replace("gpus: 8", "gpus: lots"))
+            out = helm_run(["helm", "upgrade", "gpu-webhook", "deploy/helm/gpu-webhook",
+                            "-n", NS, "--set-file", f"policy.inline={policy_file}", *here])
+            assert out.returncode != 0
+            assert 'admission webhook "policy-file.gpu-webhook.dev" denied' in out.stderr
+            assert re.search(r"configmap gpu-webhook/gpu-webhook-policy:\d+: "
+                             r"spec\.tenants\[0\]\.quota\.gpus: must be a number",
+                             out.stderr), out.stderr
+            assert policy_text(cp) == team_policy("vision", "speech")  # as it was
     finally:
         cp.kubectl("delete", *secret, "--ignore-not-found")
         uninstall_leaves_nothing(cp, helm_run, objects)

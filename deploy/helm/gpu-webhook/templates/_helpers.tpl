@@ -119,6 +119,7 @@ namespace.yaml
 {{- $_ := set $record "mutatingFailurePolicy" $v.failurePolicy }}
 {{- $_ := set $record "validatingFailurePolicy" $v.failurePolicy }}
 {{- $_ := set $record "exemptNamespaces" ($v.exemptNamespaces | uniq | sortAlpha) }}
+{{- if $v.webhookURL }}{{ $_ := unset $record "service" }}{{ $_ := set $record "url" $v.webhookURL }}{{ end }}
 {{- $_ := set $meta.annotations "gpu-webhook.dev/install" (toJson $record) }}
 {{- /* Installed already: its webhooks are those the leader wrote for the policy served,
        kept as they are (rendering deploy/base's again would take the example policy's
@@ -131,7 +132,11 @@ namespace.yaml
 {{- end }}
 {{- else }}
 {{- range $hook := $obj.webhooks }}
+{{- if $v.webhookURL }}
+{{- $_ := set $hook "clientConfig" (merge (dict "url" (printf "%s%s" (trimSuffix "/" $v.webhookURL) $hook.clientConfig.service.path)) (omit $hook.clientConfig "service")) }}
+{{- else }}
 {{- $_ := set $hook.clientConfig.service "namespace" $ns }}
+{{- end }}
 {{- if eq $hook.failurePolicy "Fail" }}{{ $_ := set $hook "failurePolicy" $v.failurePolicy }}{{ end }}
 {{- if $hook.namespaceSelector }}
 {{- range $e := $hook.namespaceSelector.matchExpressions }}
