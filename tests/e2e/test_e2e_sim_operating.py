@@ -7,7 +7,8 @@ story says happens and running the commands it gives.
   that does not load is refused at apply, located; one made while no replica answered is
   not served (the last good policy is), and ``/readyz`` says where it is wrong.
 - "A pod stays SchedulingGated": with no replica leading, a waiting pod is not released
-  even once quota frees, and ``gpu-webhook status`` says so; a leader releases it.
+  even once quota frees, and ``gpu-webhook status`` says so; a leader releases it. A pod
+  the cut quota can never hold is told so and passed over.
 - "The webhook is down": a tenant's pods are refused, GPU or not, other namespaces' are
   not; ``gpu-webhook failure-policy Ignore`` lets them in unchecked (a GPU pod without its
   toleration, the quota gate removable by anyone), and a replica that leads again writes
@@ -209,6 +210,41 @@ def test_a_waiting_pod_stays_gated_while_no_replica_leads(
                timeout=SCHEDULE_TIMEOUT)
     out = status(ops_sim, "-n", queue)
     assert "\nleader: " in out.stdout and "leader: none" not in out.stdout, out.stdout
+
+
+def test_a_pod_the_cut_quota_can_never_hold_is_told_and_passed_over(
+        ops_sim: SimCluster, api: k8s.CoreV1Api, ns: Any) -> None:
+    queue = ns("queue")
+    assert create(ops_sim, queue, pod("holds", 2)).returncode == 0
+    running(api, queue, 1)
+    assert create(ops_sim, queue, pod("big", 2)).returncode == 0  # first in line
+    wait_until("the big pod to wait", lambda: gated(api, queue, "big"),
+               timeout=SCHEDULE_TIMEOUT)
+    assert create(ops_sim, queue, pod("small", 1)).returncode == 0
+    wait_until("the small pod to wait", lambda: gated(api, queue, "small"),
+               timeout=SCHEDULE_TIMEOUT)
+    served = readyz(ops_sim)["generation"]
+    edit_policy(ops_sim, "quota: {gpus: 2}", "quota: {gpus: 1}")
+    try:
+        # Served before the GPUs free up: under the old cap the big pod would fit then.
+        wait_until("the cut quota to be served", lambda: readyz(ops_sim)["generation"] > served,
+                   timeout=60, every=0.5)
+        kubectl(ops_sim, "delete", "pod", "holds", "-n", queue, "--wait=true")
+        # The pod behind it in line is released: the one that can never fit holds up no one.
+        wait_until("the small pod to be released", lambda: not gated(api, queue, "small"),
+                   timeout=SCHEDULE_TIMEOUT)
+        assert gated(api, queue, "big")
+
+        def told() -> list[str]:
+            return [e.message for e in api.list_namespaced_event(
+                queue, field_selector="involvedObject.name=big").items
+                if e.reason == "QuotaNeverFits"]
+
+        wait_until("the big pod to be told", lambda: bool(told()), timeout=30, every=0.5)
+        assert "can never be released under the quota now" in told()[0]
+        assert "of its 1 GPUs" in told()[0] and "Delete it" in told()[0]
+    finally:
+        edit_policy(ops_sim, "quota: {gpus: 1}", "quota: {gpus: 2}")
 
 
 def test_the_webhook_down_and_the_break_glass(ops_sim: SimCluster, api: k8s.CoreV1Api,

@@ -116,6 +116,7 @@ from webhook.engine.messages.spot import (
 from webhook.engine.messages.waiting import (
     gang_pod_in_line,
     gate_removed_by_other,
+    never_fits_event,
     ordinal,
     released_event,
     waiting_borrow_event,
@@ -135,7 +136,8 @@ __all__ = [
     "duration", "events_on", "fake_extended_resource_claim", "gang_borrows",
     "gang_never_fits", "gang_never_fits_borrowing", "gang_not_free", "gang_pod_in_line",
     "gang_unreserved", "gate_removed_by_other", "holds_host_path", "holds_privileged",
-    "holds_visible_devices", "in_window", "malformed", "most_pods", "name_taken", "no_tenant",
+    "holds_visible_devices", "in_window", "malformed", "most_pods", "name_taken",
+    "never_fits_event", "no_tenant",
     "node_name", "not_borrowed", "num", "one_of", "one_product_needed", "ordinal", "owners",
     "parts", "per_container_max", "per_gpu", "per_pod_max", "placement_conflict",
     "priority_above_ceiling", "priority_class_not_allowed", "privileged",

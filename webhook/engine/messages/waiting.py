@@ -70,6 +70,14 @@ def waiting_gang_event(asked: float, free: float, place: int, tenant: str, prese
             f"{num(free)} free; {ordinal(place)} in line in tenant {tenant}{have}")
 
 
+def never_fits_event(why: str) -> str:
+    """A waiting pod its quota could not hold even with nothing else running (the quota
+    was cut after it was created): it is passed over, and told what to do."""
+    return (f"can never be released under the quota now: {why} Delete it and create it "
+            "asking for less, or ask the platform team for the quota back; the pods "
+            "behind it in line are released without it.")
+
+
 def released_event(seconds: float) -> str:
     return (f"GPU quota free: charged and released to the scheduler after waiting "
             f"{seconds:.0f}s")

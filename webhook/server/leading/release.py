@@ -18,6 +18,10 @@ dies between the two leaves a reservation (it expires after the TTL, or counts a
 pod once the next leader releases it) and a pod still gated, which the next leader
 finds reserved already and releases without charging it twice.
 
+A pod its tenant's caps could not hold even with nothing else running (the quota was cut
+after it was created) is passed over, not left to stop the line for every pod behind
+it, and told so once (Event ``QuotaNeverFits``, with the cap and what to do).
+
 Each waiting pod gets an Event when its place or the numbers change ("waiting for GPU
 quota: 4 GPUs asked, 2 free; 3rd in line in tenant research"), at most every 5 s, and
 one when it is released. Metrics: waiting pods and GPUs per tenant, seconds from
@@ -38,7 +42,7 @@ from typing import Any
 from webhook.admission.quota import at, quota
 from webhook.engine import messages
 from webhook.engine.charge import charge_of_pod
-from webhook.engine.decision import Quiet
+from webhook.engine.decision import Checker, Quiet
 from webhook.engine.handoff import PodQuota, Validation
 from webhook.engine.users import recorded_on
 from webhook.engine.validate import OWNED, validate
@@ -56,7 +60,13 @@ from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView, check_pod, users_cap_alone
 from webhook.quota.cohort import room
 from webhook.quota.line import GangOf, Unit, Waiting, gang_of, line_up, releasable
-from webhook.quota.store import Held, ReleaseStore, ReservationUnavailable, UsageStore
+from webhook.quota.store import (
+    Held,
+    MemoryStore,
+    ReleaseStore,
+    ReservationUnavailable,
+    UsageStore,
+)
 from webhook.server import metrics
 from webhook.server.leading import leader
 
@@ -179,10 +189,11 @@ class Releaser:
         ready: list[Unit] = []
         held: list[list[Held]] = []
         borrowing: list[tuple[Unit, PodQuota]] = []
+        never: dict[str, str] = {}  # uid -> why it can never fit the quota now
         for u in releasable(units):
-            h = [self._held(policy, w.uid, pods[w.uid]) for w in u.pods]
+            h = [self._held(policy, w.uid, pods[w.uid], never) for w in u.pods]
             if any(x is False for x in h):
-                continue  # refused by the policy now: it stays, told why in the log
+                continue  # refused by the policy now: it stays, told why, passed over
             steps = [x for x in h if isinstance(x, PodQuota)]
             if steps:  # marked: it waits for GPUs to borrow (never a gang's)
                 if u.gang is None:
@@ -216,7 +227,10 @@ class Releaser:
         else:
             self._last[tenant.name], self._last_at[tenant.name] = seen, now
         gone = {w.uid for u in done for w in u.pods}
-        await self._tell(policy, tenant, [u for u in units if u.pods[0].uid not in gone],
+        for uid, why in never.items():
+            await self._tell_once(uid, pods[uid], "QuotaNeverFits", why)
+        await self._tell(policy, tenant, [u for u in units if u.pods[0].uid not in gone
+                                          and u.pods[0].uid not in never],
                          pods, view, {u.pods[0].uid for u, _ in borrowing})
 
     async def _borrow(self, policy: CompiledPolicy, borrowing: list[tuple[Unit, PodQuota]]
@@ -242,11 +256,14 @@ class Releaser:
             return 0.0
         return room(cohort_members(policy, tenant, view), tenant.name).free
 
-    def _held(self, policy: CompiledPolicy, uid: str, pod: dict[str, Any]
-              ) -> Held | PodQuota | bool:
+    def _held(self, policy: CompiledPolicy, uid: str, pod: dict[str, Any],
+              never: dict[str, str]) -> Held | PodQuota | bool:
         """The pod's charge and quota test as admission would decide its creation now:
         a Held, its quota step when it is marked as borrowed, True when it is charged
-        nothing (its tenant caps nothing it asks), False when the policy refuses it now."""
+        nothing (its tenant caps nothing it asks), False when the policy refuses it now
+        or it could not fit its caps even with nothing else running (a quota cut below
+        what it asks: said in ``never``, and passed over rather than holding up every
+        pod behind it)."""
         ident = ObjectId.of(pod)
         ns, name = ident.namespace, ident.name
         v = self._decided(uid, pod, policy).validation
@@ -261,6 +278,10 @@ class Releaser:
             return step  # marked: committed by the borrowed step (_borrow)
         res = step.reservation
         tenant, ask = step.tenant.at(self.wall()), step.ask  # the window open now
+        alone = Checker(policy, tenant, f"pod {ns}/{name}", OWNED)
+        if not check_pod(alone, tenant, ask, MemoryStore().view()):
+            never[uid] = messages.never_fits_event(alone.findings[0].message)
+            return False
 
         def fits(view: UsageView) -> bool:
             return check_pod(Quiet(policy, tenant, "", OWNED), tenant, ask, view)
@@ -354,6 +375,16 @@ class Releaser:
                     continue
                 self._told[w.uid] = (text, now)
                 await self._event(pods[w.uid], "WaitingForQuota", text)
+
+    async def _tell_once(self, uid: str, pod: dict[str, Any], reason: str, text: str) -> None:
+        """An Event and a log line, once while the pod and what is said stay the same."""
+        if (self._told.get(uid) or ("", 0.0))[0] == text:
+            return
+        self._told[uid] = (text, time.monotonic())
+        ident = ObjectId.of(pod)
+        logs.event("waiting pod can never fit its quota now; passed over", logging.WARNING,
+                   namespace=ident.namespace, name=ident.name, why=text)
+        await self._event(pod, reason, text)
 
     async def _event(self, pod: dict[str, Any], reason: str, text: str) -> None:
         try:
