@@ -42,8 +42,8 @@ from webhook.quota.usage import Usage
 
 T = TypeVar("T")
 
-__all__ = ["Cluster", "Report", "Row", "configuration_lines", "leader_line", "read_cluster",
-           "read_leader", "report", "table"]
+__all__ = ["Cluster", "Report", "Row", "configuration_lines", "forbidden", "leader_line",
+           "read_cluster", "read_leader", "report", "table"]
 
 
 @dataclass(slots=True)
@@ -277,6 +277,11 @@ def leader_line(lease: kube.StoredLease | None, now: float, waiting: int) -> str
     return f"leader: {lease.holder}"
 
 
+def forbidden(exc: kube.KubeError) -> bool:
+    """Whether the account may not make the read (HTTP 403)."""
+    return exc.detail.startswith("HTTP 403")
+
+
 def read_leader(api: Any, namespace: str) -> kube.StoredLease | None:
     return kube.Leases(api, namespace, timeout=10.0).read(LEADER_LEASE)
 
@@ -291,7 +296,8 @@ def configuration_lines(api: Any, model: GPUPolicy, names: dict[str, str]) -> li
         try:
             live = configurations.read(kind, name)
         except kube.KubeError as exc:
-            lines.append(f"webhook configurations: not read ({exc})")
+            if not forbidden(exc):  # a developer's account: not theirs to see
+                lines.append(f"webhook configurations: not read ({exc})")
             break
         found = drift.compare(model, kind, name, live)
         lines.append(f"webhook configurations: {found.describe()}" if found else
