@@ -72,15 +72,22 @@ class ConfigurationKeeper:
                     await asyncio.to_thread(self.once)
                     self._failing = ""
                 except kube.KubeError as exc:
-                    if self._failing != str(exc):
-                        logs.event("webhook configurations not compared with the policy; "
-                                   "tried again", logging.WARNING, error=str(exc),
-                                   detail=exc.detail)
-                    self._failing = str(exc)
+                    self._fail(str(exc), exc.detail)
+                except Exception as exc:  # a bug must not stop the keeper for good
+                    self._fail(f"{exc.__class__.__name__}: {exc}", "")
             elif not self.leading():
                 due = 0.0
-                self.drift.clear()  # another replica compares them now
+                if self.drift:  # another replica compares them now, and reports
+                    self.drift.clear()
+                    metrics.CONFIGURATION_DRIFT.clear()
             await asyncio.sleep(min(self.interval, 1.0))
+
+    def _fail(self, error: str, detail: str) -> None:
+        """A round that failed, logged once until it fails otherwise; the next tries."""
+        if self._failing != error:
+            logs.event("webhook configurations not compared with the policy; tried again",
+                       logging.WARNING, error=error, detail=detail)
+        self._failing = error
 
     def once(self) -> dict[str, Drift]:
         """Compare both configurations with the policy, and write those that differ
@@ -104,14 +111,13 @@ class ConfigurationKeeper:
                 self._told[kind] = text
                 logs.event("a webhook configuration differs from what the policy needs",
                            logging.WARNING, configuration=configuration, drift=text,
-                           policy=model.metadata.name,
-                           fixing=self.fix and live is not None and not drift.unusable)
+                           policy=model.metadata.name)
+                fixing = self.fix and live is not None and not drift.unusable
+                then = ("the leader writes it as the policy needs" if fixing else
+                        "not written: --webhook-configurations-sync report" if not self.fix
+                        else "the leader cannot write it")
                 self._event(kind, name, DRIFT_REASON, "Warning",
-                            f"{text} (policy {model.metadata.name}"
-                            + ("; the leader writes it as the policy needs)"
-                               if self.fix and live is not None and not drift.unusable
-                               else "; not written: --webhook-configurations-sync report)"
-                               if not self.fix else ")"))
+                            f"{text} (policy {model.metadata.name}; {then})")
             if self.fix and live is not None and not drift.unusable and \
                     self._write(kind, name, model, live, drift):
                 left[kind] = Drift(kind, name)
