@@ -175,3 +175,31 @@ def test_the_webhook_down_alerts(promtool: str, tmp_path: Path) -> None:
             ],
         },
     ])
+
+
+def test_configurations_differing_from_the_policy_alert_after_five_minutes(
+        promtool: str, tmp_path: Path) -> None:
+    mutating = "MutatingWebhookConfiguration gpu-webhook"
+    series = [  # the leader's gauge: drift written back at once, and drift that stays
+        (f'gpu_webhook_configuration_drift{{configuration="{mutating}",'
+         'instance="10.0.0.1:8443",job="gpu-webhook"}', "0x5 2x15"),
+        ('gpu_webhook_configuration_drift{configuration="ValidatingWebhookConfiguration '
+         'gpu-webhook",instance="10.0.0.1:8443",job="gpu-webhook"}', "0x5 1 0x14"),
+    ]
+    labels = {"configuration": mutating}
+    fired = {"exp_labels": {**labels, "severity": alert(
+        "GPUWebhookConfigurationDrift")["labels"]["severity"]},
+        "exp_annotations": {k: re.sub(r"\{\{ \$labels\.configuration \}\}", mutating,
+                                      v).strip()
+                            for k, v in alert("GPUWebhookConfigurationDrift")[
+                                "annotations"].items()}}
+    run(promtool, tmp_path, [{
+        "interval": "1m",
+        "input_series": [{"series": s, "values": v} for s, v in series],
+        "alert_rule_test": [
+            {"eval_time": "8m", "alertname": "GPUWebhookConfigurationDrift",
+             "exp_alerts": []},
+            {"eval_time": "14m", "alertname": "GPUWebhookConfigurationDrift",
+             "exp_alerts": [fired]},
+        ],
+    }])
