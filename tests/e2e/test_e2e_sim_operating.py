@@ -8,7 +8,8 @@ story says happens and running the commands it gives.
   not served (the last good policy is), and ``/readyz`` says where it is wrong.
 - "A pod stays SchedulingGated": with no replica leading, a waiting pod is not released
   even once quota frees, and ``gpu-webhook status`` says so; a leader releases it. A pod
-  the cut quota can never hold is told so and passed over.
+  the cut quota can never hold is told so and passed over. A pod over its user's cap
+  waits for that user's GPUs (``status`` shows the user's row) and starts when they free.
 - "The webhook is down": a tenant's pods are refused, GPU or not, other namespaces' are
   not; ``gpu-webhook failure-policy Ignore`` lets them in unchecked (a GPU pod without its
   toleration, the quota gate removable by anyone), and a replica that leads again writes
@@ -54,6 +55,12 @@ POLICY = own_policy("operating-sim", """\
       namespaceSelector:
         matchLabels: {gpu.example.com/tenant: queue}
       quota: {gpus: 2}
+      overQuota: wait
+    - name: people
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: people}
+      quota: {gpus: 4}
+      userQuota: {gpus: 1}
       overQuota: wait
 """)
 ARGS = ["--webhook-configurations-sync", "fix", "--quota-status-seconds", "2",
@@ -245,6 +252,33 @@ def test_a_pod_the_cut_quota_can_never_hold_is_told_and_passed_over(
         assert "of its 1 GPUs" in told()[0] and "Delete it" in told()[0]
     finally:
         edit_policy(ops_sim, "quota: {gpus: 1}", "quota: {gpus: 2}")
+
+
+def test_a_pod_waits_for_its_users_own_gpus_and_status_shows_the_users_cap(
+        ops_sim: SimCluster, api: k8s.CoreV1Api, ns: Any) -> None:
+    people = ns("people")
+    ops_sim.cp.kubectl("create", "rolebinding", "alice-edit", "--clusterrole=edit",
+                       "--user=alice", "-n", people)
+
+    def as_alice(obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return kubectl(ops_sim, "create", "--as=alice", "-n", people, "-f", "-",
+                       input=yaml.safe_dump(obj))
+
+    assert as_alice(pod("first", 1)).returncode == 0
+    running(api, people, 1)
+    out = as_alice(pod("second", 1))
+    assert out.returncode == 0, out.stderr
+    wait_until("alice's second pod to wait", lambda: gated(api, people, "second"),
+               timeout=SCHEDULE_TIMEOUT)
+    # Tenant people has 3 of its 4 GPUs free: it waits for alice's own.
+    out = status(ops_sim, "-n", people)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()]
+    assert ["people", "user", "alice", "gpus", "1", "0", "1", "0"] in rows, out.stdout
+    assert "people: 1 pod waits for GPU quota" in out.stdout
+    kubectl(ops_sim, "delete", "pod", "first", "-n", people, "--wait=true")
+    wait_until("alice's pod to be released once her first ends",
+               lambda: not gated(api, people, "second"), timeout=SCHEDULE_TIMEOUT)
 
 
 def test_the_webhook_down_and_the_break_glass(ops_sim: SimCluster, api: k8s.CoreV1Api,
