@@ -186,11 +186,18 @@ def test_the_chart_with_a_teams_policy_routes_the_teams_namespaces_and_follows_u
             out = helm_run(["helm", "upgrade", "gpu-webhook", "deploy/helm/gpu-webhook",
                             "-n", NS, "--set-file", f"policy.inline={policy_file}", *here])
             assert out.returncode == 0, out.stderr
-            # The leader's webhooks were kept by the upgrade (not the example's again).
+            # The leader's webhooks were kept by the upgrade (not the example's again),
+            # those that never fail closed still ignoring failures.
             kept = json.dumps(json.loads(cp.kubectl(
                 "get", "mutatingwebhookconfiguration", "gpu-webhook", "-o",
                 "json").stdout)["webhooks"])
             assert TEAM_LABEL in kept and "gpu.example.com/tenant" not in kept
+            validating = {h["name"]: h["failurePolicy"] for h in json.loads(cp.kubectl(
+                "get", "validatingwebhookconfiguration", "gpu-webhook", "-o",
+                "json").stdout)["webhooks"]}
+            assert validating["policy-file.gpu-webhook.dev"] == "Ignore"
+            assert validating["scale.gpu-webhook.dev"] == "Ignore"
+            assert validating["validate.gpu-webhook.dev"] == "Fail"
             served.write_text(policy_text(cp))  # the kubelet refreshes the mounted file
             wait_until("the speech team's pods to be sent after the upgrade",
                        lambda: voided(cp, speech), timeout=60, every=0.5)

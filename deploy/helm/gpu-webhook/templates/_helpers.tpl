@@ -128,7 +128,8 @@ namespace.yaml
 {{- if and $live (index ($live.metadata.annotations | default dict) "gpu-webhook.dev/install") }}
 {{- $_ := set $obj "webhooks" $live.webhooks }}
 {{- range $hook := $obj.webhooks }}
-{{- if not (or (hasPrefix "scale." $hook.name) (hasPrefix "release." $hook.name)) }}{{ $_ := set $hook "failurePolicy" $v.failurePolicy }}{{ end }}
+{{- /* as webhook.policy.apiserver.drift.ALWAYS_IGNORED: never failing closed */}}
+{{- if not (or (hasPrefix "scale." $hook.name) (hasPrefix "release." $hook.name) (hasPrefix "policy-file." $hook.name)) }}{{ $_ := set $hook "failurePolicy" $v.failurePolicy }}{{ end }}
 {{- end }}
 {{- else }}
 {{- range $hook := $obj.webhooks }}
