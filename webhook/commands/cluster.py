@@ -63,11 +63,8 @@ def _failure_policy(args: argparse.Namespace) -> int:
     from webhook.libs import kube
     from webhook.policy.apiserver.drift import KINDS, failure_policy_ops
 
-    home = Path.home() / ".kube" / "config"
     try:
-        api = kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
-                           or (str(home) if home.exists() else None))
-        configurations = kube.WebhookConfigurations(api, timeout=10.0)
+        configurations = kube.WebhookConfigurations(_connect(args), timeout=10.0)
         for kind in ("mutating", "validating"):
             live = configurations.read(kind, args.name)
             if live is None:
@@ -93,15 +90,21 @@ def _failure_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect(args: argparse.Namespace) -> Any:
+    """The API client: --kubeconfig, else $KUBECONFIG, ~/.kube/config, or in-cluster."""
+    from webhook.libs import kube
+
+    home = Path.home() / ".kube" / "config"
+    return kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
+                        or (str(home) if home.exists() else None))
+
+
 def _cluster_policy(args: argparse.Namespace) -> tuple[Any, Any]:
     """The API client and the policy (--policy, else the webhook's ConfigMap)."""
-    from webhook.libs import kube
     from webhook.policy.load import load_file, load_text
     from webhook.tools import status
 
-    home = Path.home() / ".kube" / "config"
-    api = kube.connect(args.kubeconfig or os.environ.get("KUBECONFIG")
-                       or (str(home) if home.exists() else None))
+    api = _connect(args)
     model = (load_file(args.policy) if args.policy else load_text(
         status.policy_from_cluster(api, args.webhook_namespace, "gpu-webhook-policy"),
         f"configmap {args.webhook_namespace}/gpu-webhook-policy"))

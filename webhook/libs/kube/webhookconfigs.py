@@ -98,11 +98,6 @@ class WebhookConfigurations:
             patched.append(str(hook.get("name")))
         if not ops:
             return []
-        fn = (self.admission.patch_mutating_webhook_configuration if kind == "mutating"
-              else self.admission.patch_validating_webhook_configuration)
-        what = f"patch caBundle of {kind}webhookconfiguration {name}"
         # 422, a failed ``test``: the webhooks changed since they were read.
-        with translated(what, self.timeout, statuses={422: Conflict}):
-            fn(name, ops, _content_type="application/json-patch+json",
-               _preload_content=False, _request_timeout=self.timeout)
+        self.patch(kind, name, ops, "patch caBundle")
         return patched
