@@ -1,0 +1,505 @@
+"""The policy's stateless rules compiled into the API server's own admission policies.
+
+Since 1.36 the API server runs admission rules written in CEL itself
+(MutatingAdmissionPolicy, ValidatingAdmissionPolicy, ``admissionregistration.k8s.io/v1``):
+no network hop, no replica of ours that must answer. :func:`render` compiles the rules
+whose decision depends only on the Pod, its namespace (name and labels) and the policy
+into those objects; the webhook keeps the rest (:data:`KEPT`, with why). Both executors
+run the same rules to the same result: ``tests/e2e/test_e2e_native_equivalence.py``
+creates the same fuzzed pods through the real API server with the native policies alone
+and with the webhook alone, and compares verdicts, stored objects and the facts of the
+messages.
+
+One scope per tenant (and one for the namespaces of no tenant): a MutatingAdmissionPolicy
+that completes GPU requests, adds the GPU tolerations, strips them from pods without GPUs
+and gives containers without GPUs ``NVIDIA_VISIBLE_DEVICES=void``, recording the changes
+in the ``gpu-webhook.dev/mutated`` annotation as the webhook does; and a
+ValidatingAdmissionPolicy per mode of its rules (enforce: Deny, warn: Warn, audit: Audit)
+whose one validation joins every finding, in the webhook's words (an API server reports
+only a policy's first failing validation, and a message may not hold line breaks: the
+findings are joined by a space, each ending in its ``[rule ..., tenant ...]`` tag).
+
+A namespace belongs to the first scope that selects it, as the webhook resolves tenants:
+by name first, then by the tenants' selectors in policy order. A binding's
+namespaceSelector cannot say "and no earlier selector", so a scope after a selector
+tenant also tests ``namespaceObject``'s labels in CEL.
+
+Pods that ask through DRA claims, carry KAI-Scheduler fraction annotations or are bound
+to a node by ``spec.nodeName`` need what only the webhook knows (the claim's class, the
+node's GPUs): the native policies leave them (``matchConditions``), so the webhook
+decides them whole, as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.engine import messages
+from webhook.engine.decision import PROVENANCE_ANNOTATION
+from webhook.policy.apiserver.cel import exemption_expression, kai_expression, string_list
+from webhook.policy.apiserver.nativecel import (
+    CONTAINER_LISTS,
+    NEUTRAL_VALUE,
+    bind,
+    completion_ops,
+    covers,
+    device_path,
+    env,
+    gpu_label,
+    gpu_names,
+    is_harmless,
+    is_neutral,
+    is_visible,
+    label,
+    privileged_how,
+    quote,
+    shown_entry,
+    toleration_value,
+)
+from webhook.policy.apiserver.rules import GROUP, NAMESPACE_LABEL
+from webhook.policy.apiserver.webhooks import Options
+from webhook.policy.compiled import CompiledPolicy, compile_policy
+from webhook.policy.model import GPUPolicy, Mode, Rule, TolerationPolicy
+from webhook.policy.model.resources import LabelSelector
+from webhook.policy.tenantrules import TenantRules
+
+API_VERSION = "admissionregistration.k8s.io/v1"
+OTHER = "other-namespaces"  # the scope of the namespaces of no tenant
+
+# What the native policies do, by rule (and the changes they make, by the webhook's
+# name for them in the provenance annotation).
+COMPILED: dict[str, str] = {
+    "gpu-requests": "the missing half of a GPU request/limit pair written (mutating)",
+    "gpu-tolerations": "the policy's tolerations added to GPU pods (mutating)",
+    "strip-gpu-tolerations": "GPU taint tolerations removed from pods without GPUs "
+                             "(nonGpuPodsToleratingGpuTaints: strip; mutating)",
+    Rule.VISIBLE_DEVICES.value: "NVIDIA_VISIBLE_DEVICES=void for containers given no GPU, "
+                                "their own entries removed from GPU containers (mutating), "
+                                "or refused (gpuRoutes.visibleDevices: deny)",
+    Rule.ALLOWED_RESOURCES.value: "a GPU resource the tenant may not use refused",
+    Rule.PRIVILEGED.value: "privileged containers in pods that can reach GPU nodes refused",
+    Rule.DEVICE_HOST_PATHS.value: "hostPath /dev mounts in pods that can reach GPU nodes "
+                                  "refused",
+    Rule.NON_GPU_TOLERATIONS.value: "pods without GPUs tolerating the GPU taint refused "
+                                    "(nonGpuPodsToleratingGpuTaints: deny)",
+}
+
+# What stays in the webhook, and why. The first group needs state only the webhook
+# holds; the second is stateless but not compiled yet: the webhook still decides it.
+KEPT: dict[str, str] = {
+    Rule.QUOTA.value: "usage across pods and replicas, in the ledger",
+    "overQuota: wait": "the waiting line and its release, by the leader",
+    "cohort borrowing": "the cohort's usage",
+    "userQuota": "usage per user, and the user recorded on workloads",
+    "quotaSchedule": "the clock: which window is open",
+    Rule.NODE_NAME.value: "whether the named node carries GPUs (the node watch)",
+    Rule.PRIORITY_CLASS.value: "the PriorityClasses' values (the PriorityClass watch)",
+    Rule.ALLOWED_DEVICE_CLASSES.value: "a pod's claims and their classes (the claim watch)",
+    Rule.DEVICE_TAINT_TOLERATIONS.value: "the claims' device requests",
+    Rule.MAX_RUNTIME.value: "the running pods' start times",
+    "gang reservations": "workloads' reservations in the ledger",
+    Rule.GPU_QUANTITY.value: "stateless, but core validation runs before any validating "
+                             "policy: the API server's own message (must be an integer)",
+    Rule.REQUESTS_MATCH_LIMITS.value: "stateless, but core validation runs before any "
+                                      "validating policy: the API server's own message",
+    Rule.MAX_PER_CONTAINER.value: "stateless, not compiled yet",
+    Rule.MAX_PER_POD.value: "stateless, not compiled yet",
+    Rule.ALLOWED_PRODUCTS.value: "stateless, not compiled yet (product node affinity)",
+    Rule.TOPOLOGY.value: "stateless, not compiled yet (topology node affinity)",
+    Rule.SPOT_PLACEMENT.value: "stateless, not compiled yet",
+    Rule.TENANT_REQUIRED.value: "stateless, not compiled yet",
+    "workload templates": "Deployments, Jobs and training kinds are checked at apply by "
+                          "the webhook; their pods meet the native policies",
+}
+
+_MUTATE_RULES = (Rule.VISIBLE_DEVICES, Rule.ALLOWED_RESOURCES, Rule.PRIVILEGED,
+                 Rule.DEVICE_HOST_PATHS, Rule.NON_GPU_TOLERATIONS)
+_ACTIONS = {Mode.ENFORCE: "Deny", Mode.WARN: "Warn", Mode.AUDIT: "Audit"}
+_DEFAULT = Options()
+_POD_RULES = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+               "resources": ["pods"], "scope": "Namespaced"}]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The namespaces one set of native policies serves: a tenant's, or no tenant's."""
+
+    name: str
+    tenant: TenantRules | None
+    selector: dict[str, Any]
+    """The bindings' namespaceSelector."""
+    here: str
+    """CEL over ``namespaceObject``: the namespace is this scope's (``true`` when the
+    selector says it all)."""
+
+
+def render(policy: GPUPolicy, options: Options = _DEFAULT) -> list[dict[str, Any]]:
+    """The MutatingAdmissionPolicies, ValidatingAdmissionPolicies and their bindings, for
+    the namespaces the webhook configurations would send (the same ones left out)."""
+    compiled = compile_policy(policy)
+    excluded = sorted({"kube-system", options.namespace, *policy.spec.exemptions.namespaces,
+                       *options.exempt_namespaces})
+    out: list[dict[str, Any]] = []
+    for scope in scopes(policy, compiled, excluded):
+        out.extend(_Scoped(compiled, scope, options.name,
+                           options.mutating_failure_policy,
+                           options.validating_failure_policy).objects())
+    return out
+
+
+def scopes(policy: GPUPolicy, compiled: CompiledPolicy, excluded: list[str]) -> list[Scope]:
+    """One scope per tenant, in policy order, and the namespaces of no tenant last."""
+    spec = policy.spec
+    named = sorted({ns for t in spec.tenants for ns in t.namespaces} - set(excluded))
+    out: list[Scope] = []
+    earlier: list[LabelSelector] = []
+    not_named = {"key": NAMESPACE_LABEL, "operator": "NotIn",
+                 "values": sorted({*excluded, *named})}
+    for t in spec.tenants:
+        rules = compiled.by_name[t.name]
+        own = sorted(set(t.namespaces) - set(excluded))
+        if own:
+            # A tenant's named namespaces are its own: nothing comes before a name.
+            out.append(Scope(t.name, rules, {"matchExpressions": [
+                {"key": NAMESPACE_LABEL, "operator": "In", "values": own}]}, "true"))
+        if t.namespace_selector is not None:
+            sel = t.namespace_selector
+            selector: dict[str, Any] = {"matchExpressions": [not_named, *(
+                e.model_dump(by_alias=True, exclude_defaults=True)
+                for e in sel.match_expressions)]}
+            if sel.match_labels:
+                selector = {"matchLabels": dict(sel.match_labels), **selector}
+            here = " && ".join(f"!({_selects(e)})" for e in earlier) or "true"
+            out.append(Scope(t.name if not own else f"{t.name}-selected", rules, selector,
+                             here))
+            earlier.append(sel)
+    here = " && ".join(f"!({_selects(e)})" for e in earlier) or "true"
+    out.append(Scope(OTHER, None, {"matchExpressions": [not_named]}, here))
+    return out
+
+
+def _selects(sel: LabelSelector) -> str:
+    """CEL: ``namespaceObject``'s labels match the selector."""
+    labels = "namespaceObject.metadata.labels"
+    has = f"has({labels})"
+    terms = [f"({has} && {quote(k)} in {labels} && {labels}[{quote(k)}] == {quote(v)})"
+             for k, v in sorted(sel.match_labels.items())]
+    for e in sel.match_expressions:
+        key = quote(e.key)
+        there = f"({has} && {key} in {labels})"
+        if e.operator == "In":
+            terms.append(f"({there} && {labels}[{key}] in {string_list(e.values)})")
+        elif e.operator == "NotIn":
+            terms.append(f"(!{there} || !({labels}[{key}] in {string_list(e.values)}))")
+        elif e.operator == "Exists":
+            terms.append(there)
+        else:
+            terms.append(f"!{there}")
+    return " && ".join(terms)
+
+
+_HOLE = "\x00"
+
+
+def words(text: Callable[..., str], *args: str) -> str:
+    """CEL that builds the webhook's message ``text(...)`` from CEL ``args``: the
+    function is called with markers, so its words are written once, in
+    :mod:`webhook.engine.messages`."""
+    marked = text(*(f"{_HOLE}{i}{_HOLE}" for i in range(len(args))))
+    parts = []
+    for i, piece in enumerate(marked.split(_HOLE)):
+        if i % 2 == 0:
+            if piece:
+                parts.append(quote(piece))
+        else:
+            parts.append(f"({args[int(piece)]})")
+    return " + ".join(parts) or "''"
+
+
+class _Scoped:
+    """One scope's policies and bindings."""
+
+    def __init__(self, policy: CompiledPolicy, scope: Scope, name: str,
+                 mutating: str, validating: str) -> None:
+        self.policy = policy
+        self.scope = scope
+        self.tenant = scope.tenant
+        self.prefix = f"{name}.{scope.name}"
+        self.mutating_failure, self.validating_failure = mutating, validating
+        spec = policy.model.spec if policy.model is not None else None
+        assert spec is not None
+        self.names = sorted({*spec.gpu_resources.names, *spec.gpu_resources.time_slicing})
+        self.patterns = [*spec.gpu_resources.patterns, *(
+            f"deviceclass.resource.kubernetes.io/{c}" for c in sorted(spec.device_classes))]
+        self.keys = sorted({str(t["key"]) for t in policy.tolerations if t.get("key")})
+        self.subject = "'pod ' + request.namespace + '/' + object.metadata.name"
+
+    # ------------------------------------------------------------------ shared
+    def _gpu(self, c: str) -> str:
+        return gpu_names(c, self.names, self.patterns)
+
+    def _has_gpu(self) -> str:
+        return " || ".join(f"{lst}.exists(c, size({self._gpu('c')}) > 0)"
+                           for _, lst in CONTAINER_LISTS)
+
+    def _tag(self, rule: Rule) -> str:
+        return quote(" " + messages.tag(rule, self.policy.name,
+                                        self.tenant.name if self.tenant else None))
+
+    def _conditions(self) -> list[dict[str, str]]:
+        spec = self.policy.model.spec if self.policy.model is not None else None
+        assert spec is not None
+        out = [{"name": "no-dra-claims", "expression":
+                "!(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"}]
+        if spec.gpu_resources.kai is not None:
+            out.append({"name": "no-kai-fractions", "expression": f"!({kai_expression()})"})
+        exempt = exemption_expression(
+            spec.exemptions.users, spec.exemptions.groups,
+            [f"system:serviceaccount:{sa.replace('/', ':')}"
+             for sa in spec.exemptions.service_accounts])
+        if exempt:
+            out.append({"name": "not-exempt", "expression": exempt})
+        return out
+
+    def _meta(self, suffix: str = "") -> dict[str, Any]:
+        return {"name": self.prefix + suffix, "labels": {
+            "app.kubernetes.io/name": "gpu-webhook",
+            "app.kubernetes.io/component": "admission-policy",
+            f"{GROUP}/scope": self.scope.name}}
+
+    def objects(self) -> list[dict[str, Any]]:
+        out = [self.mutating(), self.binding("MutatingAdmissionPolicyBinding", "")]
+        by_mode: dict[Mode, list[Rule]] = {}
+        for rule in _MUTATE_RULES:
+            if self._findings(rule) is not None:
+                by_mode.setdefault(self.policy.mode_for(rule, self.tenant), []).append(rule)
+        for mode, rules in by_mode.items():
+            suffix = "" if mode is Mode.ENFORCE else f".{mode.value}"
+            out.append(self.validating(suffix, rules))
+            out.append(self.binding("ValidatingAdmissionPolicyBinding", suffix,
+                                    _ACTIONS[mode]))
+        return out
+
+    def binding(self, kind: str, suffix: str, action: str | None = None) -> dict[str, Any]:
+        spec: dict[str, Any] = {"policyName": self.prefix + suffix,
+                                "matchResources": {"namespaceSelector": self.scope.selector}}
+        if action is not None:
+            spec["validationActions"] = [action]
+        return {"apiVersion": API_VERSION, "kind": kind, "metadata": self._meta(suffix),
+                "spec": spec}
+
+    # ---------------------------------------------------------------- mutating
+    def mutating(self) -> dict[str, Any]:
+        variables = [{"name": "here", "expression": self.scope.here},
+                     {"name": "gpu", "expression": self._has_gpu()}]
+        groups: list[tuple[str, str]] = [
+            ("gpu-requests", f"variables.gpu ? {self._completion()} : []"),
+            ("gpu-tolerations", f"variables.gpu ? {self._tolerations()} : []")]
+        if self.policy.non_gpu_tolerations is TolerationPolicy.STRIP and self.keys:
+            groups.append(("strip-gpu-tolerations",
+                           f"variables.gpu ? [] : {self._strip()}"))
+        if self.tenant is not None and self.tenant.routes.visible_devices != "allow":
+            groups.append(("gpu-visible-devices", self._visible()))
+        # JSONPatch values can be built only in the mutation itself, not in variables:
+        # each group's operations are bound once, as one list per change.
+        changes = " + ".join(f"(size(ops[{i}]) > 0 ? [{quote(c)}] : [])"
+                             for i, (c, _) in enumerate(groups))
+        listed = ", ".join(ops for _, ops in groups)
+        mutation = ("!variables.here ? [] : " + bind(
+            "ops", f"[{listed}]", "ops.flatten() + " + bind(
+                "changes", changes, self._annotation("changes"))))
+        return {"apiVersion": API_VERSION, "kind": "MutatingAdmissionPolicy",
+                "metadata": self._meta(),
+                "spec": {"failurePolicy": self.mutating_failure,
+                         "matchConstraints": {"resourceRules": _POD_RULES},
+                         "matchConditions": self._conditions(),
+                         "variables": variables,
+                         "mutations": [{"patchType": "JSONPatch",
+                                        "jsonPatch": {"expression": mutation}}],
+                         # A webhook may add a container after this ran.
+                         "reinvocationPolicy": "IfNeeded"}}
+
+    def _each(self, ops: Callable[[str, str, str], str]) -> str:
+        """``ops(key, c, pointer)`` for every init and app container, flattened."""
+        parts = []
+        for key, lst in CONTAINER_LISTS:
+            ptr = f"'/spec/{key}/' + string(i)"
+            parts.append(f"lists.range(size({lst})).map(i, "
+                         f"{bind('c', f'{lst}[i]', ops(key, 'c', ptr))}).flatten()")
+        return "(" + " + ".join(parts) + ")"
+
+    def _completion(self) -> str:
+        return self._each(lambda _k, c, ptr: completion_ops(c, ptr, self.names, self.patterns))
+
+    def _tolerations(self) -> str:
+        tols = "(has(object.spec.tolerations) ? object.spec.tolerations : [])"
+        missing = " + ".join(
+            f"({tols}.exists(h, {covers('h', w)}) ? [] : [{toleration_value(w)}])"
+            for w in self.policy.tolerations) or "[]"
+        return bind("m", missing,
+                    "size(m) == 0 ? [] : has(object.spec.tolerations) ? "
+                    "m.map(t, JSONPatch{op: 'add', path: '/spec/tolerations/-', value: t}) : "
+                    "[JSONPatch{op: 'add', path: '/spec/tolerations', value: m}]")
+
+    def _gpu_key(self, t: str) -> str:
+        return f"(has({t}.key) && {t}.key in {string_list(self.keys)})"
+
+    def _strip(self) -> str:
+        return (f"has(object.spec.tolerations) && object.spec.tolerations.exists(t, "
+                f"{self._gpu_key('t')}) ? [JSONPatch{{op: 'replace', path: "
+                f"'/spec/tolerations', value: object.spec.tolerations.filter(t, "
+                f"!{self._gpu_key('t')})}}] : []")
+
+    def _visible(self) -> str:
+        assert self.tenant is not None
+        deny = self.tenant.routes.visible_devices == "deny"
+
+        def ops(_key: str, c: str, ptr: str) -> str:
+            e = env(c)
+            hits = f"{e}.exists(e, {is_visible('e')})"
+            charged = ("[]" if deny else
+                       f"({hits} ? [JSONPatch{{op: 'replace', path: {ptr} + '/env', "
+                       f"value: {e}.filter(e, !{is_visible('e')})}}] : [])")
+            risky = f"{e}.exists(e, {is_visible('e')} && !{is_harmless('e')})"
+            add = (f"(has({c}.env) ? [JSONPatch{{op: 'add', path: {ptr} + '/env/-', "
+                   f"value: {NEUTRAL_VALUE}}}] : [JSONPatch{{op: 'add', path: {ptr} + '/env', "
+                   f"value: [{NEUTRAL_VALUE}]}}])")
+            voided = (f"({e}.exists(e, {is_visible('e')} && !{is_neutral('e')}) ? "
+                      f"[JSONPatch{{op: 'replace', path: {ptr} + '/env', value: {e}.map(e, "
+                      f"{is_visible('e')} && !{is_neutral('e')} ? {NEUTRAL_VALUE} : e)}}] "
+                      f": [])")
+            uncharged = f"!{hits} ? {add} : {voided}"
+            if deny:
+                uncharged = f"{risky} ? [] : ({uncharged})"
+            return f"(size({self._gpu(c)}) > 0 ? {charged} : ({uncharged}))"
+        return self._each(ops)
+
+    def _annotation(self, changes: str) -> str:
+        """The changes merged into the provenance annotation (``engine.mutate._annotate``)."""
+        ann = "object.metadata.annotations"
+        key = quote(PROVENANCE_ANNOTATION)
+        before = f"(has({ann}) && {key} in {ann} ? {ann}[{key}] : '')"
+        merged = bind("old", f"{before}.split(',').filter(n, n != '')",
+                      f"(old + {changes}.filter(x, !(x in old))).join(',')")
+        op = (f"has({ann}) ? [JSONPatch{{op: 'add', path: '/metadata/annotations/' + "
+              f"jsonpatch.escapeKey({key}), value: v}}] : [JSONPatch{{op: 'add', path: "
+              f"'/metadata/annotations', value: {{{key}: v}}}}]")
+        return (f"size({changes}) == 0 ? [] : "
+                + bind("v", merged, f"v == {before} ? [] : ({op})"))
+
+    # -------------------------------------------------------------- validating
+    def validating(self, suffix: str, rules: list[Rule]) -> dict[str, Any]:
+        variables = [{"name": "here", "expression": self.scope.here},
+                     {"name": "gpu", "expression": self._has_gpu()},
+                     {"name": "subject", "expression": self.subject}]
+        if Rule.PRIVILEGED in rules or Rule.DEVICE_HOST_PATHS in rules:
+            variables.append({"name": "reach", "expression": self._reach()})
+        findings = []
+        for rule in rules:
+            expr = self._findings(rule)
+            assert expr is not None
+            variables.append({"name": _var(rule.value), "expression": expr})
+            findings.append(f"variables.{_var(rule.value)}")
+        variables.append({"name": "findings", "expression":
+                          f"!variables.here ? [] : {' + '.join(findings)}"})
+        return {"apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicy",
+                "metadata": self._meta(suffix),
+                "spec": {"failurePolicy": self.validating_failure,
+                         "matchConstraints": {"resourceRules": _POD_RULES},
+                         "matchConditions": self._conditions(),
+                         "variables": variables,
+                         "validations": [{
+                             "expression": "size(variables.findings) == 0",
+                             "messageExpression": "variables.findings.join(' ')",
+                             "reason": "Forbidden"}]}}
+
+    def _finding(self, rule: Rule, text: str, where: str | None = None) -> str:
+        at = "variables.subject" + (f" + ', ' + {where}" if where else "")
+        return f"{at} + ': ' + {text} + {self._tag(rule)}"
+
+    def _per_container(self, make: Callable[[str, str], str]) -> str:
+        """``make(key, c)`` (a list of findings) for every container, flattened."""
+        return "(" + " + ".join(f"{lst}.map(c, {make(key, 'c')}).flatten()"
+                                for key, lst in CONTAINER_LISTS) + ")"
+
+    def _findings(self, rule: Rule) -> str | None:
+        """CEL for the list of ``rule``'s findings, or None where the rule has nothing to
+        check in this scope."""
+        t = self.tenant
+        if rule is Rule.ALLOWED_RESOURCES:
+            if t is None or t.allowed_resources is None:
+                return None
+            allowed = sorted(t.allowed_resources)
+            # one_of() of the allowed names is a constant: written by the function.
+            text = words(lambda r: messages.resource_not_allowed(r, t.name, allowed), "r")
+            return self._per_container(lambda key, c: (
+                f"{self._gpu(c)}.filter(r, !(r in {string_list(allowed)}))"
+                f".map(r, {self._finding(rule, text, gpu_label(key, c))})"))
+        if rule is Rule.NON_GPU_TOLERATIONS:
+            if self.policy.non_gpu_tolerations is not TolerationPolicy.DENY or not self.keys:
+                return None
+            keys = ("object.spec.tolerations.filter(t, {g}).map(t, t.key)"
+                    .format(g=self._gpu_key("t")))
+            found = bind("ks", keys, "lists.range(size(ks)).filter(i, ks.indexOf(ks[i]) == i)"
+                         ".map(i, ks[i]).sort().join(', ')")
+            text = words(lambda k: messages.tolerates_gpu_taint([k]), found)
+            return (f"!variables.gpu && has(object.spec.tolerations) && "
+                    f"object.spec.tolerations.exists(t, {self._gpu_key('t')}) ? "
+                    f"[{self._finding(rule, text)}] : []")
+        if t is None:
+            return None
+        routes = t.routes
+        if rule is Rule.VISIBLE_DEVICES:
+            if routes.visible_devices != "deny":
+                return None
+            return self._per_container(lambda key, c: bind(
+                "risky", f"{env(c)}.filter(e, {is_visible('e')} && (size({self._gpu(c)}) > 0 "
+                f"? !{is_neutral('e')} : !{is_harmless('e')}))",
+                f"size(risky) == 0 ? [] : [size({self._gpu(c)}) > 0 ? "
+                f"{self._finding(rule, words(messages.visible_devices_charged, shown_entry('risky[size(risky) - 1]')), label(key, c))} : "  # noqa: E501
+                f"{self._finding(rule, words(messages.visible_devices_uncharged, shown_entry('risky[size(risky) - 1]')), label(key, c))}]"))  # noqa: E501
+        if rule is Rule.PRIVILEGED:
+            if not routes.privileged:
+                return None
+            text = words(messages.privileged, "how", "variables.reach")
+            return "variables.reach == '' ? [] : " + self._per_container(
+                lambda key, c: bind("how", privileged_how(c), "how == '' ? [] : ["
+                                    + self._finding(rule, text, label(key, c)) + "]"))
+        if rule is Rule.DEVICE_HOST_PATHS:
+            if not routes.device_host_paths:
+                return None
+            text = words(messages.device_host_path, "v.name", "v.hostPath.path",
+                         "variables.reach")
+            return (f"variables.reach == '' || !has(object.spec.volumes) ? [] : "
+                    f"object.spec.volumes.filter(v, {device_path('v')})"
+                    f".map(v, {self._finding(rule, text)})")
+        return None
+
+    def _reach(self) -> str:
+        """Why the pod can run on a GPU node, or '' (``routes.pods.reaches_gpu_nodes``);
+        '' too for a pod bound to a node, which only the webhook can judge."""
+        tols = "(has(object.spec.tolerations) ? object.spec.tolerations : [])"
+        if not self.policy.tolerations:
+            tolerating = quote("the policy names no GPU node taint, so any node may be a "
+                               "GPU node")
+        else:
+            ws = self.policy.tolerations
+            which = "''"
+            for w in reversed(ws):
+                which = (f"{covers('t', w)} ? (has(t.key) && t.key != '' ? "
+                         f"{quote('it tolerates the GPU taint ' + str(w.get('key')))} : "
+                         f"'it tolerates every taint') : {which}")
+            hit = f"{tols}.filter(t, {' || '.join(covers('t', w) for w in ws)})"
+            tolerating = bind("hit", hit, "size(hit) == 0 ? '' : "
+                              + bind("t", "hit[0]", which))
+        return (f"variables.gpu ? 'it asks for GPUs' : "
+                f"has(object.spec.nodeName) && object.spec.nodeName != '' ? '' : {tolerating}")
+
+
+def _var(name: str) -> str:
+    """A CEL identifier for a rule or change name."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
