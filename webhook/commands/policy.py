@@ -10,6 +10,7 @@ from typing import Any
 
 from webhook.commands.output import dump
 from webhook.commands.parser import command
+from webhook.policy.apiserver.webhooks import ADMISSION_MODES
 
 
 def add_manifests(sub: Any) -> None:
@@ -34,6 +35,12 @@ def add_manifests(sub: Any) -> None:
     m.add_argument("--validating-failure-policy", choices=["Fail", "Ignore"], default="Fail",
                    help="when the webhook is down: Fail rejects GPU requests, Ignore admits "
                         "them unchecked (quota not enforced) [Fail]")
+    m.add_argument("--admission-mode", choices=list(ADMISSION_MODES), default="webhook",
+                   help="where the rules that need no state run: webhook (only in the "
+                        "webhook), fallback (also in the API server's admission policies, "
+                        "printed too; the webhooks for pods without GPUs fail open), native "
+                        "(only in the API server; the webhook is sent only what needs its "
+                        "state) [webhook]")
 
 
 def add_policy(sub: Any) -> None:
@@ -63,9 +70,12 @@ def _manifests(args: argparse.Namespace) -> int:
     Print a MutatingWebhookConfiguration and a ValidatingWebhookConfiguration whose
     matchConditions send only GPU pods and workloads, derived from the policy.
     failurePolicy Fail: while the webhook is down, matching GPU requests are rejected;
-    Ignore: they are admitted unchecked (no quota, no pinning). Pods without GPUs are
-    never sent either way.
+    Ignore: they are admitted unchecked (no quota, no pinning). Pods without GPUs of the
+    tenants' namespaces go to the routes webhooks. With --admission-mode fallback or
+    native, the rules that need no state are also printed as the API server's own
+    MutatingAdmissionPolicies and ValidatingAdmissionPolicies, with their bindings.
     """
+    from webhook.policy.apiserver import native
     from webhook.policy.apiserver import webhooks as manifests
     from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
 
@@ -79,12 +89,16 @@ def _manifests(args: argparse.Namespace) -> int:
         ca = Path(args.ca_file).read_bytes() if args.ca_file else None
         if ca is not None and b"-----BEGIN CERTIFICATE-----" not in ca:
             raise ValueError(f"{args.ca_file} holds no PEM certificate")
-        objects = manifests.render(policy, manifests.Options(
+        options = manifests.Options(
             name=args.name, namespace=args.namespace, service=args.service, port=args.port,
             url=args.url, ca_bundle=ca, timeout_seconds=args.timeout_seconds,
             mutating_failure_policy=args.mutating_failure_policy,
             validating_failure_policy=args.validating_failure_policy,
-            exempt_namespaces=tuple(args.exempt_namespace)))
+            exempt_namespaces=tuple(args.exempt_namespace),
+            admission_mode=args.admission_mode)
+        objects = manifests.render(policy, options)
+        if options.admission_mode != "webhook":
+            objects += native.render(policy, options)
     except (OSError, ValueError) as exc:
         print(f"gpu-webhook manifests: {exc}", file=sys.stderr)
         return 2

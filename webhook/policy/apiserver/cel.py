@@ -27,6 +27,15 @@ _HAS_GATE = ("(has({o}.spec.schedulingGates) && "
              "{o}.spec.schedulingGates.exists(g, g.name == 'gpu-webhook.dev/quota'))")
 GATE_REMOVED = f"{_HAS_GATE.format(o='oldObject')} && !{_HAS_GATE.format(o='object')}"
 
+# A pod without GPUs whose route rules need what only the webhook knows (in admission
+# mode native, the routes webhooks get only these): an ephemeral container (its pod's
+# GPUs), spec.nodeName (the node's GPUs), a PriorityClass (its value), DRA claims (their
+# classes). The native policies decide every other pod.
+NEEDS_STATE = ("(has(request.subResource) && request.subResource == 'ephemeralcontainers') || "
+               "(has(object.spec.nodeName) && object.spec.nodeName != '') || "
+               "(has(object.spec.priorityClassName) && object.spec.priorityClassName != '') || "
+               "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)")
+
 # The pod spec placeholder of the pod tests.
 _SPEC = "{S}"
 

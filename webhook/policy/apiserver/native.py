@@ -80,6 +80,8 @@ COMPILED: dict[str, str] = {
                                 "their own entries removed from GPU containers (mutating), "
                                 "or refused (gpuRoutes.visibleDevices: deny)",
     Rule.ALLOWED_RESOURCES.value: "a GPU resource the tenant may not use refused",
+    Rule.GPU_QUANTITY.value: "a GPU count of 1e16 or more refused (fractional and negative "
+                             "ones are core validation's: see KEPT)",
     Rule.PRIVILEGED.value: "privileged containers in pods that can reach GPU nodes refused",
     Rule.DEVICE_HOST_PATHS.value: "hostPath /dev mounts in pods that can reach GPU nodes "
                                   "refused",
@@ -101,8 +103,9 @@ KEPT: dict[str, str] = {
     Rule.DEVICE_TAINT_TOLERATIONS.value: "the claims' device requests",
     Rule.MAX_RUNTIME.value: "the running pods' start times",
     "gang reservations": "workloads' reservations in the ledger",
-    Rule.GPU_QUANTITY.value: "stateless, but core validation runs before any validating "
-                             "policy: the API server's own message (must be an integer)",
+    Rule.GPU_QUANTITY.value: "a fractional or negative count: stateless, but core "
+                             "validation refuses it before any validating policy runs, in "
+                             "the API server's words (must be an integer)",
     Rule.REQUESTS_MATCH_LIMITS.value: "stateless, but core validation runs before any "
                                       "validating policy: the API server's own message",
     Rule.MAX_PER_CONTAINER.value: "stateless, not compiled yet",
@@ -115,7 +118,7 @@ KEPT: dict[str, str] = {
                           "the webhook; their pods meet the native policies",
 }
 
-_MUTATE_RULES = (Rule.VISIBLE_DEVICES, Rule.ALLOWED_RESOURCES, Rule.PRIVILEGED,
+_MUTATE_RULES = (Rule.GPU_QUANTITY, Rule.VISIBLE_DEVICES, Rule.ALLOWED_RESOURCES, Rule.PRIVILEGED,
                  Rule.DEVICE_HOST_PATHS, Rule.NON_GPU_TOLERATIONS)
 _ACTIONS = {Mode.ENFORCE: "Deny", Mode.WARN: "Warn", Mode.AUDIT: "Audit"}
 _DEFAULT = Options()
@@ -326,9 +329,10 @@ class _Scoped:
         """``ops(key, c, pointer)`` for every init and app container, flattened."""
         parts = []
         for key, lst in CONTAINER_LISTS:
-            ptr = f"'/spec/{key}/' + string(i)"
-            parts.append(f"lists.range(size({lst})).map(i, "
-                         f"{bind('c', f'{lst}[i]', ops(key, 'c', ptr))}).flatten()")
+            # ``ci``: a name no comprehension inside uses (CEL scopes shadow).
+            ptr = f"'/spec/{key}/' + string(ci)"
+            parts.append(f"lists.range(size({lst})).map(ci, "
+                         f"{bind('c', f'{lst}[ci]', ops(key, 'c', ptr))}).flatten()")
         return "(" + " + ".join(parts) + ")"
 
     def _completion(self) -> str:
@@ -348,10 +352,8 @@ class _Scoped:
         return f"(has({t}.key) && {t}.key in {string_list(self.keys)})"
 
     def _strip(self) -> str:
-        return (f"has(object.spec.tolerations) && object.spec.tolerations.exists(t, "
-                f"{self._gpu_key('t')}) ? [JSONPatch{{op: 'replace', path: "
-                f"'/spec/tolerations', value: object.spec.tolerations.filter(t, "
-                f"!{self._gpu_key('t')})}}] : []")
+        return removals("(has(object.spec.tolerations) ? object.spec.tolerations : [])",
+                        "'/spec/tolerations'", self._gpu_key)
 
     def _visible(self) -> str:
         assert self.tenant is not None
@@ -360,17 +362,16 @@ class _Scoped:
         def ops(_key: str, c: str, ptr: str) -> str:
             e = env(c)
             hits = f"{e}.exists(e, {is_visible('e')})"
-            charged = ("[]" if deny else
-                       f"({hits} ? [JSONPatch{{op: 'replace', path: {ptr} + '/env', "
-                       f"value: {e}.filter(e, !{is_visible('e')})}}] : [])")
+            charged = "[]" if deny else removals(e, f"{ptr} + '/env'", is_visible)
             risky = f"{e}.exists(e, {is_visible('e')} && !{is_harmless('e')})"
             add = (f"(has({c}.env) ? [JSONPatch{{op: 'add', path: {ptr} + '/env/-', "
                    f"value: {NEUTRAL_VALUE}}}] : [JSONPatch{{op: 'add', path: {ptr} + '/env', "
                    f"value: [{NEUTRAL_VALUE}]}}])")
-            voided = (f"({e}.exists(e, {is_visible('e')} && !{is_neutral('e')}) ? "
-                      f"[JSONPatch{{op: 'replace', path: {ptr} + '/env', value: {e}.map(e, "
-                      f"{is_visible('e')} && !{is_neutral('e')} ? {NEUTRAL_VALUE} : e)}}] "
-                      f": [])")
+            # Entry by entry, as the webhook does: a list of the object's own entries
+            # cannot be written back whole (a typed value JSON Patch cannot marshal).
+            voided = (f"lists.range(size({e})).filter(k, {is_visible(f'{e}[k]')} && "
+                      f"!{is_neutral(f'{e}[k]')}).map(k, JSONPatch{{op: 'replace', path: "
+                      f"{ptr} + '/env/' + string(k), value: {NEUTRAL_VALUE}}})")
             uncharged = f"!{hits} ? {add} : {voided}"
             if deny:
                 uncharged = f"{risky} ? [] : ({uncharged})"
@@ -436,8 +437,12 @@ class _Scoped:
             # one_of() of the allowed names is a constant: written by the function.
             text = words(lambda r: messages.resource_not_allowed(r, t.name, allowed), "r")
             return self._per_container(lambda key, c: (
-                f"{self._gpu(c)}.filter(r, !(r in {string_list(allowed)}))"
+                # A count refused as too large is not checked further, as in the webhook.
+                f"{self._gpu(c)}.filter(r, !(r in {string_list(allowed)}) && "
+                f"{_huge_field(c)} == '')"
                 f".map(r, {self._finding(rule, text, gpu_label(key, c))})"))
+        if rule is Rule.GPU_QUANTITY:
+            return self._per_container(lambda key, c: self._huge(rule, key, c))
         if rule is Rule.NON_GPU_TOLERATIONS:
             if self.policy.non_gpu_tolerations is not TolerationPolicy.DENY or not self.keys:
                 return None
@@ -478,6 +483,23 @@ class _Scoped:
                     f".map(v, {self._finding(rule, text)})")
         return None
 
+    def _huge(self, rule: Rule, key: str, c: str) -> str:
+        """A count core validation lets through that no node has (``gpu_count``'s
+        "far more devices"): its limit named first, as the webhook does."""
+        def shown(v: str) -> str:  # _show(): the value as Python's repr() quotes it
+            return (f"\"'\" + (size({v}) > 40 ? {v}.substring(0, 40) + '...' : {v}) "
+                    f"+ \"'\"")
+
+        lim = f"(has({c}.resources) && has({c}.resources.limits) ? {c}.resources.limits : {{}})"
+        req = (f"(has({c}.resources) && has({c}.resources.requests) ? "
+               f"{c}.resources.requests : {{}})")
+        field = _huge_field(c)
+        value = f"(f == 'limit' ? {lim}[r] : {req}[r])"
+        reason = words(lambda v: f"{v} is far more devices than any node has", shown(value))
+        text = words(messages.bad_quantity, "r", "f", reason)
+        return (f"{self._gpu(c)}.map(r, " + bind("f", field, f"f == '' ? [] : "
+                f"[{self._finding(rule, text, gpu_label(key, c))}]") + ").flatten()")
+
     def _reach(self) -> str:
         """Why the pod can run on a GPU node, or '' (``routes.pods.reaches_gpu_nodes``);
         '' too for a pod bound to a node, which only the webhook can judge."""
@@ -497,6 +519,25 @@ class _Scoped:
                               + bind("t", "hit[0]", which))
         return (f"variables.gpu ? 'it asks for GPUs' : "
                 f"has(object.spec.nodeName) && object.spec.nodeName != '' ? '' : {tolerating}")
+
+
+def _huge_field(c: str) -> str:
+    """CEL over container ``c`` and resource ``r``: 'limit' or 'request', the half whose
+    count is 1e16 or more (the limit first), or ''."""
+    def huge(v: str) -> str:
+        return f"quantity({v}).compareTo(quantity('1e16')) >= 0"
+    lim = f"(has({c}.resources) && has({c}.resources.limits) ? {c}.resources.limits : {{}})"
+    req = f"(has({c}.resources) && has({c}.resources.requests) ? {c}.resources.requests : {{}})"
+    return (f"(r in {lim} && {huge(lim + '[r]')} ? 'limit' : "
+            f"r in {req} && {huge(req + '[r]')} ? 'request' : '')")
+
+
+def removals(items: str, ptr: str, hit: Callable[[str], str]) -> str:
+    """JSON Patch ``remove`` operations of the items ``hit`` picks, the last first so
+    that each index is still the item's (``webhook.k8s.patch.Patch.remove_indices``)."""
+    return bind("hits", f"lists.range(size({items})).filter(k, {hit(f'{items}[k]')})",
+                f"lists.range(size(hits)).map(j, JSONPatch{{op: 'remove', path: {ptr} + '/' "
+                f"+ string(hits[size(hits) - 1 - j])}})")
 
 
 def _var(name: str) -> str:

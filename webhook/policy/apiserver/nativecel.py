@@ -62,7 +62,10 @@ def completion_ops(c: str, ptr: str, names: list[str], patterns: list[str]) -> s
     gpu = gpu_names(c, names, patterns)
 
     def half(have: str, missing: str, key: str) -> str:
-        keys = f"{gpu}.filter(r, r in {have} && !(r in {missing}))"
+        # A count of 1e16 or more is refused, not completed (the webhook reports it and
+        # goes on to the next resource).
+        keys = (f"{gpu}.filter(r, r in {have} && !(r in {missing}) && "
+                f"quantity({have}[r]).compareTo(quantity('1e16')) < 0)")
         start = (f"(has({c}.resources) && has({c}.resources.{key}) ? [] : "
                  f"[JSONPatch{{op: 'add', path: {ptr} + '/resources/{key}', value: {{}}}}])")
         return (f"({keys}.size() == 0 ? [] : {start} + {keys}.map(r, JSONPatch{{op: 'add', "

@@ -99,6 +99,7 @@ import yaml
 
 from webhook.policy.apiserver.cel import (
     GATE_REMOVED,
+    NEEDS_STATE,
     SCALE_UP,
     claim_expression,
     claims_expression,
@@ -128,6 +129,8 @@ from webhook.policy.apiserver.rules import (
 from webhook.policy.model import GPUPolicy, TolerationPolicy
 
 FailurePolicy = Literal["Fail", "Ignore"]
+AdmissionMode = Literal["webhook", "fallback", "native"]
+ADMISSION_MODES: tuple[AdmissionMode, ...] = ("webhook", "fallback", "native")
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,11 @@ class Options:
     exempt_namespaces: tuple[str, ...] = ()
     """Namespaces never sent, besides kube-system, ``namespace`` and the policy's exempt
     ones (the Helm chart's ``exemptNamespaces``)."""
+    admission_mode: AdmissionMode = "webhook"
+    """Where the stateless rules run (:mod:`.native`): ``webhook`` only in the webhook;
+    ``fallback`` in the API server's admission policies too, the routes webhooks (pods
+    without GPUs) then failing open; ``native`` in the API server only, the routes
+    webhooks sent only the pods whose rules need the webhook's state."""
 
 
 # The install's choices, written on both configurations: with the policy they determine
@@ -162,6 +170,8 @@ def install_record(options: Options) -> str:
         "mutatingFailurePolicy": options.mutating_failure_policy,
         "validatingFailurePolicy": options.validating_failure_policy,
         "exemptNamespaces": sorted(options.exempt_namespaces)}
+    if options.admission_mode != "webhook":
+        record["admissionMode"] = options.admission_mode
     if options.url:
         record["url"] = options.url
     else:
@@ -193,7 +203,8 @@ def options_of(configuration: dict[str, Any]) -> Options:
             timeout_seconds=int(record.get("timeoutSeconds", 5)),
             mutating_failure_policy=_failure(record.get("mutatingFailurePolicy", "Fail")),
             validating_failure_policy=_failure(record.get("validatingFailurePolicy", "Fail")),
-            exempt_namespaces=tuple(str(n) for n in exempt))
+            exempt_namespaces=tuple(str(n) for n in exempt),
+            admission_mode=_mode(record.get("admissionMode", "webhook")))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"{where}: annotation {INSTALL_ANNOTATION} is not a record of "
                          f"the install ({exc.__class__.__name__}: {exc}): {fix}") from None
@@ -206,6 +217,13 @@ def _failure(value: object) -> FailurePolicy:
     if value == "Ignore":
         return "Ignore"
     raise ValueError(f"failure policy {value!r} is neither Fail nor Ignore")
+
+
+def _mode(value: object) -> AdmissionMode:
+    for mode in ADMISSION_MODES:
+        if value == mode:
+            return mode
+    raise ValueError(f"admission mode {value!r} is none of {', '.join(ADMISSION_MODES)}")
 
 
 def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, Any]]:
@@ -369,11 +387,20 @@ class _Rendering:
         test = (f"(has(request.subResource) && request.subResource == 'ephemeralcontainers')"
                 f" || !(has(object.spec) && ({sent}))")
         conditions = [{"name": "pods-not-sent-as-gpu-pods", "expression": test}]
+        mode = self.options.admission_mode
+        if mode == "native" and not any(t.priority is not None and t.priority.default_class
+                                        for t in self.spec.tenants):
+            # The native policies decide the rest; a tenant's default PriorityClass is
+            # given to pods that name none, so then every pod is still sent.
+            conditions.append({"name": "pods-needing-state", "expression": NEEDS_STATE})
         if only is not None:
             conditions.insert(0, {"name": "tenant-namespaces",
                                   "expression": f"request.namespace in {string_list(only)}"})
-        return self._hook(name, "mutate", ROUTE_RULES, "None",
-                          self.options.mutating_failure_policy,
+        # Beside the native policies a pod without GPUs is still created, and
+        # neutralized, while no replica answers: these webhooks fail open.
+        failure = ("Ignore" if self.options.admission_mode != "webhook"
+                   else self.options.mutating_failure_policy)
+        return self._hook(name, "mutate", ROUTE_RULES, "None", failure,
                           selector=copy.deepcopy(selector), conditions=conditions,
                           reinvoke=True)
 
