@@ -1,0 +1,191 @@
+"""``gpu-webhook manifests --admission-mode``: the native admission policies compiled from
+the policy, as objects. What they decide is proven through the real API server
+(``tests/e2e/test_e2e_native_equivalence.py``); here: which objects a policy makes, for
+which namespaces, in which mode, and that their messages are the webhook's words."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from webhook.engine import messages
+from webhook.policy.apiserver import native
+from webhook.policy.apiserver import webhooks as manifests
+from webhook.policy.load import load_file, load_text
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = ROOT / "policies" / "multi-tenant.yaml"
+GPU_WEBHOOK = str(Path(sys.executable).with_name("gpu-webhook"))
+
+
+def policy(spec: str) -> Any:
+    return load_text("apiVersion: gpu-webhook.dev/v1alpha1\nkind: GPUPolicy\n"
+                     "metadata: {name: p}\nspec:\n" + spec, "<test>")
+
+
+def by_name(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def test_each_tenant_and_the_other_namespaces_get_policies_and_bindings() -> None:
+    objs = by_name(native.render(load_file(str(POLICY))))
+    for scope in ("research", "inference", "notebooks", "other-namespaces"):
+        assert ("MutatingAdmissionPolicy", f"gpu-webhook.{scope}") in objs
+        assert ("MutatingAdmissionPolicyBinding", f"gpu-webhook.{scope}") in objs
+    # The notebooks tenant rolls out in warn mode: its findings are warnings.
+    warn = objs[("ValidatingAdmissionPolicyBinding", "gpu-webhook.notebooks.warn")]
+    assert warn["spec"]["validationActions"] == ["Warn"]
+    assert ("ValidatingAdmissionPolicy", "gpu-webhook.notebooks") not in objs
+    enforce = objs[("ValidatingAdmissionPolicyBinding", "gpu-webhook.research")]
+    assert enforce["spec"]["validationActions"] == ["Deny"]
+
+
+def test_bindings_select_the_namespaces_the_webhook_resolves_to_each_tenant() -> None:
+    objs = by_name(native.render(load_file(str(POLICY)), manifests.Options(
+        namespace="gpu-system", exempt_namespaces=("ops",))))
+
+    def selector(scope: str) -> dict[str, Any]:
+        sel: dict[str, Any] = objs[("MutatingAdmissionPolicyBinding", f"gpu-webhook.{scope}")][
+            "spec"]["matchResources"]["namespaceSelector"]
+        return sel
+
+    assert selector("research") == {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In",
+        "values": ["research", "research-dev"]}]}
+    inference = selector("inference")
+    assert inference["matchLabels"] == {"gpu.example.com/tenant": "inference"}
+    # A named namespace is its tenant's even where a selector also matches it; the
+    # webhook's own namespace, the policy's and the install's exempt ones are never sent.
+    left_out = inference["matchExpressions"][0]
+    assert left_out["operator"] == "NotIn"
+    assert {"research", "research-dev", "notebooks", "kube-system", "gpu-system",
+            "gpu-operator", "ops"} <= set(left_out["values"])
+    # The namespaces of no tenant: every selector tenant's namespace is left out in CEL
+    # (a label selector cannot say "not matched by that one").
+    other = objs[("MutatingAdmissionPolicy", "gpu-webhook.other-namespaces")]
+    here = next(v for v in other["spec"]["variables"] if v["name"] == "here")
+    assert "gpu.example.com/tenant" in here["expression"]
+    assert here["expression"].startswith("!(")
+
+
+def test_a_later_selector_tenant_yields_to_an_earlier_one() -> None:
+    p = policy("""
+  tenants:
+    - name: first
+      namespaceSelector: {matchLabels: {team: a}}
+    - name: second
+      namespaceSelector:
+        matchExpressions: [{key: tier, operator: Exists}]
+""")
+    objs = by_name(native.render(p))
+    first = objs[("MutatingAdmissionPolicy", "gpu-webhook.first")]
+    second = objs[("MutatingAdmissionPolicy", "gpu-webhook.second")]
+
+    def here(o: dict[str, Any]) -> str:
+        return str(next(v["expression"] for v in o["spec"]["variables"] if v["name"] == "here"))
+
+    assert here(first) == "true"
+    assert "'team'" in here(second) and here(second).startswith("!(")
+
+
+def test_route_rules_a_tenant_allows_are_not_compiled() -> None:
+    p = policy("""
+  tenants:
+    - name: open
+      namespaces: [lab]
+      gpuRoutes: {visibleDevices: allow, privileged: allow, deviceHostPaths: allow}
+""")
+    objs = by_name(native.render(p))
+    mutation = objs[("MutatingAdmissionPolicy", "gpu-webhook.open")]["spec"]["mutations"][0]
+    assert "NVIDIA_VISIBLE_DEVICES" not in mutation["jsonPatch"]["expression"]
+    vap = objs[("ValidatingAdmissionPolicy", "gpu-webhook.open")]
+    names = {v["name"] for v in vap["spec"]["variables"]}
+    assert "privileged_on_gpu_nodes" not in names and "device_host_paths" not in names
+    assert "gpu_whole_number" in names
+
+
+def test_pods_that_need_the_webhooks_lookups_are_left_to_it() -> None:
+    objs = native.render(load_file(str(POLICY)))
+    for o in objs:
+        if o["kind"].endswith("AdmissionPolicy"):
+            conditions = {c["name"]: c["expression"] for c in o["spec"]["matchConditions"]}
+            assert "resourceClaims" in conditions["no-dra-claims"]
+            # The policy's exempt service account is never touched, as by the webhook.
+            assert "gpu-operator:nvidia-device-plugin" in conditions["not-exempt"]
+
+
+@pytest.mark.parametrize("mode", ["fallback", "native"])
+def test_routes_webhooks_fail_open_beside_the_native_policies(mode: str) -> None:
+    configs = manifests.render(load_file(str(POLICY)), manifests.Options(
+        admission_mode=mode))  # type: ignore[arg-type]
+    mutating = configs[0]["webhooks"]
+    routes = [h for h in mutating if h["name"].startswith("routes")]
+    assert routes and all(h["failurePolicy"] == "Ignore" for h in routes)
+    gpu = next(h for h in mutating if h["name"].startswith("mutate."))
+    assert gpu["failurePolicy"] == "Fail"
+    narrowed = [h for h in routes
+                if any(c["name"] == "pods-needing-state" for c in h["matchConditions"])]
+    assert bool(narrowed) == (mode == "native")
+    # The install records the mode, so the leader renders what was installed.
+    assert manifests.options_of(configs[0]).admission_mode == mode
+
+
+def test_the_webhook_mode_renders_what_it_always_did() -> None:
+    configs = manifests.render(load_file(str(POLICY)))
+    routes = [h for h in configs[0]["webhooks"] if h["name"].startswith("routes")]
+    assert all(h["failurePolicy"] == "Fail" for h in routes)
+    assert "admissionMode" not in configs[0]["metadata"]["annotations"][
+        manifests.INSTALL_ANNOTATION]
+
+
+def test_a_tenant_default_priority_class_keeps_every_pod_sent_in_native_mode() -> None:
+    p = policy("""
+  tenants:
+    - name: t
+      namespaces: [t]
+      priority: {defaultClass: low, allowedClasses: [low]}
+""")
+    configs = manifests.render(p, manifests.Options(admission_mode="native"))
+    routes = [h for h in configs[0]["webhooks"] if h["name"].startswith("routes")]
+    assert routes and not any(c["name"] == "pods-needing-state"
+                              for h in routes for c in h["matchConditions"])
+
+
+def test_native_objects_validate_against_the_kubernetes_schema() -> None:
+    for obj in native.render(load_file(str(POLICY))):
+        kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize(("text", "args"), [
+    (lambda r, t: messages.resource_not_allowed(r, t, ["b", "a"]),
+     ("x.com/gpu", "it's \"t\"")),
+    (messages.privileged, ("securityContext.privileged: true", "it asks for GPUs")),
+    (messages.device_host_path, ("dev", "/dev", "it tolerates every taint")),
+    (messages.bad_quantity, ("nvidia.com/gpu", "limit", "'1e16' is far more")),
+])
+def test_messages_are_the_webhooks_words(text: Any, args: tuple[str, ...]) -> None:
+    import cel
+
+    names = [f"a{i}" for i in range(len(args))]
+    expr = native.words(text, *names)
+    assert cel.evaluate(expr, dict(zip(names, args, strict=True))) == text(*args)
+
+
+def test_cli_prints_the_native_policies_only_when_asked() -> None:
+    def kinds(*args: str) -> list[str]:
+        done = subprocess.run([GPU_WEBHOOK, "manifests", "--policy", str(POLICY), *args],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        return [d["kind"] for d in yaml.safe_load_all(done.stdout) if d]
+
+    assert kinds() == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
+    both = kinds("--admission-mode", "fallback")
+    assert both[:2] == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
+    assert {"MutatingAdmissionPolicy", "ValidatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding"} == set(both[2:])
