@@ -189,3 +189,13 @@ def test_cli_prints_the_native_policies_only_when_asked() -> None:
     assert both[:2] == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
     assert {"MutatingAdmissionPolicy", "ValidatingAdmissionPolicy",
             "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding"} == set(both[2:])
+
+
+def test_docs_say_where_every_rule_runs() -> None:
+    """docs/security.md's section names every compiled rule and every one kept in the
+    webhook, so the table cannot fall behind the compiler."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    section = text.split("## The rules that run in the API server itself")[1].split("\n## ")[0]
+    missing = [r for r in [*native.COMPILED, *native.KEPT] if f"`{r}`" not in section
+               and r not in section]
+    assert not missing, f"docs/security.md does not say where these run: {missing}"
