@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from webhook.admission.native import policies as native
 from webhook.engine import messages
-from webhook.policy.apiserver import native
 from webhook.policy.apiserver import webhooks as manifests
 from webhook.policy.load import load_file, load_text
 

@@ -3,7 +3,7 @@ kube-apiserver.
 
 ``gpu-webhook manifests --admission-mode fallback`` prints the webhook configurations and
 the policy's stateless rules compiled into MutatingAdmissionPolicies and
-ValidatingAdmissionPolicies (``webhook.policy.apiserver.native``). Here each namespace of
+ValidatingAdmissionPolicies (``webhook.admission.native.policies``). Here each namespace of
 ``policies/native.yaml`` exists twice: ``eq-<scope>-native``, served by the admission
 policies alone, and ``eq-<scope>-webhook``, served by the webhook alone. Hypothesis draws
 pods (the suite's GPU resources and tolerations, with the routes to a GPU: the NVIDIA

@@ -75,7 +75,7 @@ def _manifests(args: argparse.Namespace) -> int:
     native, the rules that need no state are also printed as the API server's own
     MutatingAdmissionPolicies and ValidatingAdmissionPolicies, with their bindings.
     """
-    from webhook.policy.apiserver import native
+    from webhook.admission.native import policies as native
     from webhook.policy.apiserver import webhooks as manifests
     from webhook.policy.load import PolicyError, default_policy_text, load_file, load_text
 

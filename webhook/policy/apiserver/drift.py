@@ -24,7 +24,8 @@ from webhook.policy.apiserver.webhooks import Options, options_of, render
 from webhook.policy.model import GPUPolicy
 
 KINDS = {"mutating": "MutatingWebhookConfiguration",
-         "validating": "ValidatingWebhookConfiguration"}
+         "validating": "ValidatingWebhookConfiguration",
+         "native": "admission policies"}
 
 # The fields of a webhook the policy and the install decide, in the order a report names
 # them; clientConfig is compared without its caBundle.
@@ -104,6 +105,38 @@ def compare(policy: GPUPolicy, kind: str, name: str, live: dict[str, Any] | None
                  missing=tuple(h for h in need if h not in have),
                  extra=tuple(h for h in have if h not in need),
                  changed=tuple(changed))
+
+
+def compare_native(name: str, want: list[dict[str, Any]], live: list[dict[str, Any]]
+                   ) -> Drift:
+    """The native admission policies and bindings held (``live``: those labelled as
+    ours) against ``want``: those missing, those not needed, and those whose spec (or
+    labels) differ in a field the compiler sets. What the API server fills in by default
+    is left out of the comparison: only the fields written are compared."""
+    have = {f"{o.get('kind')}/{o['metadata']['name']}": o for o in live}
+    need = {f"{o['kind']}/{o['metadata']['name']}": o for o in want}
+    changed = []
+    for key, obj in need.items():
+        if key in have:
+            differ = tuple(f for f in obj["spec"]
+                           if not _within(obj["spec"][f], have[key].get("spec", {}).get(f)))
+            if not _within(obj["metadata"].get("labels", {}),
+                           have[key]["metadata"].get("labels", {})):
+                differ += ("labels",)
+            if differ:
+                changed.append((key, differ))
+    return Drift("native", f"{name}.*", missing=tuple(k for k in need if k not in have),
+                 extra=tuple(k for k in have if k not in need), changed=tuple(changed))
+
+
+def _within(want: Any, have: Any) -> bool:
+    """Every field of ``want`` is in ``have`` with the same value (lists item by item)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(_within(v, have.get(k)) for k, v in want.items())
+    if isinstance(want, list):
+        return (isinstance(have, list) and len(want) == len(have)
+                and all(_within(w, h) for w, h in zip(want, have, strict=True)))
+    return bool(want == have)
 
 
 def _named(options: Options, live: dict[str, Any]) -> Options:

@@ -37,10 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.engine import messages
-from webhook.engine.decision import PROVENANCE_ANNOTATION
-from webhook.policy.apiserver.cel import exemption_expression, kai_expression, string_list
-from webhook.policy.apiserver.nativecel import (
+from webhook.admission.native.cel import (
     CONTAINER_LISTS,
     NEUTRAL_VALUE,
     bind,
@@ -59,8 +56,11 @@ from webhook.policy.apiserver.nativecel import (
     shown_entry,
     toleration_value,
 )
+from webhook.engine import messages
+from webhook.engine.decision import PROVENANCE_ANNOTATION
+from webhook.policy.apiserver.cel import exemption_expression, kai_expression, string_list
 from webhook.policy.apiserver.rules import GROUP, NAMESPACE_LABEL
-from webhook.policy.apiserver.webhooks import Options
+from webhook.policy.apiserver.webhooks import Options, options_of
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.model import GPUPolicy, Mode, Rule, TolerationPolicy
 from webhook.policy.model.resources import LabelSelector
@@ -151,6 +151,22 @@ def render(policy: GPUPolicy, options: Options = _DEFAULT) -> list[dict[str, Any
                            options.mutating_failure_policy,
                            options.validating_failure_policy).objects())
     return out
+
+
+def wanted(policy: GPUPolicy, mutating: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The native admission policies the install needs, by the options it recorded on
+    its MutatingWebhookConfiguration ``mutating`` (its ``gpu-webhook.dev/install``
+    annotation, with the admission mode): none in mode ``webhook``, or when that
+    configuration cannot be read (its drift is reported on its own)."""
+    if mutating is None:
+        return []
+    try:
+        options = options_of(mutating)
+    except ValueError:
+        return []
+    name = str((mutating.get("metadata") or {}).get("name") or options.name)
+    options = Options(**{**options.__dict__, "name": name})
+    return render(policy, options) if options.admission_mode != "webhook" else []
 
 
 def scopes(policy: GPUPolicy, compiled: CompiledPolicy, excluded: list[str]) -> list[Scope]:

@@ -1,4 +1,4 @@
-"""The CEL the native admission policies (:mod:`webhook.policy.apiserver.native`) are
+"""The CEL the native admission policies (:mod:`webhook.admission.native.policies`) are
 made of: a Pod's containers and their GPU resources, a toleration that covers a policy
 toleration, ``NVIDIA_VISIBLE_DEVICES`` entries, privilege, ``/dev`` mounts, and the
 words of the webhook's messages for them (:mod:`webhook.engine.messages`), so that a
