@@ -199,3 +199,36 @@ def test_docs_say_where_every_rule_runs() -> None:
     missing = [r for r in [*native.COMPILED, *native.KEPT] if f"`{r}`" not in section
                and r not in section]
     assert not missing, f"docs/security.md does not say where these run: {missing}"
+
+
+def test_drift_of_the_native_objects_names_what_is_missing_extra_or_changed() -> None:
+    from webhook.policy.apiserver.drift import compare_native
+
+    want = native.render(load_file(str(POLICY)))
+    # What the API server holds: the same, with the fields it fills in by default.
+    live = yaml.safe_load(yaml.safe_dump(want))
+    for o in live:
+        o["metadata"]["resourceVersion"] = "7"
+        if "Binding" not in o["kind"]:
+            o["spec"]["matchConstraints"]["matchPolicy"] = "Equivalent"
+            o["spec"]["matchConstraints"]["namespaceSelector"] = {}
+    assert not compare_native("gpu-webhook", want, live)
+
+    live = [o for o in live if o["metadata"]["name"] != "gpu-webhook.inference"]
+    extra = {**live[0], "metadata": {**live[0]["metadata"], "name": "gpu-webhook.gone"}}
+    live[0] = {**live[0], "spec": {**live[0]["spec"], "failurePolicy": "Ignore"}}
+    drift = compare_native("gpu-webhook", want, [*live, extra])
+    assert "MutatingAdmissionPolicy/gpu-webhook.inference" in drift.missing
+    assert drift.extra == (f"{extra['kind']}/gpu-webhook.gone",)
+    assert drift.changed == ((f"{live[0]['kind']}/{live[0]['metadata']['name']}",
+                              ("failurePolicy",)),)
+    assert drift.describe().startswith("admission policies gpu-webhook.*: missing ")
+
+
+def test_the_leader_wants_native_objects_only_in_the_modes_that_use_them() -> None:
+    p = load_file(str(POLICY))
+    for mode, some in (("webhook", False), ("fallback", True), ("native", True)):
+        mutating = manifests.render(p, manifests.Options(
+            admission_mode=mode))[0]  # type: ignore[arg-type]
+        assert bool(native.wanted(p, mutating)) is some
+    assert native.wanted(p, None) == []

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from webhook.admission.native import policies as native
 from webhook.engine import holding, messages
 from webhook.engine.charge import charge_of_pod
 from webhook.k8s.identity import ObjectId
@@ -292,16 +293,30 @@ def configuration_lines(api: Any, model: GPUPolicy, names: dict[str, str]) -> li
     be read when the account may not."""
     lines = []
     configurations = kube.WebhookConfigurations(api, timeout=10.0)
+    held: dict[str, Any] = {}
     for kind, name in names.items():
         try:
-            live = configurations.read(kind, name)
+            live = held[kind] = configurations.read(kind, name)
         except kube.KubeError as exc:
             if not forbidden(exc):  # a developer's account: not theirs to see
                 lines.append(f"webhook configurations: not read ({exc})")
-            break
+            return lines
         found = drift.compare(model, kind, name, live)
         lines.append(f"webhook configurations: {found.describe()}" if found else
                      f"webhook configurations: {found.configuration} as the policy needs")
+    want = native.wanted(model, held.get("mutating"))
+    if want:  # admission mode fallback or native
+        name = names["mutating"]
+        try:
+            live_policies = [o for o in kube.AdmissionPolicies(api, timeout=10.0).list(
+                native.SELECTOR) if str(o["metadata"]["name"]).startswith(f"{name}.")]
+        except kube.KubeError as exc:
+            if not forbidden(exc):
+                lines.append(f"native admission policies: not read ({exc})")
+            return lines
+        found = drift.compare_native(name, want, live_policies)
+        lines.append(f"native admission policies: {found.describe()}" if found else
+                     f"native admission policies: {found.configuration} as the policy needs")
     return lines
 
 

@@ -68,6 +68,10 @@ from webhook.policy.tenantrules import TenantRules
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 OTHER = "other-namespaces"  # the scope of the namespaces of no tenant
+# The labels every object carries: how the leader and ``status`` find those held.
+LABELS = {"app.kubernetes.io/name": "gpu-webhook",
+          "app.kubernetes.io/component": "admission-policy"}
+SELECTOR = ",".join(f"{k}={v}" for k, v in LABELS.items())
 
 # What the native policies do, by rule (and the changes they make, by the webhook's
 # name for them in the provenance annotation).
@@ -284,10 +288,8 @@ class _Scoped:
         return out
 
     def _meta(self, suffix: str = "") -> dict[str, Any]:
-        return {"name": self.prefix + suffix, "labels": {
-            "app.kubernetes.io/name": "gpu-webhook",
-            "app.kubernetes.io/component": "admission-policy",
-            f"{GROUP}/scope": self.scope.name}}
+        return {"name": self.prefix + suffix,
+                "labels": {**LABELS, f"{GROUP}/scope": self.scope.name}}
 
     def objects(self) -> list[dict[str, Any]]:
         out = [self.mutating(), self.binding("MutatingAdmissionPolicyBinding", "")]

@@ -8,7 +8,8 @@ by :class:`Workloads` (:mod:`.workloads`), a DRA claim or template a pod names a
 watch has not delivered yet by :class:`ResourceClaims` (:mod:`.claims`), the ledger reads
 and writes one ConfigMap with a resourceVersion precondition (:mod:`.configmaps`), self-
 managed certificates read and write one Secret the same way (:mod:`.secrets`) and set the
-``caBundle`` of named webhook configurations (:mod:`.webhookconfigs`), the leader holds a
+``caBundle`` of named webhook configurations (:mod:`.webhookconfigs`), the native
+admission policies are listed, applied and deleted (:mod:`.admissionpolicies`), the leader holds a
 Lease (:mod:`.leases`) and releases pods waiting for quota (:mod:`.pods`), GPUPolicy,
 GPUQuota and PolicyReport objects are custom objects
 (:mod:`.custom`), and API failures become :class:`Conflict`, :class:`NotFound` or
@@ -16,6 +17,7 @@ GPUQuota and PolicyReport objects are custom objects
 the names below (``kube.ConfigMaps``), not the modules.
 """
 
+from webhook.libs.kube.admissionpolicies import AdmissionPolicies
 from webhook.libs.kube.api import (
     Conflict,
     KubeError,
@@ -51,6 +53,7 @@ __all__ = [
     "POLICY_PLURAL",
     "POLICY_VERSION",
     "WEBHOOK_KINDS",
+    "AdmissionPolicies",
     "ConfigMaps",
     "Conflict",
     "CustomObjects",

@@ -32,9 +32,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from webhook.admission.native import policies as native
 from webhook.libs import kube, logs
-from webhook.policy.apiserver.drift import Drift, compare, wanted
+from webhook.policy.apiserver.drift import Drift, compare, compare_native, wanted
 from webhook.policy.model import GPUPolicy
 from webhook.server import metrics
 
@@ -50,6 +52,9 @@ class ConfigurationKeeper:
     leading: Callable[[], bool]
     interval: float = 10.0
     fix: bool = True
+    # The native admission policies (admission modes fallback and native), kept by the
+    # same rounds; None: not looked at (no RBAC to list them).
+    policies: kube.AdmissionPolicies | None = None
     # The last comparison by kind, for /readyz and the tests; empty until the first.
     drift: dict[str, Drift] = field(default_factory=dict)
     _told: dict[str, str] = field(default_factory=dict)  # the drift last reported, by kind
@@ -97,8 +102,9 @@ class ConfigurationKeeper:
         if model is None:
             return {}
         found, left = {}, {}
+        held: dict[str, dict[str, object] | None] = {}
         for kind, name in self.names.items():
-            live = self.configurations.read(kind, name)
+            live = held[kind] = self.configurations.read(kind, name)
             drift = compare(model, kind, name, live)
             found[kind] = left[kind] = drift
             configuration = drift.configuration
@@ -121,8 +127,73 @@ class ConfigurationKeeper:
             if self.fix and live is not None and not drift.unusable and \
                     self._write(kind, name, model, live, drift):
                 left[kind] = Drift(kind, name)
+        mutating = dict(held.get("mutating") or {}) or None
+        want = native.wanted(model, mutating) if self.policies is not None else []
+        # Only an install in admission mode fallback or native has them (and grants the
+        # RBAC to list them): in mode webhook they are not looked for.
+        if want:
+            found["native"] = left["native"] = self._native(model, want)
+            if self.fix and found["native"] and not found["native"].unusable and \
+                    self._write_native(model, want):
+                left["native"] = Drift("native", found["native"].name)
         self.drift = left
         return found
+
+    def _native(self, model: GPUPolicy, want: list[dict[str, Any]]) -> Drift:
+        """The native admission policies held against those the install's mode needs."""
+        assert self.policies is not None
+        name = self.names["mutating"]
+        try:
+            live = [o for o in self.policies.list(native.SELECTOR)
+                    if str(o["metadata"]["name"]).startswith(f"{name}.")]
+        except kube.KubeError as exc:
+            drift = Drift("native", f"{name}.*", unusable=(
+                f"not compared: {exc} (RBAC: list on the four admission policy resources, "
+                "which the chart and deploy/components/native-policies grant)"))
+            live = None
+        if live is not None:
+            drift = compare_native(name, want, live)
+        metrics.CONFIGURATION_DRIFT.labels(drift.configuration).set(_count(drift))
+        if not drift:
+            self._told.pop("native", None)
+        elif self._told.get("native") != drift.describe():
+            self._told["native"] = drift.describe()
+            logs.event("the native admission policies differ from what the policy needs",
+                       logging.WARNING, drift=drift.describe(), policy=model.metadata.name)
+            self._event("mutating", self.names["mutating"], DRIFT_REASON, "Warning",
+                        f"{drift.describe()} (policy {model.metadata.name}; "
+                        f"{'the leader writes them' if self.fix else 'not written: report'})")
+        return drift
+
+    def _write_native(self, model: GPUPolicy, want: list[dict[str, Any]]) -> bool:
+        """Apply the policies and bindings wanted, then delete those not needed."""
+        assert self.policies is not None
+        name = self.names["mutating"]
+        keep = {(o["kind"], o["metadata"]["name"]) for o in want}
+        try:
+            # Policies before their bindings, bindings deleted before their policies.
+            for obj in sorted(want, key=lambda o: str(o["kind"]).endswith("Binding")):
+                self.policies.apply(obj)
+            for obj in sorted(self.policies.list(native.SELECTOR),
+                              key=lambda o: not str(o["kind"]).endswith("Binding")):
+                key = (str(obj["kind"]), str(obj["metadata"]["name"]))
+                if key not in keep and key[1].startswith(f"{name}."):
+                    self.policies.delete(*key)
+        except kube.KubeError as exc:
+            metrics.CONFIGURATION_WRITES.labels("admission policies", "failed").inc()
+            logs.event("native admission policies not written as the policy needs (RBAC: "
+                       "patch, list and delete on them); the drift stays reported",
+                       logging.WARNING, error=str(exc), detail=exc.detail)
+            return False
+        metrics.CONFIGURATION_WRITES.labels("admission policies", "written").inc()
+        metrics.CONFIGURATION_DRIFT.labels(f"admission policies {name}.*").set(0)
+        self._told.pop("native", None)
+        logs.event("native admission policies written as the policy needs",
+                   policy=model.metadata.name, objects=len(want))
+        self._event("mutating", name, UPDATED_REASON, "Normal",
+                    f"native admission policies written as policy {model.metadata.name} "
+                    f"needs ({len(want)} objects)")
+        return True
 
     def _write(self, kind: str, name: str, model: GPUPolicy, live: dict[str, object],
                drift: Drift) -> bool:

@@ -146,7 +146,8 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
         up.keeper = ConfigurationKeeper(
             kube.WebhookConfigurations(cluster.api, instance=leadership.me),
             dict(configurations), served, leadership.leading,
-            interval=status_seconds if status_seconds > 0 else 10.0, fix=sync == "fix")
+            interval=status_seconds if status_seconds > 0 else 10.0, fix=sync == "fix",
+            policies=kube.AdmissionPolicies(cluster.api))
         up.tasks.append(asyncio.ensure_future(up.keeper.run()))
     logs.event("contending for the leader lease", identity=leadership.me,
                lease=f"{namespace}/{leadership.name}", quota_status_seconds=status_seconds,
