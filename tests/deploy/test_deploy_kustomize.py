@@ -362,3 +362,31 @@ def test_the_leader_decides_component_flags_every_replica_and_serves_only_the_le
     selector = one(objects, "Service")["spec"]["selector"]
     # The label the Service selects is the one the leader writes on its own pod.
     assert selector == {"app.kubernetes.io/name": "gpu-webhook", LEADER_LABEL: "true"}
+
+
+def test_the_native_policies_component_records_the_mode_and_grants_the_leader(
+        tmp_path: Path) -> None:
+    # As deploy/README.md says to use it: its snippet added to the self-managed overlay.
+    from webhook.policy.apiserver.webhooks import options_of
+
+    readme = (DEPLOY / "README.md").read_text()
+    snippet = next(b for b in re.findall(r"```yaml\n(.*?)\n```", readme, flags=re.S)
+                   if "native-policies" in b)
+    tree = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, tree)
+    overlay = tree / "overlays" / "self-managed" / "kustomization.yaml"
+    overlay.write_text(yaml.safe_dump({**yaml.safe_load(overlay.read_text()),
+                                       **yaml.safe_load(snippet)}))
+    objects = kustomize(overlay.parent)
+    validate_all(objects)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert options_of(one(objects, kind)).admission_mode == "fallback"
+    [role] = [o for o in by_kind(objects, "ClusterRole")
+              if o["metadata"]["name"] == "gpu-webhook-admission-policies"]
+    granted = {r for rule in role["rules"] for r in rule["resources"]
+               if {"list", "patch", "delete"} <= set(rule["verbs"])}
+    assert granted == {"mutatingadmissionpolicies", "mutatingadmissionpolicybindings",
+                       "validatingadmissionpolicies", "validatingadmissionpolicybindings"}
+    [binding] = [o for o in by_kind(objects, "ClusterRoleBinding")
+                 if o["metadata"]["name"] == "gpu-webhook-admission-policies"]
+    assert binding["subjects"][0]["namespace"] == "gpu-webhook"

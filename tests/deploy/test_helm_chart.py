@@ -32,6 +32,8 @@ from test_deploy_kustomize import (
     validate_all,
 )
 
+from webhook.policy.apiserver import webhooks as manifests
+
 CHART = DEPLOY / "helm" / "gpu-webhook"
 HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "helm.sh/chart")
 
@@ -413,3 +415,32 @@ def test_with_quota_commit_leader_every_replica_is_scraped(helm_bin: str) -> Non
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert "gpu-webhook.dev/quota-leader" not in monitor["spec"]["selector"]["matchLabels"]
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["https"]
+
+
+@pytest.mark.parametrize("mode", ["self-managed", "cert-manager"])
+def test_admission_mode_fallback_renders_what_the_native_policies_component_builds(
+        helm_bin: str, mode: str, tmp_path: Path) -> None:
+    chart = without_helm_labels(template(helm_bin, f"certificates.mode={mode}",
+                                         "admissionMode=fallback"))
+    tree = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, tree)
+    overlay = tree / "overlays" / mode / "kustomization.yaml"
+    overlay.write_text(yaml.safe_dump({**yaml.safe_load(overlay.read_text()),
+                                       "components": ["../../components/native-policies"]}))
+    built = without_helm_labels(kustomize(overlay.parent))
+    del built[("Namespace", "gpu-webhook")]
+    assert sorted(chart) == sorted(built)
+    for key, obj in built.items():
+        assert chart[key] == obj, key
+    # The leader reads the mode where the install recorded it.
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert manifests.options_of(chart[(kind, "gpu-webhook")]).admission_mode == "fallback"
+    assert ("ClusterRole", "gpu-webhook-admission-policies") in chart
+
+
+def test_admission_mode_webhook_grants_no_admission_policies(helm_bin: str) -> None:
+    objects = template(helm_bin)
+    assert not [o for o in objects if o["metadata"]["name"] == "gpu-webhook-admission-policies"]
+    native = template(helm_bin, "admissionMode=native")
+    configuration = one(native, "MutatingWebhookConfiguration")
+    assert manifests.options_of(configuration).admission_mode == "native"

@@ -232,3 +232,14 @@ def test_the_leader_wants_native_objects_only_in_the_modes_that_use_them() -> No
             admission_mode=mode))[0]  # type: ignore[arg-type]
         assert bool(native.wanted(p, mutating)) is some
     assert native.wanted(p, None) == []
+
+
+def test_failure_policy_leaves_the_routes_open_beside_the_native_policies() -> None:
+    from webhook.policy.apiserver.drift import failure_policy_ops
+
+    for mode, routes_set in (("webhook", True), ("fallback", False)):
+        mutating = manifests.render(load_file(str(POLICY)), manifests.Options(
+            admission_mode=mode, mutating_failure_policy="Ignore"))[0]  # type: ignore[arg-type]
+        _, changed = failure_policy_ops(mutating, "Fail")
+        assert any(n.startswith("routes") for n in changed) is routes_set, changed
+        assert "mutate.gpu-webhook.dev" in changed

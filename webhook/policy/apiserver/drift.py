@@ -182,13 +182,20 @@ ALWAYS_IGNORED = ("scale.", "release.", "policy-file.")
 def failure_policy_ops(live: dict[str, Any], policy: str) -> tuple[list[dict[str, Any]],
                                                                    list[str]]:
     """The JSON Patch setting ``policy`` (Fail or Ignore) on every webhook of ``live``
-    that follows the install's failure policy (not the scale and release webhooks), each
+    that follows the install's failure policy (not the scale and release webhooks, nor
+    the routes webhooks in admission mode fallback or native), each
     guarded by a ``test`` of its name; and the names changed."""
     ops: list[dict[str, Any]] = []
     changed = []
+    try:
+        beside_native = options_of(live).admission_mode != "webhook"
+    except ValueError:
+        beside_native = False
+    # Beside the native admission policies the routes webhooks always fail open.
+    ignored = (*ALWAYS_IGNORED, "routes") if beside_native else ALWAYS_IGNORED
     for i, hook in enumerate(live.get("webhooks") or ()):
         name = str(hook.get("name"))
-        if name.startswith(ALWAYS_IGNORED) or hook.get("failurePolicy", "Fail") == policy:
+        if name.startswith(ignored) or hook.get("failurePolicy", "Fail") == policy:
             continue
         ops += [{"op": "test", "path": f"/webhooks/{i}/name", "value": name},
                 {"op": "replace" if "failurePolicy" in hook else "add",

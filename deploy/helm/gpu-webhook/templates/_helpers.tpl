@@ -120,6 +120,7 @@ namespace.yaml
 {{- $_ := set $record "validatingFailurePolicy" $v.failurePolicy }}
 {{- $_ := set $record "exemptNamespaces" ($v.exemptNamespaces | uniq | sortAlpha) }}
 {{- if $v.webhookURL }}{{ $_ := unset $record "service" }}{{ $_ := set $record "url" $v.webhookURL }}{{ end }}
+{{- if ne $v.admissionMode "webhook" }}{{ $_ := set $record "admissionMode" $v.admissionMode }}{{ end }}
 {{- $_ := set $meta.annotations "gpu-webhook.dev/install" (toJson $record) }}
 {{- /* Installed already: its webhooks are those the leader wrote for the policy served,
        kept as they are (rendering deploy/base's again would take the example policy's
@@ -129,7 +130,9 @@ namespace.yaml
 {{- $_ := set $obj "webhooks" $live.webhooks }}
 {{- range $hook := $obj.webhooks }}
 {{- /* as webhook.policy.apiserver.drift.ALWAYS_IGNORED: never failing closed */}}
-{{- if not (or (hasPrefix "scale." $hook.name) (hasPrefix "release." $hook.name) (hasPrefix "policy-file." $hook.name)) }}{{ $_ := set $hook "failurePolicy" $v.failurePolicy }}{{ end }}
+{{- /* and, beside the native policies, the routes webhooks: they fail open */}}
+{{- $routes := and (ne $v.admissionMode "webhook") (hasPrefix "routes" $hook.name) }}
+{{- if not (or (hasPrefix "scale." $hook.name) (hasPrefix "release." $hook.name) (hasPrefix "policy-file." $hook.name) $routes) }}{{ $_ := set $hook "failurePolicy" $v.failurePolicy }}{{ end }}
 {{- end }}
 {{- else }}
 {{- range $hook := $obj.webhooks }}
