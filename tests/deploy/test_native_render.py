@@ -243,3 +243,38 @@ def test_failure_policy_leaves_the_routes_open_beside_the_native_policies() -> N
         _, changed = failure_policy_ops(mutating, "Fail")
         assert any(n.startswith("routes") for n in changed) is routes_set, changed
         assert "mutate.gpu-webhook.dev" in changed
+
+
+def test_the_documented_static_install_writes_what_the_api_server_loads(
+        tmp_path: Path) -> None:
+    """docs/security.md's command for manifest-based admission control, run as written
+    (the policy and the directory swapped for the test's); the e2e test starts an API
+    server on such files (tests/e2e/test_e2e_native_static.py)."""
+    import re
+    import shlex
+
+    from webhook.admission.native import static
+
+    text = (ROOT / "docs" / "security.md").read_text()
+    block = next(b for b in re.findall(r"```sh\n(.*?)\n```", text, flags=re.S)
+                 if "--static-dir" in b)
+    line = next(x for x in block.replace("\\\n", " ").splitlines()
+                if x.startswith("gpu-webhook"))
+    words = [str(POLICY) if w == "policy.yaml" else str(tmp_path / "admission")
+             if w == "./admission" else w for w in shlex.split(line)]
+    done = subprocess.run([GPU_WEBHOOK, *words[1:]], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "--feature-gates=ManifestBasedAdmissionControlConfig=true" in block
+    config = yaml.safe_load((tmp_path / "admission" / static.CONFIGURATION).read_text())
+    dirs = {p["name"]: p["configuration"]["staticManifestsDir"] for p in config["plugins"]}
+    assert dirs["MutatingAdmissionPolicy"] == "/etc/kubernetes/gpu-webhook/mutating-policies"
+    assert set(dirs) == {"MutatingAdmissionWebhook", "ValidatingAdmissionWebhook",
+                         "MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"}
+    for _plugin, directory, kinds, _ in static.PLUGINS:
+        docs = list(yaml.safe_load_all(
+            (tmp_path / "admission" / directory / "gpu-webhook.yaml").read_text()))
+        assert docs and all(d["kind"] in kinds for d in docs)
+        assert all(d["metadata"]["name"].endswith(".static.k8s.io") for d in docs)
+        assert all(d["spec"]["policyName"].endswith(".static.k8s.io")
+                   for d in docs if "Binding" in d["kind"])

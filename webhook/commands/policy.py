@@ -41,6 +41,15 @@ def add_manifests(sub: Any) -> None:
                         "printed too; the webhooks for pods without GPUs fail open), native "
                         "(only in the API server; the webhook is sent only what needs its "
                         "state) [webhook]")
+    m.add_argument("--static-dir", metavar="DIR",
+                   help="write the objects into DIR as files the API server loads at start "
+                        "(manifest-based admission control, Kubernetes 1.37, feature gate "
+                        "ManifestBasedAdmissionControlConfig), with the "
+                        "admission-configuration.yaml to pass to "
+                        "--admission-control-config-file; not printed")
+    m.add_argument("--static-path", metavar="PATH",
+                   help="where DIR will be on the control plane's host, for the paths in "
+                        "admission-configuration.yaml [DIR, absolute]")
 
 
 def add_policy(sub: Any) -> None:
@@ -103,6 +112,8 @@ def _manifests(args: argparse.Namespace) -> int:
         print(f"gpu-webhook manifests: {exc}", file=sys.stderr)
         return 2
     source = args.policy or "the embedded example policy"
+    if args.static_dir:
+        return _write_static(args, objects)
     print(manifests.to_yaml(objects, header=(
         f"# Rendered by `gpu-webhook manifests` from {source} (policy "
         f"{policy.metadata.name}).\n# Render again when the policy's gpuResources, "
@@ -146,6 +157,25 @@ def _policy_crd(args: argparse.Namespace) -> int:
     print(to_yaml([crd()], header=(
         "# Rendered by `gpu-webhook policy crd` from the policy model "
         "(webhook/policy/model/).\n")), end="")
+    return 0
+
+
+def _write_static(args: argparse.Namespace, objects: list[dict[str, Any]]) -> int:
+    from webhook.admission.native import static
+
+    out = Path(args.static_dir)
+    try:
+        written = static.files(objects, args.static_path or str(out.resolve()))
+        for rel, text in written.items():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_text(text)
+    except (OSError, ValueError) as exc:
+        print(f"gpu-webhook manifests: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} files into {out}: pass "
+          f"--admission-control-config-file={out.resolve() / static.CONFIGURATION} and "
+          "--feature-gates=ManifestBasedAdmissionControlConfig=true to kube-apiserver",
+          file=sys.stderr)
     return 0
 
 
