@@ -54,12 +54,11 @@ def gpu_names(c: str, names: list[str], patterns: list[str]) -> str:
             f"{nonzero(req + '[r]')}).sort())")
 
 
-def completion_ops(c: str, ptr: str, names: list[str], patterns: list[str]) -> str:
+def completion_ops(c: str, ptr: str, gpu: str) -> str:
     """JSON Patch operations writing the missing half of each GPU request/limit pair,
     the value copied as written (``webhook.engine.gpu._complete``). ``ptr``: CEL for
-    the container's JSON Pointer."""
+    the container's JSON Pointer; ``gpu``: for its GPU resources (:func:`gpu_names`)."""
     lim, req = _map(c, "limits"), _map(c, "requests")
-    gpu = gpu_names(c, names, patterns)
 
     def half(have: str, missing: str, key: str) -> str:
         # A count of 1e16 or more is refused, not completed (the webhook reports it and
