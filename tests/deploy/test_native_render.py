@@ -278,3 +278,71 @@ def test_the_documented_static_install_writes_what_the_api_server_loads(
         assert all(d["metadata"]["name"].endswith(".static.k8s.io") for d in docs)
         assert all(d["spec"]["policyName"].endswith(".static.k8s.io")
                    for d in docs if "Binding" in d["kind"])
+
+
+MIXED = """
+  nonGpuPodsToleratingGpuTaints: strip
+  tenants:
+    - name: plain
+      namespaces: [plain-a, plain-b]
+      allowedResources: [nvidia.com/gpu, nvidia.com/mig-1g.10gb]
+      maxGpusPerPod: 4
+      quota: {gpus: 8}
+    - name: pinned
+      namespaces: [pinned]
+      topology: {nodeLabel: rack, values: [a]}
+    - name: waiting
+      namespaces: [waiting]
+      overQuota: wait
+      quota: {gpus: 2}
+    - name: selected
+      namespaceSelector: {matchLabels: {team: x}}
+"""
+
+
+def test_only_tenants_the_native_policies_mutate_whole_skip_the_mutating_call() -> None:
+    from webhook.policy.apiserver.rules import natively_mutated
+
+    p = policy(MIXED)
+    assert natively_mutated(p) == ["plain-a", "plain-b"]
+    hook = next(h for h in manifests.render(p, manifests.Options(admission_mode="native"))[0][
+        "webhooks"] if h["name"] == "mutate.gpu-webhook.dev")
+    condition = next(c for c in hook["matchConditions"]
+                     if c["name"] == "pods-needing-the-webhook")
+    assert "['plain-a', 'plain-b']" in condition["expression"]
+    assert "resourceClaims" in condition["expression"]
+    fallback = next(h for h in manifests.render(p, manifests.Options(
+        admission_mode="fallback"))[0]["webhooks"] if h["name"] == "mutate.gpu-webhook.dev")
+    assert all(c["name"] != "pods-needing-the-webhook" for c in fallback["matchConditions"])
+    # Products named in the policy: a pod's own affinity offering several is narrowed.
+    assert natively_mutated(policy(MIXED.replace(
+        "  tenants:", "  products: {aliases: {a100: NVIDIA-A100-SXM4-80GB}}\n  tenants:"))) == []
+
+
+def test_the_webhook_changes_nothing_more_in_those_namespaces() -> None:
+    """Pods drawn as developers write them, through the mutating webhook in a namespace
+    the native policies mutate whole: every change it makes is one they make too."""
+    import orjson
+    from fuzz.fuzzkit import pod_templates
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from webhook.engine.mutate import mutate
+    from webhook.k8s.review import parse_review, request_review
+    from webhook.policy.compiled import compile_policy
+
+    compiled = compile_policy(policy(MIXED))
+    made_natively = {c for c in native.COMPILED if not c.startswith(("allowed", "privileged",
+                                                                      "device", "non-gpu",
+                                                                      "gpu-whole"))}
+
+    @settings(max_examples=300, deadline=None)
+    @given(pod_templates(), st.sampled_from(["plain-a", "plain-b"]))
+    def only_native_changes(template: dict[str, Any], ns: str) -> None:
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {**template["metadata"], "namespace": ns}, "spec": template["spec"]}
+        req = parse_review(orjson.dumps(request_review(pod, uid="u")))
+        decision = mutate(req, compiled)
+        assert set(decision.mutations) <= made_natively, decision.mutations
+
+    only_native_changes()

@@ -83,6 +83,36 @@ ROUTE_RULES: list[dict[str, Any]] = [
 MAX_ROUTE_SELECTORS = 8
 
 
+def natively_mutated(policy: GPUPolicy) -> list[str]:
+    """The namespaces, named by their tenant, whose GPU pods need no change beyond those
+    the native admission policies make (GPU requests completed, tolerations added,
+    ``NVIDIA_VISIBLE_DEVICES``: ``webhook.admission.native``): no products in the policy,
+    no topology pinning, spot placement, capabilities, maximum runtime, per-user record, waiting
+    gate, borrowing label or default PriorityClass. In admission mode native their Pods
+    are not sent to the mutating GPU webhook (those with DRA claims or KAI fractions
+    still are: what a claim asks is known only to it). A tenant chosen by a selector is
+    always sent: a matchCondition sees the namespace's name, not its labels.
+    ``tests/deploy/test_native_render.py`` draws pods for such tenants through the
+    mutating webhook and checks that it changes nothing else."""
+    spec = policy.spec
+    # Where the policy names products, a pod's own node affinity that offers several is
+    # narrowed to one (webhook.engine.pinning), whatever its tenant allows.
+    if (spec.products.aliases or spec.products.request.label
+            or spec.products.request.annotation or spec.spot
+            or spec.gpu_capabilities or spec.resources_per_gpu
+            or spec.gpu_resources.hami or spec.gpu_resources.kai):
+        return []
+    out: list[str] = []
+    for t in spec.tenants:
+        if (t.allowed_products or t.default_product or t.topology or t.spot or t.cohort
+                or t.max_runtime or t.user_quota or t.quota_schedule or t.routing
+                or t.resources_per_gpu or t.over_quota.value != "deny"
+                or (t.priority is not None and t.priority.default_class)):
+            continue
+        out.extend(t.namespaces)
+    return sorted(set(out))
+
+
 def route_scopes(policy: GPUPolicy, excluded: list[str]
                  ) -> list[tuple[str, dict[str, Any], list[str] | None]]:
     """(webhook name, namespaceSelector, namespaces by name or None) of the routes

@@ -122,6 +122,7 @@ from webhook.policy.apiserver.rules import (
     ROUTE_RULES,
     RULES,
     SCALE_RULES,
+    natively_mutated,
     release_rules,
     route_scopes,
     workload_rules,
@@ -260,6 +261,7 @@ class _Rendering:
     that tells a GPU pod, the exempt users, the namespaces left out, the options."""
 
     def __init__(self, policy: GPUPolicy, options: Options) -> None:
+        self.policy = policy
         spec = self.spec = policy.spec
         self.options = options
         # A pod asking through DRA claims is sent too: whether a claim is a GPU's is known
@@ -326,6 +328,14 @@ class _Rendering:
                                                   self.spec.workload_kinds)}]
         if self.kai is not None:
             conditions[0]["expression"] += f" || {self.kai}"
+        free = natively_mutated(self.policy) if kind == "mutate" else []
+        if self.options.admission_mode == "native" and free:
+            # The native policies make every change these namespaces' GPU pods need:
+            # one webhook call (the quota's) instead of two.
+            conditions.append({"name": "pods-needing-the-webhook", "expression": (
+                f"request.kind.kind != 'Pod' || !(request.namespace in "
+                f"{string_list(free)}) || {with_spec(claims_expression(), 'object.spec')}"
+                + (f" || {self.kai}" if self.kai is not None else ""))})
         # Another mutating webhook may add a GPU container after ours ran.
         return self._hook(kind, kind, [*RULES, *workload_rules(self.spec.workload_kinds)],
                           # quota reservations are skipped for dry runs
