@@ -362,3 +362,44 @@ def test_a_rule_compiled_wrong_is_found(executors: Executors) -> None:
     finally:
         executors.apply(executors.native)
         executors.settle()
+
+
+def _pod(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer"},
+            "spec": {"containers": list(containers), **spec}}
+
+
+# One pod per validating rule the native policies compile, in the scope whose policy has
+# it: (golden file, scope, pod).
+GOLDEN_CASES = {
+    "allowed-resources": ("alpha", _pod({"name": "main", "image": "cuda", "resources": {
+        "limits": {"nvidia.com/gpu.shared": "1"}}})),
+    "gpu-whole-number": ("alpha", _pod({"name": "main", "image": "cuda", "resources": {
+        "limits": {"nvidia.com/gpu": "1e17"}}})),
+    "privileged-on-gpu-nodes": ("alpha", _pod({"name": "main", "image": "cuda", "resources": {
+        "limits": {"nvidia.com/gpu": "1"}}, "securityContext": {"privileged": True}})),
+    "device-host-paths": ("alpha", _pod(
+        {"name": "main", "image": "cuda"}, tolerations=[{"operator": "Exists"}],
+        volumes=[{"name": "dev", "hostPath": {"path": "/dev"}}])),
+    "gpu-visible-devices": ("beta", _pod({"name": "main", "image": "cuda", "env": [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]})),
+    "max-gpus-per-container": ("alpha", _pod({"name": "main", "image": "cuda", "resources": {
+        "limits": {"nvidia.com/mig-1g.10gb": "24"}}})),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(GOLDEN_CASES))
+def test_both_executors_give_the_golden_message(executors: Executors, rule: str,
+                                                golden: Any) -> None:
+    """The same words from the API server's policy and from the webhook, pinned in
+    ``tests/golden/native/<rule>.txt`` (the namespace written as NS)."""
+    scope, pod = GOLDEN_CASES[rule]
+    said = {}
+    for executor in EXECUTORS:
+        ns = namespace(scope, executor)
+        out = create(executors.api, ns, pod)
+        assert not out.allowed, f"{executor} allowed it"
+        said[executor] = findings(out.message, ns)
+    assert said["native"] == said["webhook"]
+    assert all(f"[rule {rule}," in f for f in said["native"])
+    golden(f"native/{rule}.txt", "\n".join(said["native"]))

@@ -11,7 +11,7 @@ change here, and ``tests/e2e/test_e2e_native_equivalence.py`` fails until both a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from webhook.engine.routes.containers import HARMLESS, VISIBLE_DEVICES, VOID
 from webhook.policy.apiserver.cel import resource_test, string_list
@@ -167,3 +167,35 @@ def gpu_label(key: str, c: str) -> str:
         return f"'container \"' + {c}.name + '\"'"
     return (f"((has({c}.restartPolicy) && {c}.restartPolicy == 'Always' ? 'sidecar container' "
             f": 'init container') + ' \"' + {c}.name + '\"')")
+
+
+def num(x: str) -> str:
+    """CEL: the double ``x`` as people write a count (``webhook.engine.messages.words.num``:
+    2 not 2.0, three decimals at most, trailing zeros dropped)."""
+    fixed = bind("nums", "'%.3f'.format([numx])",
+                 "nums.endsWith('000') ? nums.substring(0, size(nums) - 4) : "
+                 "nums.endsWith('00') ? nums.substring(0, size(nums) - 2) : "
+                 "nums.endsWith('0') ? nums.substring(0, size(nums) - 1) : nums")
+    return bind("numx", x, f"numx == double(int(numx)) ? string(int(numx)) : {fixed}")
+
+
+def devices(rs: str, ns: str, gpus: str, weight: Callable[[str], str]) -> str:
+    """CEL for ``webhook.engine.messages.placement.devices``: what was asked, in the
+    resources named (``rs``, counts ``ns``: parallel lists, zeros left out) and, when
+    those are weighed, in GPUs: ``3 nvidia.com/mig-3g.40gb (3 x 0.5 = 1.5 GPUs)``."""
+    named = f"lists.range(size({rs})).map(di, {num(f'{ns}[di]')} + ' ' + {rs}[di]).join(' + ')"
+    sums = (f"lists.range(size({rs})).map(di, {num(f'{ns}[di]')} + ' x ' + "
+            f"{num(weight(f'{rs}[di]'))}).join(' + ')")
+    return (f"(size({rs}) == 0 || (size({rs}) == 1 && {weight(f'{rs}[0]')} == 1.0) ? "
+            f"{num(gpus)} + ' GPUs' : {named} + ' (' + {sums} + ' = ' + {num(gpus)} + "
+            f"({gpus} == 1.0 ? ' GPU' : ' GPUs') + ')')")
+
+
+def within(rs: str, cap: float, weight: Callable[[str], str], shown: str, gpus: str) -> str:
+    """CEL for ``webhook.engine.messages.placement.within``: the most a cap of ``cap``
+    GPUs allows, in the resource asked when it is one weighed resource; ``shown`` and
+    ``gpus``: the cap as a number and as "N GPUs" (constants)."""
+    w = weight(f"{rs}[0]")
+    return (f"(size({rs}) == 1 && {w} != 0.0 && {w} != 1.0 ? "
+            f"string(int({cap!r} / {w} + 1e-9)) + ' ' + {rs}[0] + {quote(f' ({gpus})')} : "
+            f"{quote(shown)})")

@@ -44,6 +44,7 @@ from webhook.admission.native.cel import (
     completion_ops,
     covers,
     device_path,
+    devices,
     env,
     gpu_label,
     gpu_names,
@@ -55,6 +56,7 @@ from webhook.admission.native.cel import (
     quote,
     shown_entry,
     toleration_value,
+    within,
 )
 from webhook.engine import messages
 from webhook.engine.decision import PROVENANCE_ANNOTATION
@@ -86,6 +88,10 @@ COMPILED: dict[str, str] = {
     Rule.ALLOWED_RESOURCES.value: "a GPU resource the tenant may not use refused",
     Rule.GPU_QUANTITY.value: "a GPU count of 1e16 or more refused (fractional and negative "
                              "ones are core validation's: see KEPT)",
+    Rule.MAX_PER_CONTAINER.value: "a container over the tenant's GPUs per container "
+                                  "refused, in GPU-equivalents",
+    Rule.MAX_PER_POD.value: "a pod over the tenant's GPUs per pod (as Kubernetes counts "
+                            "a pod's request) refused",
     Rule.PRIVILEGED.value: "privileged containers in pods that can reach GPU nodes refused",
     Rule.DEVICE_HOST_PATHS.value: "hostPath /dev mounts in pods that can reach GPU nodes "
                                   "refused",
@@ -112,8 +118,8 @@ KEPT: dict[str, str] = {
                              "the API server's words (must be an integer)",
     Rule.REQUESTS_MATCH_LIMITS.value: "stateless, but core validation runs before any "
                                       "validating policy: the API server's own message",
-    Rule.MAX_PER_CONTAINER.value: "stateless, not compiled yet",
-    Rule.MAX_PER_POD.value: "stateless, not compiled yet",
+    "hami": "the maximums where HAMi shares GPUs (a vGPU's share is read from its memory "
+            "and cores resources)",
     Rule.ALLOWED_PRODUCTS.value: "stateless, not compiled yet (product node affinity)",
     Rule.TOPOLOGY.value: "stateless, not compiled yet (topology node affinity)",
     Rule.SPOT_PLACEMENT.value: "stateless, not compiled yet",
@@ -124,6 +130,8 @@ KEPT: dict[str, str] = {
 
 _MUTATE_RULES = (Rule.GPU_QUANTITY, Rule.VISIBLE_DEVICES, Rule.ALLOWED_RESOURCES, Rule.PRIVILEGED,
                  Rule.DEVICE_HOST_PATHS, Rule.NON_GPU_TOLERATIONS)
+# The validating phase's rules: the webhook checks them on the mutated pod.
+_VALIDATE_RULES = (Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD)
 _ACTIONS = {Mode.ENFORCE: "Deny", Mode.WARN: "Warn", Mode.AUDIT: "Audit"}
 _DEFAULT = Options()
 _POD_RULES = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
@@ -276,6 +284,101 @@ class _Scoped:
                           for key, _ in CONTAINER_LISTS)
         return [*out, {"name": "gpu", "expression": has}]
 
+    def _weight(self, r: str) -> str:
+        """CEL: the GPU-equivalents one unit of resource ``r`` counts for
+        (``CompiledPolicy.weight``: every resource the policy weighs or names, 1 else)."""
+        spec = self.policy.model.spec if self.policy.model is not None else None
+        assert spec is not None
+        known = {*spec.gpu_resources.weights, *spec.gpu_resources.time_slicing,
+                 *spec.gpu_resources.names,
+                 *(f"deviceclass.resource.kubernetes.io/{c}" for c in spec.device_classes)}
+        weights = {k: self.policy.weight(k) for k in sorted(known)}
+        weights = {k: w for k, w in weights.items() if w != 1.0}
+        if not weights:
+            return "1.0"
+        table = "{" + ", ".join(f"{quote(k)}: {w!r}" for k, w in weights.items()) + "}"
+        return f"({r} in {table} ? {table}[{r}] : 1.0)"
+
+    def _ask_variables(self) -> list[dict[str, str]]:
+        """Each container's GPU counts (parallel to its GPU resources: the limit, else the
+        request) and GPU-equivalents, and the pod's: its effective request per resource,
+        as Kubernetes computes it (``webhook.k8s.resources.effective_request``)."""
+        out = []
+        for key, lst in CONTAINER_LISTS:
+            lim = "(has(c.resources) && has(c.resources.limits) ? c.resources.limits : {})"
+            req = "(has(c.resources) && has(c.resources.requests) ? c.resources.requests : {})"
+            # A count refused as too large (gpu-whole-number) counts for nothing here,
+            # as the webhook leaves it out of the maximums.
+            counts = (f"g.map(r, {_huge_field('c')} != '' ? 0.0 : quantity(r in {lim} ? "
+                      f"{lim}[r] : {req}[r]).asApproximateFloat())")
+            out.append({"name": f"{key}_counts", "expression":
+                        f"lists.range(size({lst})).map(ci, {self._bound(key, lst, counts)})"})
+            out.append({"name": f"{key}_asks", "expression": (
+                f"lists.range(size({lst})).map(ci, ([0.0] + lists.range(size("
+                f"variables.{key}_gpu[ci])).map(j, variables.{key}_counts[ci][j] * "
+                f"{self._weight(f'variables.{key}_gpu[ci][j]')})).sum())")})
+        sidecar = "(has({l}[k].restartPolicy) && {l}[k].restartPolicy == 'Always')"
+        inits = CONTAINER_LISTS[0][1]
+        side = sidecar.format(l=inits)
+
+        def amount(key: str, k: str, r: str) -> str:
+            return (f"(variables.{key}_gpu[{k}].exists(x, x == {r}) ? variables.{key}_counts"
+                    f"[{k}][variables.{key}_gpu[{k}].indexOf({r})] : 0.0)")
+        apps = CONTAINER_LISTS[1][1]
+        steady = (f"([0.0] + lists.range(size({apps})).map(k, {amount('containers', 'k', 'r')})"
+                  f").sum() + ([0.0] + lists.range(size({inits})).filter(k, {side})"
+                  f".map(k, {amount('initContainers', 'k', 'r')})).sum()")
+        peak = (f"([0.0] + lists.range(size({inits})).filter(k, !{side}).map(k, "
+                f"{amount('initContainers', 'k', 'r')} + ([0.0] + lists.range(k).filter("
+                f"q, {sidecar.format(l=inits).replace('[k]', '[q]')}).map(q, "
+                f"{amount('initContainers', 'q', 'r')})).sum())).max()")
+        # The resources in the order the webhook's effective request holds them: the app
+        # containers', the sidecars', the plain init containers'.
+        order = (f"lists.range(size({apps})).map(k, variables.containers_gpu[k]).flatten() + "
+                 f"lists.range(size({inits})).filter(k, {side}).map(k, "
+                 f"variables.initContainers_gpu[k]).flatten() + "
+                 f"lists.range(size({inits})).filter(k, !{side}).map(k, "
+                 f"variables.initContainers_gpu[k]).flatten()")
+        out.append({"name": "pod_resources", "expression": bind(
+            "all", order, "lists.range(size(all)).filter(i, all.indexOf(all[i]) == i)"
+            ".map(i, all[i])")})
+        larger = bind("st", steady, bind("pk", peak, "st > pk ? st : pk"))
+        out.append({"name": "pod_counts",
+                    "expression": f"variables.pod_resources.map(r, {larger})"})
+        out.append({"name": "pod_asked", "expression": (
+            "lists.range(size(variables.pod_resources)).filter(i, variables.pod_counts[i] "
+            "!= 0.0).map(i, variables.pod_resources[i])")})
+        out.append({"name": "pod_asked_counts", "expression": (
+            "variables.pod_counts.filter(n, n != 0.0)")})
+        out.append({"name": "pod_ask", "expression": (
+            f"([0.0] + lists.range(size(variables.pod_asked)).map(i, "
+            f"variables.pod_asked_counts[i] * {self._weight('variables.pod_asked[i]')})).sum()")})
+        holders = ("(variables.initContainers_asks + variables.containers_asks)"
+                   ".filter(a, a > 0.0)")
+        t = self.tenant
+        if t is not None and t.max_per_container is not None and t.max_per_pod is not None:
+            top = max(t.max_per_container, t.max_per_pod)
+            out.append({"name": "one_holder", "expression": bind(
+                "hs", holders, f"size(hs) == 1 && hs[0] == variables.pod_ask && "
+                f"variables.pod_ask > {float(top)!r}")})
+        return out
+
+    def _skipped(self, rule: Rule) -> str:
+        """CEL: the finding of ``rule`` says nothing the other maximum's does not (one
+        container holds the whole ask, over both caps: the tighter one is said;
+        ``webhook.engine.gpu.check_maximums``)."""
+        t = self.tenant
+        if t is None or t.max_per_container is None or t.max_per_pod is None:
+            return "false"
+        tighter, looser = ((Rule.MAX_PER_POD, Rule.MAX_PER_CONTAINER)
+                           if t.max_per_pod < t.max_per_container
+                           else (Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD))
+        severity = {Mode.AUDIT: 0, Mode.WARN: 1, Mode.ENFORCE: 2}
+        if rule is looser and severity[self.policy.mode_for(looser, t)] <= \
+                severity[self.policy.mode_for(tighter, t)]:
+            return "variables.one_holder"
+        return "false"
+
     def _bound(self, key: str, lst: str, expr: str) -> str:
         """``expr`` with ``c`` the container at index ``ci`` of ``lst`` and ``g`` its
         GPU resources (``ci``: a name no comprehension inside uses; CEL scopes shadow)."""
@@ -306,13 +409,11 @@ class _Scoped:
 
     def objects(self) -> list[dict[str, Any]]:
         out = [self.mutating(), self.binding("MutatingAdmissionPolicyBinding", "")]
-        by_mode: dict[Mode, list[Rule]] = {}
-        for rule in _MUTATE_RULES:
-            if self._findings(rule) is not None:
-                by_mode.setdefault(self.policy.mode_for(rule, self.tenant), []).append(rule)
-        for mode, rules in by_mode.items():
+        rules = [r for r in (*_MUTATE_RULES, *_VALIDATE_RULES) if self._findings(r) is not None]
+        modes = {self.policy.mode_for(r, self.tenant) for r in rules}
+        for mode in (m for m in (Mode.ENFORCE, Mode.WARN, Mode.AUDIT) if m in modes):
             suffix = "" if mode is Mode.ENFORCE else f".{mode.value}"
-            out.append(self.validating(suffix, rules))
+            out.append(self.validating(suffix, mode, rules))
             out.append(self.binding("ValidatingAdmissionPolicyBinding", suffix,
                                     _ACTIONS[mode]))
         return out
@@ -422,20 +523,34 @@ class _Scoped:
                 + bind("v", merged, f"v == {before} ? [] : ({op})"))
 
     # -------------------------------------------------------------- validating
-    def validating(self, suffix: str, rules: list[Rule]) -> dict[str, Any]:
+    def validating(self, suffix: str, mode: Mode, rules: list[Rule]) -> dict[str, Any]:
+        """The policy of ``mode``'s findings. As through the webhook: the mutating phase's
+        rules first, and the validating phase's (the maximums) only when no finding of
+        the first refused the pod (the webhook then never reaches its second phase)."""
         variables = [{"name": "here", "expression": self.scope.here},
                      *self._gpu_variables(),
                      {"name": "subject", "expression": self.subject}]
         if Rule.PRIVILEGED in rules or Rule.DEVICE_HOST_PATHS in rules:
             variables.append({"name": "reach", "expression": self._reach()})
-        findings = []
+        if any(r in _VALIDATE_RULES for r in rules):
+            variables += self._ask_variables()
         for rule in rules:
             expr = self._findings(rule)
             assert expr is not None
             variables.append({"name": _var(rule.value), "expression": expr})
-            findings.append(f"variables.{_var(rule.value)}")
-        variables.append({"name": "findings", "expression":
-                          f"!variables.here ? [] : {' + '.join(findings)}"})
+
+        def joined(phase: tuple[Rule, ...], of: Mode) -> str:
+            found = [f"variables.{_var(r.value)}" for r in rules
+                     if r in phase and self.policy.mode_for(r, self.tenant) is of]
+            return " + ".join(found) if found else "[]"
+
+        refused = joined(_MUTATE_RULES, Mode.ENFORCE)
+        second = joined(_VALIDATE_RULES, mode)
+        findings = (f"{joined(_MUTATE_RULES, mode)} + "
+                    f"(size({refused}) > 0 ? [] : {second})") if second != "[]" else \
+            joined(_MUTATE_RULES, mode)
+        variables.append({"name": "findings",
+                          "expression": f"!variables.here ? [] : {findings}"})
         return {"apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicy",
                 "metadata": self._meta(suffix),
                 "spec": {"failurePolicy": self.validating_failure,
@@ -472,6 +587,8 @@ class _Scoped:
                 f"{self._gpu(c)}.filter(r, !(r in {string_list(allowed)}) && "
                 f"{_huge_field(c)} == '')"
                 f".map(r, {self._finding(rule, text, gpu_label(key, c))})"))
+        if rule in _VALIDATE_RULES:
+            return self._maximum(rule)
         if rule is Rule.GPU_QUANTITY:
             return self._per_container(lambda key, c: self._huge(rule, key, c))
         if rule is Rule.NON_GPU_TOLERATIONS:
@@ -513,6 +630,37 @@ class _Scoped:
                     f"object.spec.volumes.filter(v, {device_path('v')})"
                     f".map(v, {self._finding(rule, text)})")
         return None
+
+    def _maximum(self, rule: Rule) -> str | None:
+        """The per-container and per-pod caps (``webhook.engine.gpu.check_maximums``), in
+        GPU-equivalents. Not compiled where HAMi shares GPUs (a vGPU's share is read from
+        its memory and cores resources: the webhook decides)."""
+        t = self.tenant
+        spec = self.policy.model.spec if self.policy.model is not None else None
+        if t is None or spec is None or spec.gpu_resources.hami is not None:
+            return None
+        cap = t.max_per_container if rule is Rule.MAX_PER_CONTAINER else t.max_per_pod
+        if cap is None:
+            return None
+        shown, gpus = messages.num(cap), messages.gpus_of(cap)
+        if rule is Rule.MAX_PER_CONTAINER:
+            def one(key: str, c: str) -> str:
+                ask = f"variables.{key}_asks[ci]"
+                rs = f"g.filter(r, variables.{key}_counts[ci][g.indexOf(r)] != 0.0)"
+                ns = f"variables.{key}_counts[ci].filter(n, n != 0.0)"
+                what = devices(rs, ns, ask, self._weight)
+                fewer = within(rs, cap, self._weight, shown, gpus)
+                text = words(lambda w, f: messages.per_container_max(0, t.name, cap, w, f),
+                             what, fewer)
+                return (f"{ask} > {float(cap)!r} && !{self._skipped(rule)} ? "
+                        f"[{self._finding(rule, text, gpu_label(key, c))}] : []")
+            return self._per_container(one)
+        rs, ns = "variables.pod_asked", "variables.pod_asked_counts"
+        what = devices(rs, ns, "variables.pod_ask", self._weight)
+        fewer = within(rs, cap, self._weight, shown, gpus)
+        text = words(lambda w, f: messages.per_pod_max(0, t.name, cap, w, f), what, fewer)
+        return (f"variables.pod_ask > {float(cap)!r} && !{self._skipped(rule)} ? "
+                f"[{self._finding(rule, text)}] : []")
 
     def _huge(self, rule: Rule, key: str, c: str) -> str:
         """A count core validation lets through that no node has (``gpu_count``'s

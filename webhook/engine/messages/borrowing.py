@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from webhook.engine.messages.quota import EXCEEDED_QUOTA, most_pods, tightest
-from webhook.engine.messages.words import _gpus, _pods, num
+from webhook.engine.messages.words import _pods, gpus_of, num
 
 # --- borrowing in a cohort (webhook.quota.borrow) ---------------------------------------
 
@@ -11,7 +11,7 @@ from webhook.engine.messages.words import _gpus, _pods, num
 def borrowed(tenant: str, cohort: str, asked: float, used: float, cap: float,
              priority_class: str) -> str:
     """The warning on a pod admitted on GPUs its tenant borrows from its cohort."""
-    return (f"this pod runs on {_gpus(asked)} borrowed from cohort {cohort}: tenant "
+    return (f"this pod runs on {gpus_of(asked)} borrowed from cohort {cohort}: tenant "
             f"{tenant}'s own quota has {num(max(cap - used, 0))} of its {num(cap)} GPUs "
             f"free. It runs at PriorityClass {priority_class} (label "
             f"gpu-webhook.dev/borrowed=true) and may be preempted when the tenants that "
@@ -30,7 +30,7 @@ def borrow_refused(tenant: str, cohort: str, asked: float, bound: str, left: flo
     """A pod marked as borrowed for which the cohort has no room."""
     why = _BOUNDS[bound].format(limit=num(limit) if limit is not None else "?",
                                 left=num(max(left, 0)))
-    return (f"{EXCEEDED_QUOTA}: tenant {tenant} would borrow {_gpus(asked)} from cohort "
+    return (f"{EXCEEDED_QUOTA}: tenant {tenant} would borrow {gpus_of(asked)} from cohort "
             f"{cohort} for this pod, but {why}. Wait for running pods to finish, ask for "
             f"fewer, or ask the platform team for more quota.")
 
@@ -39,11 +39,11 @@ def not_borrowed(cohort: str, asked: float, free: float, bound: str, left: float
                  limit: float | None) -> str:
     """Said with a cohort tenant's pod refused on its own quota."""
     if asked <= free + 1e-9:  # the cohort had room by the time the pod was committed
-        return (f"cohort {cohort} has {_gpus(free)} idle to lend now: create the pod "
+        return (f"cohort {cohort} has {gpus_of(free)} idle to lend now: create the pod "
                 f"again and it runs on borrowed GPUs (preemptible).")
     why = _BOUNDS[bound].format(limit=num(limit) if limit is not None else "?",
                                 left=num(max(left, 0)))
-    return f"it cannot borrow {_gpus(asked)} from cohort {cohort} either: {why}."
+    return f"it cannot borrow {gpus_of(asked)} from cohort {cohort} either: {why}."
 
 
 def borrowed_priority_changed(priority_class: str, problem: str) -> str:

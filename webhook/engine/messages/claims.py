@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from webhook.engine.messages.words import PERSISTS, _gpus, num, one_of
+from webhook.engine.messages.words import PERSISTS, gpus_of, num, one_of
 
 # --- Dynamic Resource Allocation -------------------------------------------------------
 
@@ -28,7 +28,7 @@ def fake_extended_resource_claim(annotation: str) -> str:
 
 
 def claim_per_pod_max(asked: float, tenant: str, cap: float) -> str:
-    return (f"asks for {num(asked)} GPUs in all; tenant {tenant} allows at most {_gpus(cap)} "
+    return (f"asks for {num(asked)} GPUs in all; tenant {tenant} allows at most {gpus_of(cap)} "
             f"per pod, and every pod using this claim would hold them. Ask for {num(cap)} or "
             "fewer devices.")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from webhook.engine.messages.words import MUTATOR_DOES, _gpus, num, one_of
+from webhook.engine.messages.words import MUTATOR_DOES, gpus_of, num, one_of
 
 
 def no_tenant(namespace: str, policy: str, unread_selectors: Sequence[str] = ()) -> str:
@@ -124,7 +124,7 @@ def within(asked: Sequence[tuple[str, float, float]], cap: float) -> str:
     asked = [(r, n, w) for r, n, w in asked if n]
     if len(asked) == 1 and asked[0][2] not in (0, 1):
         r, _, w = asked[0]
-        return f"{int(cap / w + 1e-9)} {r} ({_gpus(cap)})"
+        return f"{int(cap / w + 1e-9)} {r} ({gpus_of(cap)})"
     return num(cap)
 
 
@@ -132,7 +132,7 @@ def per_container_max(asked: float, tenant: str, cap: float, what: str | None = 
                       fewer: str | None = None) -> str:
     what = what or f"{num(asked)} GPUs"
     return (
-        f"asks for {what}; tenant {tenant} allows at most {_gpus(cap)} per container. "
+        f"asks for {what}; tenant {tenant} allows at most {gpus_of(cap)} per container. "
         f"Ask for {fewer or num(cap)} or fewer, or split the work across pods."
     )
 
@@ -143,7 +143,7 @@ def per_pod_max(asked: float, tenant: str, cap: float, what: str | None = None,
     return (
         f"asks for {what} in all (counted as Kubernetes does: app containers and "
         f"sidecars together, or the largest init container); tenant {tenant} allows at most "
-        f"{_gpus(cap)} per pod. Ask for {fewer or num(cap)} or fewer, or split the work "
+        f"{gpus_of(cap)} per pod. Ask for {fewer or num(cap)} or fewer, or split the work "
         "across pods."
     )
 

@@ -41,5 +41,5 @@ def _pods(n: int) -> str:
     return f"{n} pod" if n == 1 else f"{n} pods"
 
 
-def _gpus(n: float) -> str:
+def gpus_of(n: float) -> str:
     return f"{num(n)} GPU" if n == 1 else f"{num(n)} GPUs"
