@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,9 @@ SCOPES: dict[str, dict[str, str]] = {
 VALIDATED = ("allowed-resources", "privileged-on-gpu-nodes", "device-host-paths",
              "non-gpu-tolerations")
 EXAMPLES = int(os.environ.get("NATIVE_EXAMPLES", "400"))
+# The compiled rules that refuse a pod (in enforce mode: tenants alpha and beta).
+RULES_REFUSING = ("allowed-resources", "gpu-whole-number", "privileged-on-gpu-nodes",
+                  "device-host-paths", "gpu-visible-devices", "max-gpus-per-container")
 
 
 def namespace(scope: str, executor: str) -> str:
@@ -192,8 +196,10 @@ def create(api: client.CoreV1Api, ns: str, pod: dict[str, Any]) -> Outcome:
     return Outcome(False, None, str(body.get("message", body)), warnings)
 
 
-def compare(api: client.CoreV1Api, scope: str, pod: dict[str, Any]) -> str:
-    """Assert that both executors give ``pod`` the same outcome; which (for statistics)."""
+def compare(api: client.CoreV1Api, scope: str, pod: dict[str, Any],
+            seen: Counter[str] | None = None) -> str:
+    """Assert that both executors give ``pod`` the same outcome; which (for statistics),
+    counting in ``seen`` the rules of every finding both gave (``rule <name>``)."""
     native = create(api, namespace(scope, "native"), pod)
     hook = create(api, namespace(scope, "webhook"), pod)
     shown = f"pod in scope {scope}:\n{yaml.safe_dump(pod)}"
@@ -219,6 +225,8 @@ def compare(api: client.CoreV1Api, scope: str, pod: dict[str, Any]) -> str:
     hook_said = findings(hook.message, ours[1])
     assert sorted(native_said) == sorted(hook_said), (
         f"messages differ:\n native {native_said}\n webhook {hook_said}\n{shown}")
+    if seen is not None:
+        seen.update(f"rule {_rule(f)}" for f in native_said)
     return verdict
 
 
@@ -312,13 +320,25 @@ def executors(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
 
 
 def test_the_native_policies_and_the_webhook_decide_alike(executors: Executors) -> None:
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
+    """Derandomized (the same pods each run), and the pods drawn must reach every
+    compiled rule's refusal in both executors: a generator that stopped reaching one
+    would prove nothing about it."""
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(pods())
     def same(drawn: tuple[str, dict[str, Any]]) -> None:
-        event(compare(executors.api, *drawn))
+        verdict = compare(executors.api, *drawn, seen=seen)
+        seen[verdict] += 1
+        event(verdict)
 
     same()
+    for scope in SCOPES:
+        assert seen[f"{scope}: allowed"], f"no pod of scope {scope} allowed: {seen}"
+    reached = {rule for rule in RULES_REFUSING if seen[f"rule {rule}"]}
+    assert reached == set(RULES_REFUSING), (
+        f"the pods drawn never reached {sorted(set(RULES_REFUSING) - reached)}: {seen}")
 
 
 @pytest.mark.slow
