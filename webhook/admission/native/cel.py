@@ -45,21 +45,21 @@ def nonzero(q: str) -> str:
 def gpu_names(c: str, names: list[str], patterns: list[str]) -> str:
     """The GPU resources container ``c`` asks for, a nonzero value in its limits, then
     those only in its requests (``webhook.k8s.resources.gpu_containers``: the API server
-    writes a ResourceList with its keys sorted, so the webhook reads them so)."""
-    lim, req = _map(c, "limits"), _map(c, "requests")
-    return (f"({lim}.filter(r, ({resource_test('r', names, patterns)}) && "
-            f"{nonzero(lim + '[r]')}).sort() + "
-            f"{req}.filter(r, !(r in {lim} && {nonzero(lim + '[r]')}) && "
-            f"({resource_test('r', names, patterns)}) && "
-            f"{nonzero(req + '[r]')}).sort())")
+    writes a ResourceList with its keys sorted, so the webhook reads them so). Each map is
+    read from the object once: a field of ``object`` costs the API server a conversion at
+    every access (profiled: most of a policy's CPU)."""
+    test = resource_test("r", names, patterns)
+    return bind("lim", _map(c, "limits"), bind(
+        "req", _map(c, "requests"),
+        f"lim.filter(r, ({test}) && {nonzero('lim[r]')}).sort() + "
+        f"req.filter(r, !(r in lim && {nonzero('lim[r]')}) && ({test}) && "
+        f"{nonzero('req[r]')}).sort()"))
 
 
 def completion_ops(c: str, ptr: str, gpu: str) -> str:
     """JSON Patch operations writing the missing half of each GPU request/limit pair,
     the value copied as written (``webhook.engine.gpu._complete``). ``ptr``: CEL for
     the container's JSON Pointer; ``gpu``: for its GPU resources (:func:`gpu_names`)."""
-    lim, req = _map(c, "limits"), _map(c, "requests")
-
     def half(have: str, missing: str, key: str) -> str:
         # A count of 1e16 or more is refused, not completed (the webhook reports it and
         # goes on to the next resource).
@@ -67,11 +67,13 @@ def completion_ops(c: str, ptr: str, gpu: str) -> str:
                 f"quantity({have}[r]).compareTo(quantity('1e16')) < 0)")
         start = (f"(has({c}.resources) && has({c}.resources.{key}) ? [] : "
                  f"[JSONPatch{{op: 'add', path: {ptr} + '/resources/{key}', value: {{}}}}])")
-        return (f"({keys}.size() == 0 ? [] : {start} + {keys}.map(r, JSONPatch{{op: 'add', "
-                f"path: {ptr} + '/resources/{key}/' + jsonpatch.escapeKey(r), "
-                f"value: {have}[r]}}))")
-    # A container with no resources at all asks for no GPU: nothing is written there.
-    return f"({half(req, lim, 'limits')} + {half(lim, req, 'requests')})"
+        return bind("keys", keys, f"keys.size() == 0 ? [] : {start} + keys.map(r, "
+                    f"JSONPatch{{op: 'add', path: {ptr} + '/resources/{key}/' + "
+                    f"jsonpatch.escapeKey(r), value: {have}[r]}})")
+    # A container with no GPU resource has nothing written (and its maps are not read).
+    body = f"{half('req', 'lim', 'limits')} + {half('lim', 'req', 'requests')}"
+    return (f"(size({gpu}) == 0 ? [] : " + bind("lim", _map(c, "limits"), bind(
+        "req", _map(c, "requests"), body)) + ")")
 
 
 def covers(h: str, want: Mapping[str, object]) -> str:

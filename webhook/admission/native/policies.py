@@ -470,10 +470,11 @@ class _Scoped:
         return self._each(lambda _k, c, ptr: completion_ops(c, ptr, self._gpu(c)))
 
     def _tolerations(self) -> str:
-        tols = "(has(object.spec.tolerations) ? object.spec.tolerations : [])"
         missing = " + ".join(
-            f"({tols}.exists(h, {covers('h', w)}) ? [] : [{toleration_value(w)}])"
+            f"(tols.exists(h, {covers('h', w)}) ? [] : [{toleration_value(w)}])"
             for w in self.policy.tolerations) or "[]"
+        missing = bind("tols", "(has(object.spec.tolerations) ? object.spec.tolerations : [])",
+                       missing)
         return bind("m", missing,
                     "size(m) == 0 ? [] : has(object.spec.tolerations) ? "
                     "m.map(t, JSONPatch{op: 'add', path: '/spec/tolerations/-', value: t}) : "
@@ -491,7 +492,10 @@ class _Scoped:
         deny = self.tenant.routes.visible_devices == "deny"
 
         def ops(_key: str, c: str, ptr: str) -> str:
-            e = env(c)
+            # The container's env read from the object once (see cel.gpu_names).
+            return bind("ev", env(c), body(c, ptr, "ev"))
+
+        def body(c: str, ptr: str, e: str) -> str:
             hits = f"{e}.exists(e, {is_visible('e')})"
             charged = "[]" if deny else removals(e, f"{ptr} + '/env'", is_visible)
             risky = f"{e}.exists(e, {is_visible('e')} && !{is_harmless('e')})"
