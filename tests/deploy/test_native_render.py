@@ -346,3 +346,23 @@ def test_the_webhook_changes_nothing_more_in_those_namespaces() -> None:
         assert set(decision.mutations) <= made_natively, decision.mutations
 
     only_native_changes()
+
+
+def test_manifests_says_which_rules_still_need_the_webhook() -> None:
+    done = subprocess.run([GPU_WEBHOOK, "manifests", "--policy", str(POLICY),
+                           "--admission-mode", "fallback"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.splitlines()
+    assert ("gpu-webhook manifests: stays in the webhook: allowed-products (research, "
+            "inference, notebooks): stateless, not compiled yet (product node affinity)"
+            in said), said
+    assert any(line.startswith("gpu-webhook manifests: stays in the webhook: quota "
+                               "(research, inference, notebooks): usage across pods")
+               for line in said), said
+    assert any("tenant-required (the policy)" in line for line in said), said
+    # Nothing of it in the manifests themselves, and nothing said in mode webhook.
+    assert "stays in the webhook" not in done.stdout
+    plain = subprocess.run([GPU_WEBHOOK, "manifests", "--policy", str(POLICY)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert "stays in the webhook" not in plain.stderr

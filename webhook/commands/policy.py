@@ -108,6 +108,9 @@ def _manifests(args: argparse.Namespace) -> int:
         objects = manifests.render(policy, options)
         if options.admission_mode != "webhook":
             objects += native.render(policy, options)
+            # What still needs a replica up: said, not printed into the manifests.
+            for line in native.kept(policy):
+                print(f"gpu-webhook manifests: stays in the webhook: {line}", file=sys.stderr)
     except (OSError, ValueError) as exc:
         print(f"gpu-webhook manifests: {exc}", file=sys.stderr)
         return 2

@@ -165,6 +165,48 @@ def render(policy: GPUPolicy, options: Options = _DEFAULT) -> list[dict[str, Any
     return out
 
 
+def kept(policy: GPUPolicy) -> list[str]:
+    """What of this policy the native policies leave to the webhook, one line per rule:
+    the tenants (or the policy) it applies to, and why (:data:`KEPT`). Printed by
+    ``gpu-webhook manifests --admission-mode``, so a platform team sees which of its rules
+    still need a replica up."""
+    spec = policy.spec
+    by_rule: dict[str, list[str]] = {}
+
+    def note(rule: str, who: str) -> None:
+        by_rule.setdefault(rule, []).append(who)
+
+    for t in spec.tenants:
+        if t.allowed_products or t.default_product:
+            note(Rule.ALLOWED_PRODUCTS.value, t.name)
+        if t.topology:
+            note(Rule.TOPOLOGY.value, t.name)
+        if t.quota or t.user_quota or t.quota_schedule:
+            note(Rule.QUOTA.value, t.name)
+        if t.over_quota.value == "wait":
+            note("overQuota: wait", t.name)
+        if t.cohort:
+            note("cohort borrowing", t.name)
+        if t.user_quota:
+            note("userQuota", t.name)
+        if t.quota_schedule:
+            note("quotaSchedule", t.name)
+        if t.max_runtime:
+            note(Rule.MAX_RUNTIME.value, t.name)
+        if t.priority is not None:
+            note(Rule.PRIORITY_CLASS.value, t.name)
+        if (t.max_gpus_per_container is not None or t.max_gpus_per_pod is not None) and \
+                spec.gpu_resources.hami is not None:
+            note("hami", t.name)
+    if spec.spot is not None:
+        note(Rule.SPOT_PLACEMENT.value, "the policy")
+    if spec.unassigned_namespaces == "deny":
+        note(Rule.TENANT_REQUIRED.value, "the policy")
+    if spec.products.aliases and Rule.ALLOWED_PRODUCTS.value not in by_rule:
+        note(Rule.ALLOWED_PRODUCTS.value, "the policy (a pod's own product affinity)")
+    return [f"{rule} ({', '.join(who)}): {KEPT[rule]}" for rule, who in by_rule.items()]
+
+
 def wanted(policy: GPUPolicy, mutating: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The native admission policies the install needs, by the options it recorded on
     its MutatingWebhookConfiguration ``mutating`` (its ``gpu-webhook.dev/install``
