@@ -28,6 +28,7 @@ from e2ekit import (
     get,
     gpu_webhook,
     short_id,
+    wait_uninstalled,
     wait_until,
 )
 
@@ -96,6 +97,9 @@ def installed(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
             yield inst
         finally:
             inst.remove()
+            # Gone from the API server's caches too: the next module's probe pod would
+            # otherwise be mutated by a policy still in effect.
+            wait_uninstalled(control_plane)
 
 
 def create(cp: ControlPlane, pod: dict[str, Any]) -> tuple[bool, str]:
