@@ -62,7 +62,8 @@ VALIDATED = ("allowed-resources", "privileged-on-gpu-nodes", "device-host-paths"
 EXAMPLES = int(os.environ.get("NATIVE_EXAMPLES", "400"))
 # The compiled rules that refuse a pod (in enforce mode: tenants alpha and beta).
 RULES_REFUSING = ("allowed-resources", "gpu-whole-number", "privileged-on-gpu-nodes",
-                  "device-host-paths", "gpu-visible-devices", "max-gpus-per-container")
+                  "device-host-paths", "gpu-visible-devices", "max-gpus-per-container",
+                  "tenant-required")
 
 
 def namespace(scope: str, executor: str) -> str:
@@ -405,6 +406,8 @@ GOLDEN_CASES = {
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]})),
     "max-gpus-per-container": ("alpha", _pod({"name": "main", "image": "cuda", "resources": {
         "limits": {"nvidia.com/mig-1g.10gb": "24"}}})),
+    "tenant-required": ("free", _pod({"name": "main", "image": "cuda", "resources": {
+        "limits": {"nvidia.com/gpu": "1"}}})),
 }
 
 

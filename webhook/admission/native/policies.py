@@ -92,6 +92,8 @@ COMPILED: dict[str, str] = {
                                   "refused, in GPU-equivalents",
     Rule.MAX_PER_POD.value: "a pod over the tenant's GPUs per pod (as Kubernetes counts "
                             "a pod's request) refused",
+    Rule.TENANT_REQUIRED.value: "a GPU pod in a namespace of no tenant refused "
+                                "(unassignedNamespaces: deny)",
     Rule.PRIVILEGED.value: "privileged containers in pods that can reach GPU nodes refused",
     Rule.DEVICE_HOST_PATHS.value: "hostPath /dev mounts in pods that can reach GPU nodes "
                                   "refused",
@@ -123,13 +125,13 @@ KEPT: dict[str, str] = {
     Rule.ALLOWED_PRODUCTS.value: "stateless, not compiled yet (product node affinity)",
     Rule.TOPOLOGY.value: "stateless, not compiled yet (topology node affinity)",
     Rule.SPOT_PLACEMENT.value: "stateless, not compiled yet",
-    Rule.TENANT_REQUIRED.value: "stateless, not compiled yet",
     "workload templates": "Deployments, Jobs and training kinds are checked at apply by "
                           "the webhook; their pods meet the native policies",
 }
 
-_MUTATE_RULES = (Rule.GPU_QUANTITY, Rule.VISIBLE_DEVICES, Rule.ALLOWED_RESOURCES, Rule.PRIVILEGED,
-                 Rule.DEVICE_HOST_PATHS, Rule.NON_GPU_TOLERATIONS)
+_MUTATE_RULES = (Rule.TENANT_REQUIRED, Rule.GPU_QUANTITY, Rule.VISIBLE_DEVICES,
+                 Rule.ALLOWED_RESOURCES, Rule.PRIVILEGED, Rule.DEVICE_HOST_PATHS,
+                 Rule.NON_GPU_TOLERATIONS)
 # The validating phase's rules: the webhook checks them on the mutated pod.
 _VALIDATE_RULES = (Rule.MAX_PER_CONTAINER, Rule.MAX_PER_POD)
 _ACTIONS = {Mode.ENFORCE: "Deny", Mode.WARN: "Warn", Mode.AUDIT: "Audit"}
@@ -200,8 +202,6 @@ def kept(policy: GPUPolicy) -> list[str]:
             note("hami", t.name)
     if spec.spot is not None:
         note(Rule.SPOT_PLACEMENT.value, "the policy")
-    if spec.unassigned_namespaces == "deny":
-        note(Rule.TENANT_REQUIRED.value, "the policy")
     if spec.products.aliases and Rule.ALLOWED_PRODUCTS.value not in by_rule:
         note(Rule.ALLOWED_PRODUCTS.value, "the policy (a pod's own product affinity)")
     return [f"{rule} ({', '.join(who)}): {KEPT[rule]}" for rule, who in by_rule.items()]
@@ -635,6 +635,12 @@ class _Scoped:
                 f".map(r, {self._finding(rule, text, gpu_label(key, c))})"))
         if rule in _VALIDATE_RULES:
             return self._maximum(rule)
+        if rule is Rule.TENANT_REQUIRED:
+            if t is not None or self.policy.unassigned_allowed:
+                return None
+            text = words(lambda ns: messages.no_tenant(ns, self.policy.name),
+                         "request.namespace")
+            return f"variables.gpu ? [{self._finding(rule, text)}] : []"
         if rule is Rule.GPU_QUANTITY:
             return self._per_container(lambda key, c: self._huge(rule, key, c))
         if rule is Rule.NON_GPU_TOLERATIONS:
