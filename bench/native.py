@@ -234,9 +234,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                   "apiserver_cpu_ms_per_pod": statistics.median(cpu),
                                   "webhook_cpu_ms_per_pod": statistics.median(hook_cpu)}
         ref = "native-alone" if load_name == "plain" else "nothing"
-        if "native" in row and ref in row and row[ref]["added_p50_ms"] > 0:
+        if "native" in row and ref in row:
+            # None when the reference added nothing measurable in this run (a short run on
+            # a busy machine can time it under no admission at all): no ratio to give.
+            base = row[ref]["added_p50_ms"]
             row["ratio"] = {"of": f"native / {ref}",
-                            "value": row["native"]["added_p50_ms"] / row[ref]["added_p50_ms"],
+                            "value": row["native"]["added_p50_ms"] / base if base > 0 else None,
                             "target": 1.2 if load_name == "plain" else 1.3}
         out[f"{load_name} x{clients}"] = row
     return out
@@ -249,8 +252,10 @@ def table(summary: dict[str, Any]) -> str:
         cells = " ".join(f"{row[c]['added_p50_ms']:>11.2f}ms" if c in row else f"{'-':>13}"
                          for c in CONDITIONS)
         ratio = row.get("ratio")
-        said = (f"   {ratio['of']} {ratio['value']:.2f} (<= {ratio['target']})"
-                if ratio else "")
+        said = "" if ratio is None else (
+            f"   {ratio['of']} {ratio['value']:.2f} (<= {ratio['target']})"
+            if ratio["value"] is not None else
+            f"   {ratio['of']} not measurable: {ratio['of'].split(' / ')[1]} added nothing")
         lines.append(f"{key:<10} {cells}{said}")
     lines += ["", "API server CPU ms per pod (webhook process CPU ms per pod):"]
     for key, row in summary.items():

@@ -27,10 +27,12 @@ def test_quick_native_bench_measures_every_mode(tmp_path: Path) -> None:
     assert set(res["summary"]) == {"plain x1", "plain x8", "gpu x1", "gpu x8"}
     for row in res["summary"].values():
         assert set(row) >= {"none", "native-alone", "nothing", "webhook", "native", "ratio"}
+        # A ratio, or None where its reference added nothing measurable in a 1 s run.
+        assert row["ratio"]["value"] is None or row["ratio"]["value"] > 0
     for run in res["runs"]:
         # Every request answered: created (dry run) or refused by a rule, never an error.
         assert set(run["statuses"]) <= {"201", "403"}, run
         assert run["pods"] > 0
         if run["condition"] in ("webhook", "native"):
             assert run["webhook_cpu_ms_per_pod"] >= 0
-    assert "native / native-alone" in proc.stdout
+    assert "native / native-alone" in proc.stdout and "native / nothing" in proc.stdout
