@@ -4,6 +4,13 @@ toleration, ``NVIDIA_VISIBLE_DEVICES`` entries, privilege, ``/dev`` mounts, and 
 words of the webhook's messages for them (:mod:`webhook.engine.messages`), so that a
 developer refused by the API server reads what the webhook would have said.
 
+What the API server's CEL (v1.37) allows shapes this file: no ``cel.bind`` (:func:`bind`
+maps a one-item list instead), no ``quantity(...).sign()`` (``compareTo``),
+``jsonpatch.escapeKey`` and the ``JSONPatch``/``Object`` types only in a mutation's own
+expression (not in its variables), no line break in a ``messageExpression`` (the
+``message`` is shown instead), and a JSON Patch value cannot be a list of the object's
+own typed items (entries are written one by one).
+
 Each function returns CEL text over the names it is given (a container ``c``, an env
 entry ``e``, ...). The Python it mirrors is named in each docstring: a change there is a
 change here, and ``tests/e2e/test_e2e_native_equivalence.py`` fails until both agree.
