@@ -386,21 +386,29 @@ def test_a_bad_value_is_refused_with_its_name(helm_bin: str, values: list[str],
     assert says in str(refused.value)
 
 
-@pytest.mark.parametrize("mode", ["self-managed", "cert-manager"])
-def test_quota_commit_leader_renders_what_the_leader_decides_component_builds(
-        helm_bin: str, mode: str, tmp_path: Path) -> None:
-    chart = without_helm_labels(template(helm_bin, f"certificates.mode={mode}",
-                                         "quotaCommit=leader"))
+def chart_as_component(helm_bin: str, tmp_path: Path, mode: str, value: str,
+                       component: str) -> dict[tuple[str, str], Any]:
+    """The chart rendered with ``value`` (and certificates ``mode``), asserted equal, object
+    by object, to ``mode``'s overlay built with ``deploy/components/<component>``."""
+    chart = without_helm_labels(template(helm_bin, f"certificates.mode={mode}", value))
     tree = tmp_path / "deploy"
     shutil.copytree(DEPLOY, tree)
     overlay = tree / "overlays" / mode / "kustomization.yaml"
     overlay.write_text(yaml.safe_dump({**yaml.safe_load(overlay.read_text()),
-                                       "components": ["../../components/leader-decides"]}))
+                                       "components": [f"../../components/{component}"]}))
     built = without_helm_labels(kustomize(overlay.parent))
     del built[("Namespace", "gpu-webhook")]
     assert sorted(chart) == sorted(built)
     for key, obj in built.items():
         assert chart[key] == obj, key
+    return chart
+
+
+@pytest.mark.parametrize("mode", ["self-managed", "cert-manager"])
+def test_quota_commit_leader_renders_what_the_leader_decides_component_builds(
+        helm_bin: str, mode: str, tmp_path: Path) -> None:
+    chart = chart_as_component(helm_bin, tmp_path, mode, "quotaCommit=leader",
+                               "leader-decides")
     env = container(list(chart.values()))["env"]
     assert [e for e in env if e["name"] == "GPU_WEBHOOK_QUOTA_COMMIT"] == [
         {"name": "GPU_WEBHOOK_QUOTA_COMMIT", "value": "leader"}]
@@ -420,18 +428,8 @@ def test_with_quota_commit_leader_every_replica_is_scraped(helm_bin: str) -> Non
 @pytest.mark.parametrize("mode", ["self-managed", "cert-manager"])
 def test_admission_mode_fallback_renders_what_the_native_policies_component_builds(
         helm_bin: str, mode: str, tmp_path: Path) -> None:
-    chart = without_helm_labels(template(helm_bin, f"certificates.mode={mode}",
-                                         "admissionMode=fallback"))
-    tree = tmp_path / "deploy"
-    shutil.copytree(DEPLOY, tree)
-    overlay = tree / "overlays" / mode / "kustomization.yaml"
-    overlay.write_text(yaml.safe_dump({**yaml.safe_load(overlay.read_text()),
-                                       "components": ["../../components/native-policies"]}))
-    built = without_helm_labels(kustomize(overlay.parent))
-    del built[("Namespace", "gpu-webhook")]
-    assert sorted(chart) == sorted(built)
-    for key, obj in built.items():
-        assert chart[key] == obj, key
+    chart = chart_as_component(helm_bin, tmp_path, mode, "admissionMode=fallback",
+                               "native-policies")
     # The leader reads the mode where the install recorded it.
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         assert manifests.options_of(chart[(kind, "gpu-webhook")]).admission_mode == "fallback"

@@ -308,8 +308,8 @@ def configuration_lines(api: Any, model: GPUPolicy, names: dict[str, str]) -> li
     if want:  # admission mode fallback or native
         name = names["mutating"]
         try:
-            live_policies = [o for o in kube.AdmissionPolicies(api, timeout=10.0).list(
-                native.SELECTOR) if str(o["metadata"]["name"]).startswith(f"{name}.")]
+            live_policies = native.ours(kube.AdmissionPolicies(api, timeout=10.0).list(
+                native.SELECTOR), name)
         except kube.KubeError as exc:
             if not forbidden(exc):
                 lines.append(f"native admission policies: not read ({exc})")

@@ -54,8 +54,8 @@ from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.model import GPUPolicy, Mode, Rule
 from webhook.policy.model.resources import LabelSelector
 
-__all__ = ["COMPILED", "KEPT", "LABELS", "OTHER", "SELECTOR", "Scope", "kept", "render",
-           "scopes", "wanted", "words"]
+__all__ = ["COMPILED", "KEPT", "LABELS", "OTHER", "SELECTOR", "Scope", "kept", "ours",
+           "render", "scopes", "wanted", "words"]
 
 
 OTHER = "other-namespaces"  # the scope of the namespaces of no tenant
@@ -187,6 +187,12 @@ def kept(policy: GPUPolicy) -> list[str]:
     if spec.products.aliases and Rule.ALLOWED_PRODUCTS.value not in by_rule:
         note(Rule.ALLOWED_PRODUCTS.value, "the policy (a pod's own product affinity)")
     return [f"{rule} ({', '.join(who)}): {KEPT[rule]}" for rule, who in by_rule.items()]
+
+
+def ours(held: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """Of the native objects listed by :data:`SELECTOR`, those of the install whose
+    configurations are named ``name`` (each object's name starts ``name.``)."""
+    return [o for o in held if str(o["metadata"]["name"]).startswith(f"{name}.")]
 
 
 def wanted(policy: GPUPolicy, mutating: dict[str, Any] | None) -> list[dict[str, Any]]:

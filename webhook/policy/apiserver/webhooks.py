@@ -328,8 +328,9 @@ class _Rendering:
                                                   self.spec.workload_kinds)}]
         if self.kai is not None:
             conditions[0]["expression"] += f" || {self.kai}"
-        free = natively_mutated(self.policy) if kind == "mutate" else []
-        if self.options.admission_mode == "native" and free:
+        free = (natively_mutated(self.policy)
+                if kind == "mutate" and self.options.admission_mode == "native" else [])
+        if free:
             # The native policies make every change these namespaces' GPU pods need:
             # one webhook call (the quota's) instead of two.
             conditions.append({"name": "pods-needing-the-webhook", "expression": (

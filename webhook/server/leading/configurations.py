@@ -127,25 +127,28 @@ class ConfigurationKeeper:
             if self.fix and live is not None and not drift.unusable and \
                     self._write(kind, name, model, live, drift):
                 left[kind] = Drift(kind, name)
-        mutating = dict(held.get("mutating") or {}) or None
-        want = native.wanted(model, mutating) if self.policies is not None else []
+        want = (native.wanted(model, held.get("mutating")) if self.policies is not None
+                else [])
         # Only an install in admission mode fallback or native has them (and grants the
         # RBAC to list them): in mode webhook they are not looked for.
         if want:
-            found["native"] = left["native"] = self._native(model, want)
-            if self.fix and found["native"] and not found["native"].unusable and \
-                    self._write_native(model, want):
-                left["native"] = Drift("native", found["native"].name)
+            drift, live_policies = self._native(model, want)
+            found["native"] = left["native"] = drift
+            if self.fix and drift and live_policies is not None and \
+                    self._write_native(model, want, live_policies):
+                left["native"] = Drift("native", drift.name)
         self.drift = left
         return found
 
-    def _native(self, model: GPUPolicy, want: list[dict[str, Any]]) -> Drift:
-        """The native admission policies held against those the install's mode needs."""
+    def _native(self, model: GPUPolicy, want: list[dict[str, Any]]
+                ) -> tuple[Drift, list[dict[str, Any]] | None]:
+        """The native admission policies held against those the install's mode needs,
+        and those held (None: they could not be listed)."""
         assert self.policies is not None
         name = self.names["mutating"]
+        live: list[dict[str, Any]] | None
         try:
-            live = [o for o in self.policies.list(native.SELECTOR)
-                    if str(o["metadata"]["name"]).startswith(f"{name}.")]
+            live = native.ours(self.policies.list(native.SELECTOR), name)
         except kube.KubeError as exc:
             drift = Drift("native", f"{name}.*", unusable=(
                 f"not compared: {exc} (RBAC: list on the four admission policy resources, "
@@ -163,10 +166,12 @@ class ConfigurationKeeper:
             self._event("mutating", self.names["mutating"], DRIFT_REASON, "Warning",
                         f"{drift.describe()} (policy {model.metadata.name}; "
                         f"{'the leader writes them' if self.fix else 'not written: report'})")
-        return drift
+        return drift, live
 
-    def _write_native(self, model: GPUPolicy, want: list[dict[str, Any]]) -> bool:
-        """Apply the policies and bindings wanted, then delete those not needed."""
+    def _write_native(self, model: GPUPolicy, want: list[dict[str, Any]],
+                      held: list[dict[str, Any]]) -> bool:
+        """Apply the policies and bindings wanted, then delete those ``held`` that are not
+        needed (the apply makes none of those)."""
         assert self.policies is not None
         name = self.names["mutating"]
         keep = {(o["kind"], o["metadata"]["name"]) for o in want}
@@ -174,10 +179,9 @@ class ConfigurationKeeper:
             # Policies before their bindings, bindings deleted before their policies.
             for obj in sorted(want, key=lambda o: str(o["kind"]).endswith("Binding")):
                 self.policies.apply(obj)
-            for obj in sorted(self.policies.list(native.SELECTOR),
-                              key=lambda o: not str(o["kind"]).endswith("Binding")):
+            for obj in sorted(held, key=lambda o: not str(o["kind"]).endswith("Binding")):
                 key = (str(obj["kind"]), str(obj["metadata"]["name"]))
-                if key not in keep and key[1].startswith(f"{name}."):
+                if key not in keep:
                     self.policies.delete(*key)
         except kube.KubeError as exc:
             metrics.CONFIGURATION_WRITES.labels("admission policies", "failed").inc()
