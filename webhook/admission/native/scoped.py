@@ -62,11 +62,9 @@ def words(text: Callable[..., str], *args: str) -> str:
     return " + ".join(parts) or "''"
 
 
-
 def var(name: str) -> str:
     """A CEL identifier for a rule or change name."""
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
-
 
 
 class Scoped:
@@ -79,13 +77,21 @@ class Scoped:
         self.tenant = scope.tenant
         self.prefix = f"{name}.{scope.name}"
         self.mutating_failure, self.validating_failure = mutating, validating
-        spec = policy.model.spec if policy.model is not None else None
-        assert spec is not None
+        assert policy.model is not None  # compile_policy keeps the document it compiled
+        spec = self.spec = policy.model.spec
         self.names = sorted({*spec.gpu_resources.names, *spec.gpu_resources.time_slicing})
         self.patterns = [*spec.gpu_resources.patterns, *(
             f"deviceclass.resource.kubernetes.io/{c}" for c in sorted(spec.device_classes))]
         self.keys = sorted({str(t["key"]) for t in policy.tolerations if t.get("key")})
         self.subject = "'pod ' + request.namespace + '/' + object.metadata.name"
+        # The resources one unit of which is not one GPU (CompiledPolicy.weight: every
+        # resource the policy weighs or names; any other counts 1), as a CEL map.
+        known = {*spec.gpu_resources.weights, *spec.gpu_resources.time_slicing,
+                 *spec.gpu_resources.names,
+                 *(f"deviceclass.resource.kubernetes.io/{c}" for c in spec.device_classes)}
+        weights = {k: policy.weight(k) for k in sorted(known) if policy.weight(k) != 1.0}
+        self.weights = ("{" + ", ".join(f"{quote(k)}: {w!r}" for k, w in weights.items())
+                        + "}") if weights else None
 
     # ------------------------------------------------------------------ shared
     def _gpu(self, c: str) -> str:
@@ -104,19 +110,10 @@ class Scoped:
         return [*out, {"name": "gpu", "expression": has}]
 
     def _weight(self, r: str) -> str:
-        """CEL: the GPU-equivalents one unit of resource ``r`` counts for
-        (``CompiledPolicy.weight``: every resource the policy weighs or names, 1 else)."""
-        spec = self.policy.model.spec if self.policy.model is not None else None
-        assert spec is not None
-        known = {*spec.gpu_resources.weights, *spec.gpu_resources.time_slicing,
-                 *spec.gpu_resources.names,
-                 *(f"deviceclass.resource.kubernetes.io/{c}" for c in spec.device_classes)}
-        weights = {k: self.policy.weight(k) for k in sorted(known)}
-        weights = {k: w for k, w in weights.items() if w != 1.0}
-        if not weights:
+        """CEL: the GPU-equivalents one unit of resource ``r`` counts for."""
+        if self.weights is None:
             return "1.0"
-        table = "{" + ", ".join(f"{quote(k)}: {w!r}" for k, w in weights.items()) + "}"
-        return f"({r} in {table} ? {table}[{r}] : 1.0)"
+        return f"({r} in {self.weights} ? {self.weights}[{r}] : 1.0)"
 
     def _bound(self, key: str, lst: str, expr: str) -> str:
         """``expr`` with ``c`` the container at index ``ci`` of ``lst`` and ``g`` its
@@ -128,8 +125,7 @@ class Scoped:
                                         self.tenant.name if self.tenant else None))
 
     def _conditions(self) -> list[dict[str, str]]:
-        spec = self.policy.model.spec if self.policy.model is not None else None
-        assert spec is not None
+        spec = self.spec
         out = [{"name": "no-dra-claims", "expression":
                 "!(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)"}]
         if spec.gpu_resources.kai is not None:
@@ -165,9 +161,7 @@ class Scoped:
 
     def _per_container(self, make: Callable[[str, str], str]) -> str:
         """``make(key, c)`` (a list of findings) for every container, flattened."""
-        return "(" + " + ".join(f"lists.range(size({lst})).map(ci, "
-                                f"{self._bound(key, lst, make(key, 'c'))}).flatten()"
-                                for key, lst in CONTAINER_LISTS) + ")"
+        return self._each(lambda key, c, _ptr: make(key, c))
 
     def _finding(self, rule: Rule, text: str, where: str | None = None) -> str:
         at = "variables.subject" + (f" + ', ' + {where}" if where else "")

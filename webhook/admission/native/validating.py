@@ -150,8 +150,7 @@ class Validating(Scoped):
         GPU-equivalents. Not compiled where HAMi shares GPUs (a vGPU's share is read from
         its memory and cores resources: the webhook decides)."""
         t = self.tenant
-        spec = self.policy.model.spec if self.policy.model is not None else None
-        if t is None or spec is None or spec.gpu_resources.hami is not None:
+        if t is None or self.policy.hami is not None:
             return None
         cap = t.max_per_container if rule is Rule.MAX_PER_CONTAINER else t.max_per_pod
         if cap is None:
