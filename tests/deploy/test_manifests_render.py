@@ -122,6 +122,28 @@ def test_scale_subresources_go_to_a_validating_webhook_of_their_own(failure):
                        for rule in hook["rules"] for r in rule["resources"])
 
 
+@pytest.mark.parametrize("failure", ["Fail", "Ignore"])
+def test_resizes_of_gpu_pods_go_to_a_webhook_where_cpu_per_gpu_is_capped(failure):
+    # No resourcesPerGpu in the policy: a resize has nothing to be held to, and no
+    # webhook is registered for it (no call, whatever the pod).
+    assert not [h for o in render() for h in o["webhooks"] if "resize" in h["name"]]
+    holding = load_file(str(ROOT / "policies" / "examples" / "holding.yaml"))
+    validating = manifests.render(holding, manifests.Options(
+        validating_failure_policy=failure))[1]
+    main = validating["webhooks"][0]
+    [resize] = [h for h in validating["webhooks"] if h["name"] == "resize.gpu-webhook.dev"]
+    assert resize["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
+                                "operations": ["UPDATE"], "resources": ["pods/resize"],
+                                "scope": "Namespaced"}]
+    assert (resize["failurePolicy"], resize["sideEffects"]) == (failure, "None")
+    assert resize["clientConfig"] == main["clientConfig"]
+    assert resize["namespaceSelector"] == main["namespaceSelector"]
+    gpu = wrap("Pod", pod_spec(container(limits={"nvidia.com/gpu": "1", "cpu": "64"})))
+    plain = wrap("Pod", pod_spec(container(limits={"cpu": "64"})))
+    assert sent(resize, gpu, old=gpu, sub_resource="resize")
+    assert not sent(resize, plain, old=plain, sub_resource="resize")
+
+
 def test_deletes_of_gang_kinds_go_to_a_release_webhook_that_never_blocks():
     validating = render(validating_failure_policy="Fail")[1]
     main = validating["webhooks"][0]

@@ -70,6 +70,59 @@ def test_a_one_gpu_pod_asking_for_64_cpus_is_refused_with_the_ratio(
     running(core, ns, 1)
 
 
+def test_cpu_asked_at_pod_level_is_held_to_the_same_cap(
+        sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory) -> None:
+    # Pod-level resources (KEP-2837, beta and on by default since 1.34, as v1.37 ships
+    # it): the scheduler reads spec.resources where set, so the cap reads it too.
+    ns = sim_namespace(TENANT)
+    p = pod("pod-level", 1)
+    p["spec"]["resources"] = {"requests": {"cpu": "64"}}
+    done = apply(sim, ns, p)
+    assert done.returncode != 0
+    assert ("1 GPU with 64 CPUs: at most 16 CPUs per GPU in tenant holding, so at most "
+            "16 CPUs for this pod") in done.stderr
+    assert not core.list_namespaced_pod(ns).items
+
+
+def resize(sim: SimCluster, ns: str, name: str, cpu: str) -> Any:
+    """``kubectl patch --subresource resize`` (in-place resize, GA in 1.35) of the first
+    container's CPU."""
+    body = {"spec": {"containers": [{"name": "train", "resources": {
+        "requests": {"cpu": cpu}, "limits": {"cpu": cpu}}}]}}
+    return sim.cp.kubectl("patch", "pod", name, "-n", ns, "--subresource", "resize",
+                          "--type", "strategic", "-p", json.dumps(body), check=False)
+
+
+def test_a_running_gpu_pod_resized_past_its_cpu_per_gpu_is_refused(
+        sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory) -> None:
+    ns = sim_namespace(TENANT)
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+             "spec": {"containers": [{"name": "train", "image": "web:1", "resources": {
+                 "limits": {"cpu": "1"}}}]}}
+    wait_until("the GPU pod to be admitted", lambda: apply(
+        sim, ns, with_cpu(pod("train", 1), "8"), plain).returncode == 0,
+        timeout=SCHEDULE_TIMEOUT, every=0.5)
+    running(core, ns, 2)
+    done = resize(sim, ns, "train", "64")
+    assert done.returncode != 0
+    assert (f"pod {ns}/train: cannot be resized to 64 CPUs: its 1 GPU allows at most 16 "
+            "CPUs per GPU in tenant holding, so at most 16 CPUs. Resize to 16 CPUs or "
+            "less") in done.stderr, done.stderr
+    assert "[rule resources-per-gpu, tenant holding]" in done.stderr
+
+    def cpu(name: str) -> str:
+        return str(core.read_namespaced_pod(name, ns).spec.containers[0]
+                   .resources.limits["cpu"])
+    assert cpu("train") == "8"
+    done = resize(sim, ns, "train", "12")
+    assert done.returncode == 0, done.stderr
+    assert cpu("train") == "12"
+    # A pod without GPUs is never sent: resized as it asks.
+    done = resize(sim, ns, "web", "48")
+    assert done.returncode == 0, done.stderr
+    assert cpu("web") == "48"
+
+
 def test_every_gpu_pod_of_a_tenant_routed_to_kueue_gets_the_queue_label(
         sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory) -> None:
     ns = sim_namespace(TENANT)

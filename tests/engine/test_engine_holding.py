@@ -10,9 +10,12 @@ required node affinity admits that node, as the scheduler's nodeaffinity filter 
 
 from __future__ import annotations
 
+import asyncio
+import copy
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from enginekit import (
     PRODUCT_LABEL,
@@ -32,6 +35,9 @@ from enginekit import (
     validated,
 )
 
+from webhook.admission.webhooks import Cluster, Phase, admit
+from webhook.engine.decision import Decision
+from webhook.k8s.review import parse_review, request_review
 from webhook.policy.model import Rule
 
 POLICY = holding_policy()
@@ -130,6 +136,72 @@ def test_cpu_and_memory_per_gpu(manifest: dict[str, Any], refused: str | None) -
     else:
         assert not d.allowed and rules(d) == [Rule.RESOURCES_PER_GPU]
         assert refused in d.message
+
+
+@pytest.mark.parametrize(("resources", "container_cpu", "refused"), [
+    # Pod-level resources (spec.resources, on by default since 1.34): the scheduler
+    # reads the pod-level request where set, whatever the containers ask.
+    ({"requests": {"cpu": "64"}}, None, "1 GPU with 64 CPUs: at most 16 CPUs per GPU"),
+    ({"requests": {"cpu": "64"}}, "8", "1 GPU with 64 CPUs"),
+    ({"requests": {"memory": "512Gi"}}, None, "1 GPU with 512Gi of memory"),
+    # A pod-level limit alone is the request where no container asks the resource...
+    ({"limits": {"cpu": "64"}}, None, "1 GPU with 64 CPUs"),
+    # ... and the containers' requests where they do (the API server's defaulting).
+    ({"limits": {"cpu": "64"}}, "8", None),
+    ({"requests": {"cpu": "16"}, "limits": {"cpu": "64"}}, None, None),
+])
+def test_cpu_and_memory_asked_at_pod_level_are_held_to_the_same_caps(
+        resources: dict[str, Any], container_cpu: str | None, refused: str | None) -> None:
+    limits = {**gpus(1), **({"cpu": container_cpu} if container_cpu else {})}
+    _, d = admitted(pod(container(limits=limits), resources=resources), POLICY)
+    if refused is None:
+        assert d.allowed, d.message
+    else:
+        assert not d.allowed and rules(d) == [Rule.RESOURCES_PER_GPU]
+        assert refused in d.message
+
+
+def test_a_pod_asking_at_pod_level_is_not_given_the_default_of_that_resource() -> None:
+    m = mutate_checked(pod(container(limits=gpus(2)), resources={"limits": {"cpu": "8"}}),
+                       POLICY)
+    requests = m.patched["spec"]["containers"][0]["resources"]["requests"]
+    assert "cpu" not in requests  # under a pod-level limit of 8, 32 would be invalid
+    assert requests["memory"] == "128Gi"
+
+
+def resized(before: dict[str, Any], cpu: str, namespace: str = "research") -> Decision:
+    """The validating webhook's decision on the pods/resize UPDATE of ``before`` to
+    ``cpu`` in its first container (the API server sends the whole resized pod)."""
+    old = copy.deepcopy(before)
+    old["metadata"].update(namespace=namespace, uid="6b1c3d0e-0000-4000-8000-000000000002")
+    new = copy.deepcopy(old)
+    new["spec"]["containers"][0]["resources"]["limits"]["cpu"] = cpu
+    new["spec"]["containers"][0]["resources"].setdefault("requests", {})["cpu"] = cpu
+    payload = request_review(new, operation="UPDATE")
+    payload["request"].update(subResource="resize", oldObject=old, namespace=namespace)
+    return asyncio.run(admit(Phase.VALIDATE, parse_review(orjson.dumps(payload)), POLICY,
+                             Cluster()))
+
+
+def test_a_running_gpu_pod_resized_past_its_cpu_per_gpu_is_refused() -> None:
+    running = pod(fits("8"), name="train", nodeSelector={PRODUCT_LABEL: H200})
+    d = resized(running, "64")
+    assert not d.allowed and rules(d) == [Rule.RESOURCES_PER_GPU]
+    assert d.message == (
+        "pod research/train: cannot be resized to 64 CPUs: its 1 GPU allows at most 24 "
+        "CPUs per h200 GPU in tenant research, so at most 24 CPUs. Resize to 24 CPUs or "
+        "less; a running pod's GPUs cannot be resized, so work that needs more CPU needs "
+        "a new pod with more GPUs. [rule resources-per-gpu, tenant research]")
+    assert resized(running, "12").allowed
+    assert resized(running, "24").allowed
+
+
+def test_a_pod_without_gpus_or_caps_is_resized_freely() -> None:
+    plain = pod(container(limits={"cpu": "1"}), name="web")
+    d = resized(plain, "100")
+    assert d.allowed and d.skipped == "operation"
+    # A namespace of no tenant: no cap to hold a resize to.
+    assert resized(pod(fits("8")), "64", namespace="unassigned").allowed
 
 
 def test_a_gpu_pod_asking_no_cpu_or_memory_is_given_the_defaults_per_gpu() -> None:

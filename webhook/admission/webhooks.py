@@ -9,6 +9,8 @@ tests all decide a review here, so what is tested is what runs:
   pod creation is checked *inside* the store's atomic reservation, so two pods that each
   fit alone can never both be admitted when together they do not;
 - :func:`scaling`: a scale subresource request, with the read of the workload it scales;
+- a GPU pod's in-place resize (``pods/resize``): its new CPU and memory per GPU
+  (``webhook.engine.resize``);
 - :func:`releasing`: a gang workload's DELETE, which frees what its gang reservation
   still holds.
 
@@ -38,6 +40,7 @@ from webhook.engine.decision import Decision, subject_of
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.handoff import PodAsk, PodQuota, Validation
 from webhook.engine.mutate import mutate
+from webhook.engine.resize import is_resize, resize
 from webhook.engine.routes.recheck import recheck
 from webhook.engine.routes.sights import Sights, no_sights
 from webhook.engine.scale import check_scale, scale_up, unchecked_scale
@@ -238,6 +241,8 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
     if phase is Phase.MUTATE:
         return mutating(req, policy, cluster.labels, cluster.claims, cluster.store,
                         cluster.sights, cluster.clock())
+    if is_resize(req):
+        return resize(req, policy, cluster.labels)
     if req.sub_resource:
         return await scaling(req, policy, cluster, budget)
     if req.operation == "DELETE":

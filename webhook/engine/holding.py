@@ -38,7 +38,12 @@ from webhook.k8s.claims import DeviceRequest
 from webhook.k8s.objects import MalformedObject, child_map, parse_pointer
 from webhook.k8s.patch import Patch
 from webhook.k8s.quantity import QuantityError, gpu_count, parse
-from webhook.k8s.resources import ContainerKind, effective_request
+from webhook.k8s.resources import (
+    ContainerKind,
+    effective_request,
+    pod_level,
+    with_pod_level,
+)
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CapabilityRules, CompiledPolicy
 from webhook.policy.model import Mode, Rule
@@ -220,9 +225,14 @@ def _fill(policy: CompiledPolicy, tenant: TenantRules, target: Target, patch: Pa
     r = tenant.ratios
     assert r is not None
     n = len(patch.ops)
+    t = target.template
+    # A pod that asks at pod level has asked: container requests beside a pod-level
+    # limit could also exceed it, which core validation refuses.
+    pod_requests, pod_limits = pod_level(t.spec, t.spec_pointer)
     for resource, per in (("cpu", r.fill_cpu), ("memory", r.fill_memory)):
-        if per is None or any(resource in (c.requests or {}) or resource in (c.limits or {})
-                              for c in target.containers):
+        if per is None or resource in pod_requests or resource in pod_limits or any(
+                resource in (c.requests or {}) or resource in (c.limits or {})
+                for c in target.containers):
             continue
         for c in target.containers:
             if not c.names or c.kind == "init":
@@ -267,9 +277,10 @@ def _shown(amount: float, resource: str) -> str:
     return f"{messages.num(round(amount / MI, 1))}Mi"
 
 
-def ratios(check: Checker, target: Target, cost: Cost) -> None:
+def ratios(check: Checker, target: Target, cost: Cost, resized: bool = False) -> None:
     """The pod's CPU and memory per GPU-equivalent against its tenant's caps (of its
-    product, when the caps name it): rule resources-per-gpu."""
+    product, when the caps name it): rule resources-per-gpu. ``resized``: the pod's
+    resources as an in-place resize would make them (its GPUs cannot change)."""
     tenant = target.tenant
     r = tenant.ratios if tenant is not None else None
     gpus = cost.spot or cost.gpus  # before the tenant's spot weight: the GPUs it holds
@@ -280,26 +291,37 @@ def ratios(check: Checker, target: Target, cost: Cost) -> None:
               if cap is not None]
     if not wanted:
         return
-    per: list[tuple[ContainerKind, dict[str, float]]] = []
-    for c in target.containers:
-        amounts: dict[str, float] = {}
-        for res, _ in wanted:
-            value = (c.requests or {}).get(res, (c.limits or {}).get(res))
-            if value is None:
-                continue
-            try:
-                amounts[res] = float(parse(value))
-            except QuantityError:
-                continue  # core validation refuses it
-        per.append((c.kind, amounts))
-    asked = effective_request(per)
+    names = [res for res, _ in wanted]
+    per: list[tuple[ContainerKind, dict[str, float]]] = [
+        (c.kind, _amounts({**(c.limits or {}), **(c.requests or {})}, names))
+        for c in target.containers]
+    t = target.template
+    pod_requests, pod_limits = pod_level(t.spec, t.spec_pointer)
+    asked = with_pod_level(effective_request(per), _amounts(pod_requests, names),
+                           _amounts(pod_limits, names))
     product = cost.product if cost.product in r.products else None
     for res, cap in wanted:
         have = asked.get(res, 0.0)
         if have > cap * gpus * (1 + 1e-9):
-            check.report(Rule.RESOURCES_PER_GPU, messages.per_gpu(
+            said = messages.per_gpu_resized if resized else messages.per_gpu
+            check.report(Rule.RESOURCES_PER_GPU, said(
                 gpus, res, _shown(have, res), r.shown.get(cap) or _shown(cap, res),
                 _shown(cap * gpus, res), tenant.name, product))
+
+
+def _amounts(values: Mapping[str, Any], names: list[str]) -> dict[str, float]:
+    """The readable quantities of ``names`` among ``values`` (an unreadable one is core
+    validation's to refuse)."""
+    out: dict[str, float] = {}
+    for res in names:
+        value = values.get(res)
+        if value is None:
+            continue
+        try:
+            out[res] = float(parse(value))
+        except QuantityError:
+            continue
+    return out
 
 
 # --------------------------------------------------------------------------- capability

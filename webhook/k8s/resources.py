@@ -103,3 +103,36 @@ def effective_request(per_container: Iterable[tuple[ContainerKind, Mapping[str, 
 def _add(into: dict[str, float], amounts: Mapping[str, float]) -> None:
     for r, v in amounts.items():
         into[r] = into.get(r, 0) + v
+
+
+# What ``spec.resources`` (pod-level resources, KEP-2837: beta and on by default since
+# 1.34) may set that the product reads; hugepages are the others it allows.
+POD_LEVEL = ("cpu", "memory")
+
+
+def pod_level(spec: Mapping[str, Any], spec_ptr: str
+              ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The pod-level requests and limits of ``spec`` (``spec.resources``), values not yet
+    parsed; empty when unset. Raises MalformedObject for a level of the wrong JSON type."""
+    res = child_map(dict(spec), "resources", spec_ptr)
+    if not res:
+        return {}, {}
+    ptr = spec_ptr + "/resources"
+    return child_map(res, "requests", ptr) or {}, child_map(res, "limits", ptr) or {}
+
+
+def with_pod_level(effective: Mapping[str, float], requests: Mapping[str, float],
+                   limits: Mapping[str, float]) -> dict[str, float]:
+    """The pod's request per resource as the scheduler reads it when the pod sets
+    pod-level resources (``component-helpers/resource.PodRequests``): a pod-level request
+    wins over what the containers add up to. The API server defaults a pod-level request
+    from the containers' requests where they ask the resource, else from the pod-level
+    limit; a spec read before defaulting (``review``, the audit of a file) is read the
+    same way."""
+    out = dict(effective)
+    for r in POD_LEVEL:
+        if r in requests:
+            out[r] = requests[r]
+        elif r in limits and not effective.get(r):
+            out[r] = limits[r]
+    return {r: v for r, v in out.items() if v}

@@ -57,6 +57,18 @@ def per_gpu(gpus: float, what: str, asked: str, cap: str, most: str, tenant: str
             "a node's CPUs or memory strands the GPUs it leaves).")
 
 
+def per_gpu_resized(gpus: float, what: str, asked: str, cap: str, most: str, tenant: str,
+                    product: str | None) -> str:
+    """``cannot be resized to 64 CPUs: its 1 GPU allows at most 16 CPUs per GPU ...``"""
+    unit, noun = ("CPUs", "CPU") if what == "cpu" else ("of memory", "memory")
+    per = f"per {product} GPU" if product else "per GPU"
+    return (f"cannot be resized to {asked} {unit}: its {num(gpus)} "
+            f"GPU{'' if gpus == 1 else 's'} allow{'s' if gpus == 1 else ''} at most {cap} "
+            f"{unit} {per} in tenant {tenant}, so at most {most} {unit}. Resize to {most} "
+            f"{unit} or less; a running pod's GPUs cannot be resized, so work that needs "
+            f"more {noun} needs a new pod with more GPUs.")
+
+
 def queue_unrouted(wrong: str) -> str:
     return (f"is not sent where its tenant's GPU pods go ({wrong}). Set them, or create "
             "it again through the webhook, which sets them.")

@@ -185,6 +185,22 @@ SCALE_RULES: list[dict[str, Any]] = [
 ]
 
 
+# A running pod's in-place resize (GA in 1.35): its CPU and memory change, never its
+# GPUs; only the validating webhook's per-GPU caps (resourcesPerGpu) care. A rule of
+# ``pods`` alone does not match a subresource.
+RESIZE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+     "resources": ["pods/resize"], "scope": "Namespaced"},
+]
+
+
+def caps_resources(policy: GPUPolicy) -> bool:
+    """Whether any tenant's CPU and memory per GPU are capped (``resourcesPerGpu``):
+    only then is a GPU pod's resize sent."""
+    return policy.spec.resources_per_gpu is not None or any(
+        t.resources_per_gpu is not None for t in policy.spec.tenants)
+
+
 # A pod's UPDATE that removes the quota gate (webhook.engine.waiting): only the webhook's
 # own identity may, once it has charged the pod; every other pod update is not sent.
 GATE_RULES: list[dict[str, Any]] = [

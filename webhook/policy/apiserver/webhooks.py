@@ -37,6 +37,12 @@ workloads without GPUs too, which a webhook that is down must not block, and quo
 holds without it (each pod is still checked when it is created). The mutating webhook
 is never sent scale requests: there is nothing to mutate.
 
+``resize.gpu-webhook.dev`` is sent a GPU pod's in-place resize (``pods/resize``, GA in
+1.35) where a tenant's CPU and memory per GPU are capped (``resourcesPerGpu``): the new
+resources are held to the caps, as at creation (``webhook.engine.resize``). A resize
+cannot change a pod's GPUs, so quota is not asked; resizes of pods without GPUs are
+never sent. It follows the validating failurePolicy.
+
 ``release.gpu-webhook.dev`` is sent the DELETE of the kinds that can have a gang (the
 built-in training kinds but Ray and Argo, and the configured kinds with a gang): the
 slots of the workload's gang reservation that no pod took are freed at once, not at the
@@ -119,9 +125,11 @@ from webhook.policy.apiserver.rules import (
     POLICY_CONFIGMAP,
     POLICY_FILE_RULES,
     POLICY_RULES,
+    RESIZE_RULES,
     ROUTE_RULES,
     RULES,
     SCALE_RULES,
+    caps_resources,
     natively_mutated,
     release_rules,
     route_scopes,
@@ -250,6 +258,7 @@ def render(policy: GPUPolicy, options: Options = Options()) -> list[dict[str, An
          "metadata": {"name": options.name, "labels": labels,
                       "annotations": dict(annotations)},
          "webhooks": [r.pods("validate", validating), r.scale(),
+                      *([r.resize(validating)] if caps_resources(policy) else []),
                       *([r.claims("validate", validating)] if claims else []),
                       r.release(), r.gates(validating), r.policies(validating),
                       r.policy_file()]},
@@ -355,6 +364,14 @@ class _Rendering:
         return self._hook("scale", "validate", SCALE_RULES, "None", "Ignore",
                           selector=self._not_excluded(),
                           conditions=[{"name": "scale-up", "expression": SCALE_UP}])
+
+    def resize(self, failure: FailurePolicy) -> dict[str, Any]:
+        """A GPU pod's in-place resize, held to the per-GPU caps; the resize of a pod
+        without GPUs is never sent (the API server allows no change of GPUs by it)."""
+        gpu = with_spec(self.gpu, "object.spec")
+        return self._hook("resize", "validate", RESIZE_RULES, "None", failure,
+                          selector=self._not_excluded(),
+                          conditions=[{"name": "gpu-pods", "expression": gpu}])
 
     def release(self) -> dict[str, Any]:
         # Its quota reservation is freed, except for a dry run. Never Fail: a delete is
