@@ -97,12 +97,17 @@ class PerGPU(_Strict):
 
 
 class ResourcesPerGPU(PerGPU):
-    """CPU and memory in proportion to GPUs (rule resources-per-gpu)."""
+    """CPU and memory in proportion to GPUs (rule resources-per-gpu), on the pod's
+    request as the scheduler reads it (pod-level ``spec.resources`` where set, else its
+    containers'), at creation and at an in-place resize (``pods/resize``); a pod's GPUs
+    cannot be resized."""
 
     default_cpu: Quantity | None = None
-    """CPUs per GPU given to a GPU pod that asks for no CPU in any container."""
+    """CPUs per GPU given to a GPU pod that asks for no CPU in any container nor at
+    pod level."""
     default_memory: Quantity | None = None
-    """Memory per GPU given to a GPU pod that asks for no memory in any container."""
+    """Memory per GPU given to a GPU pod that asks for no memory in any container nor
+    at pod level."""
     products: dict[Annotated[str, Field(pattern=_DNS_LABEL, max_length=63)], PerGPU] = (
         Field(default_factory=dict, max_length=256))
     """Per product short name: its own per-GPU caps (a field unset there takes the
