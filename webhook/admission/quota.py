@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from webhook.admission.groups import GroupGang
 from webhook.engine import messages
 from webhook.engine.decision import Checker, Decision, Finding
 from webhook.engine.handoff import ClaimQuota, GangQuota, PodQuota, QuotaStep, Validation
@@ -21,7 +22,7 @@ from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
 from webhook.policy.tenantrules import CohortRules
 from webhook.quota.borrow import check_borrowed, why_not_borrowed
-from webhook.quota.check import UsageView, check_gang, check_pod, check_workload
+from webhook.quota.check import UsageView, check_gang, check_group, check_pod, check_workload
 from webhook.quota.decider import NotDeciding
 from webhook.quota.gang import GANG_BOUND_SECONDS
 from webhook.quota.store import (
@@ -35,13 +36,15 @@ from webhook.quota.waiting import ever_fits
 
 
 async def with_quota(v: Validation, policy: CompiledPolicy, store: UsageStore | None,
-                     budget: float, now: float | None = None) -> Decision:
+                     budget: float, now: float | None = None, group: GroupGang | None = None
+                     ) -> Decision:
     """The engine's decision with its quota step's findings (none without a store).
     ``now`` (unix time, the pipeline's clock) chooses the caps of a tenant's quota
-    window; None: the tenant's caps outside every window."""
+    window; None: the tenant's caps outside every window. ``group``: the PodGroup gang
+    to check and reserve whole before the pod (``webhook.admission.groups``)."""
     if v.quota is None or store is None:
         return v.decision
-    findings, faults = await quota(at(v.quota, now), policy, store, budget)
+    findings, faults = await quota(at(v.quota, now), policy, store, budget, group)
     return v.decision.adding(findings, faults)
 
 
@@ -56,8 +59,8 @@ def at(step: QuotaStep, now: float | None) -> QuotaStep:
 Found = tuple[list[Finding], list[str]]  # the quota step's findings, and its faults
 
 
-async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budget: float
-                ) -> Found:
+async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budget: float,
+                group: GroupGang | None = None) -> Found:
     """The quota step's findings (and faults): checked against the store's usage, or,
     for a real creation, checked and reserved in one atomic step."""
     match step:
@@ -65,6 +68,8 @@ async def quota(step: QuotaStep, policy: CompiledPolicy, store: UsageStore, budg
             return await _gang(step, policy, store, budget)
         case PodQuota(borrowing=CohortRules() as cohort) if step.ask.is_pod:
             return await _borrowed(step, cohort, policy, store, budget)
+        case PodQuota() if group is not None:
+            return await _grouped(step, group, policy, store, budget)
         case _:
             return await _single(step, policy, store, budget)
 
@@ -116,6 +121,32 @@ async def _single(step: PodQuota | ClaimQuota, policy: CompiledPolicy, store: Us
     except NameTaken as exc:
         return _name_taken(policy, step, exc)
     return attempts.last.findings, []
+
+
+async def _grouped(step: PodQuota, group: GroupGang, policy: CompiledPolicy,
+                   store: UsageStore, budget: float) -> Found:
+    """The first pod of a PodGroup: its whole gang checked and, when it fits now,
+    reserved in one atomic step; then the pod draws a slot of it as any pod of the gang.
+    A gang refused refuses the pod (its findings); a gang that could not be learnt leaves
+    the pod counted alone, with a warning."""
+    res = step.reservation
+    if group.unread is not None or res is None or not isinstance(store, GangStore):
+        found, faults = await _single(step, policy, store, budget)
+        check = _checker(policy, step)
+        check.report(Rule.QUOTA, messages.group_unread(group.name, group.unread or ""),
+                     at_most=Mode.WARN)
+        return [*found, *check.findings], faults
+    tenant, ask = step.tenant, step.ask
+    attempts = _Attempts(policy, step, lambda check, view: check_group(
+        check, tenant, ask, group.name, group.size, view))
+    try:
+        reserved = await store.reserve_gang(group.key, (group.id,), [(res.charge, group.size)],
+                                            attempts, GANG_BOUND_SECONDS, budget)
+    except ReservationUnavailable as exc:
+        return _unavailable(policy, step, exc)
+    if not reserved:
+        return attempts.last.findings, []
+    return await _single(step, policy, store, budget)
 
 
 def waiting(step: PodQuota, policy: CompiledPolicy) -> Found:

@@ -7,7 +7,8 @@ tests all decide a review here, so what is tested is what runs:
 - :func:`validating`: the validating webhook, then its quota step against a usage
   store: a workload or a dry run is checked against the usage this replica sees; a real
   pod creation is checked *inside* the store's atomic reservation, so two pods that each
-  fit alone can never both be admitted when together they do not;
+  fit alone can never both be admitted when together they do not; the first pod of a
+  PodGroup has its whole gang checked and reserved (``webhook.admission.groups``);
 - :func:`scaling`: a scale subresource request, with the read of the workload it scales;
 - a GPU pod's in-place resize (``pods/resize``): its new CPU and memory per GPU
   (``webhook.engine.resize``);
@@ -32,6 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from webhook.admission.claimreads import ClaimReader, seeing
+from webhook.admission.groups import GroupMembers, GroupReader, group_gang, no_members
 from webhook.admission.quota import waiting, with_quota
 from webhook.engine import messages
 from webhook.engine.claims import CLAIM_CONTROLLER_USERS, is_claim
@@ -92,6 +94,10 @@ class Cluster:
     # The time a review is decided at (unix seconds): it chooses a tenant's quota window.
     # Tests give their own (webhook.server.settings: test_clock_offset_file).
     clock: Callable[[], float] = time.time
+    # The PodGroups of the core gang API, read at a gang's first pod; None: not read
+    # (each pod counted alone). Their pods the cache sees charged (the pod watch's line).
+    read_group: GroupReader | None = None
+    group_members: GroupMembers = no_members
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
@@ -176,7 +182,13 @@ async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Clu
             and is_gated(req.object)):
         # Waiting for quota: checked against the caps alone, charged when released.
         return v.decision.adding(*waiting(step, policy))
-    return await with_quota(v, policy, cluster.store, budget, cluster.clock())
+    group = None
+    if isinstance(step, PodQuota) and step.reservation is not None and step.reservation.group:
+        started = time.monotonic()
+        group = await group_gang(step, req.namespace, cluster.store, cluster.read_group,
+                                 cluster.group_members, budget)
+        budget = max(budget - (time.monotonic() - started), 0.0)
+    return await with_quota(v, policy, cluster.store, budget, cluster.clock(), group)
 
 
 def shareable(v: Validation, req: AdmissionRequest) -> bool:

@@ -39,6 +39,9 @@ class Reservation:
     # "namespace/name": a retry of the same create is one charge, and a create that
     # fails because the name is taken holds nothing (see quota.ledger).
     name: str | None = None
+    # The PodGroup the pod joins (the core gang API, ``webhook.k8s.podgroups``): the
+    # pipeline reads its gang size and, at its first pod, checks and reserves it whole.
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -49,6 +49,7 @@ from webhook.engine.target import (
 )
 from webhook.engine.tolerations import tolerated_gpu_taints
 from webhook.engine.users import charged_user, recorded
+from webhook.k8s import podgroups
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
 from webhook.k8s.workloads import Workload, owned_by_reserving, read_workload, replicas
@@ -138,10 +139,14 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
     reservation = None
     if target.template.is_pod and not req.dry_run:  # a dry run must leave no trace
         key, name = reserved_as(req)
+        group = podgroups.group_of(req.object)
+        gangs = pod_ids(req.ident)
+        if group is not None:
+            gangs = (*gangs, podgroups.group_id(req.namespace, group))
         reservation = Reservation(
             key=key, charge=cost.charge(charged_to(tenant, req.object), req.namespace,
                                         owner_of(req.ident), user=user),
-            gangs=pod_ids(req.ident), name=name)
+            gangs=gangs, name=name, group=group)
     borrowed = charged_to(tenant, req.object) != tenant.name
     if borrowed and target.template.is_pod and tenant.cohort is not None:
         problem = priority_mismatch(req.object, tenant.cohort.priority)

@@ -3,17 +3,18 @@ can be released now (the order and the choice are pure; :class:`WaitLine` is the
 watch-fed index the leader reads).
 
 Order, per tenant: higher ``spec.priority`` first, then earlier arrival
-(``metadata.creationTimestamp``), then name, as the scheduler orders its queue. A
-*unit* is one pod, or every waiting pod of one gang (:func:`gang_of`: the pods of a
-training workload, found by the label its controller puts on them, or of a Job with
-parallelism above 1; ``webhook.server.leading.release`` says how the gang's size is
-learned); a unit stands in the line at the place of its first pod. A gang is released only whole:
-when its waiting pods and those of it already running make up its size, and all its
-waiting pods fit together. A gang not complete yet (its controller is still creating
-pods) keeps its place and lets the units behind it go; a complete unit that does not fit
-stops its tenant's line, so a big job is not passed over forever by small ones behind it,
-unless only its user's own caps refuse it (``quota.check.users_cap_alone``): it keeps
-its place and the units behind it go, as no release of others could make it fit.
+(``metadata.creationTimestamp``), then name, as the scheduler orders its queue. A *unit*
+is one pod, or every waiting pod of one gang (:func:`gang_of`: the pods of a PodGroup of
+the core gang API, of a training workload, found by the label its controller puts on
+them, or of a Job with parallelism above 1; ``webhook.server.leading.release`` says how
+the gang's size is learned); a unit stands in the line at the place of its first pod. A
+gang is released only whole: when its waiting pods and those of it already running make
+up its size, and all its waiting pods fit together. A gang not complete yet (its
+controller is still creating pods) keeps its place and lets the units behind it go; a
+complete unit that does not fit stops its tenant's line, so a big job is not passed over
+forever by small ones behind it, unless only its user's own caps refuse it
+(``quota.check.users_cap_alone``): it keeps its place and the units behind it go, as no
+release of others could make it fit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.engine.waiting import is_gated
+from webhook.k8s import podgroups
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.workloads import CRD_KINDS, BuiltIn
 
@@ -123,14 +125,20 @@ for _b in CRD_KINDS:
 
 
 def gang_of(pod: Mapping[str, Any], ident: ObjectId | None = None) -> GangOf | None:
-    """The gang of a waiting pod: the training workload that controls it or whose label
-    it carries (of a label several kinds share, the kind its owners name, else the first
-    that makes pods itself: a TrainJob's pods are its JobSet's), one group of a
-    LeaderWorkerSet, else the batch Job that controls it; None for a pod of neither.
-    ``ident``: the pod's identity when the caller has read it already."""
+    """The gang of a waiting pod: the PodGroup it joins (the core gang API, read first: its
+    ``minCount`` is what the scheduler holds the pods to), the training workload
+    that controls it or whose label it carries (of a label several kinds share, the
+    kind its owners name, else the first that makes pods itself: a TrainJob's pods
+    are its JobSet's), one group of a LeaderWorkerSet, else the batch Job that
+    controls it; None for a pod of neither. ``ident``: the pod's identity when the
+    caller has read it already."""
     if ident is None:
         ident = ObjectId.of(pod)
     ns, labels = ident.namespace, ident.labels
+    group = podgroups.group_of(pod)
+    if group is not None:
+        return GangOf(podgroups.group_id(ns, group), podgroups.KIND, podgroups.GROUP,
+                      podgroups.VERSION, podgroups.RESOURCE, ns, group)
     # (group, kind) -> (version, name) of the pod's owners: the version its controller
     # wrote is one the API server serves.
     owned = {(r.group, r.kind): (r.version, r.name) for r in ident.owners if r.api_version}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
+from webhook.admission.groups import GroupReader, GroupUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
 from webhook.engine.routes.sights import Sights, carries_gpus, no_sights
 from webhook.k8s.claims import CLAIM, TEMPLATE
@@ -98,6 +99,7 @@ class Cluster:
     api: Any = None  # the API client, for what the leader replica writes (server.upkeep)
     read_claim: ClaimReader | None = None  # a claim or template the watches lack yet
     sights: Sights = no_sights  # nodes and PriorityClasses (SightCache)
+    read_group: GroupReader | None = None  # a PodGroup, at its gang's first pod
     # The username the webhook's API calls are made as (a SelfSubjectReview at start):
     # the only one the validating webhook lets remove the quota gate; None: unknown.
     identity: str | None = None
@@ -163,7 +165,8 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
     return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
-                   claim_reader(kube.ResourceClaims(api)), seen.sights(), _identity(api))
+                   claim_reader(kube.ResourceClaims(api)), seen.sights(),
+                   group_reader(kube.PodGroups(api)), _identity(api))
 
 
 def _identity(api: Any) -> str | None:
@@ -222,6 +225,23 @@ def claim_reader(claims: kube.ResourceClaims) -> ClaimReader:
                 f"the API server did not answer within {timeout:g}s") from None
         except kube.KubeError as exc:
             raise ClaimUnreadable(exc.reason) from None
+
+    return read
+
+
+def group_reader(groups: kube.PodGroups) -> GroupReader:
+    """Read a PodGroup (at its gang's first pod) off the event loop, within ``timeout``;
+    None when the API server has none."""
+
+    async def read(namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(groups.read, namespace, name, timeout), timeout)
+        except TimeoutError:
+            raise GroupUnreadable(
+                f"the API server did not answer within {timeout:g}s") from None
+        except kube.KubeError as exc:
+            raise GroupUnreadable(exc.reason) from None
 
     return read
 

@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 import uvloop
 
+from webhook.admission.groups import no_members
 from webhook.engine.devices import no_claims
 from webhook.engine.routes.sights import no_sights
 from webhook.engine.target import no_labels
@@ -202,6 +203,9 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         claims=cluster.state.claim_lookup if cluster else no_claims,
         read_claim=cluster.read_claim if cluster else None,
         sights=cluster.sights if cluster else no_sights,
+        read_group=cluster.read_group if cluster else None,
+        group_members=(lambda group: cluster.state.line.running(group)) if cluster
+        else no_members,
         gatekeeper=cluster.identity if cluster else None,
         ready_checks=ready,
         ready_notes=notes or {},

@@ -81,6 +81,9 @@ from webhook.engine.messages.quota import (
     user_quota_exceeded,
 )
 from webhook.engine.messages.roles import (
+    group_never_fits,
+    group_not_free,
+    group_unread,
     parts,
     role_pod_never_fits,
     roles_exceed_quota,
@@ -162,6 +165,9 @@ __all__ = [
     "gang_unreserved",
     "gate_removed_by_other",
     "gpus_of",
+    "group_never_fits",
+    "group_not_free",
+    "group_unread",
     "holds_host_path",
     "holds_privileged",
     "holds_visible_devices",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from webhook.engine.messages.quota import events_on, tightest
+from webhook.engine.messages.quota import events_on, most_pods, tightest
 from webhook.engine.messages.words import _pods, num
 
 # --- workloads with roles (training jobs) ------------------------------------------------
@@ -66,3 +66,36 @@ def role_pod_never_fits(scope: str, what: str, role: str, per_pod: float, cap: f
     return (f"{role} asks for {num(per_pod)} {what} per pod, but {scope}'s quota is "
             f"{num(cap)} {what}: its pod can never run. Ask for {num(cap)} or fewer"
             f"{tightest(others)}.")
+
+
+# --- PodGroups of the core gang API (scheduling.k8s.io) -----------------------------------
+
+
+def group_never_fits(group: str, scope: str, what: str, pods: int, per_pod: float,
+                     cap: float, others: int = 0) -> str:
+    """A PodGroup's gang that no usage could hold, told at its first pod."""
+    return (f"its PodGroup {group} starts {_pods(pods)} together (minCount), {_pods(pods)} "
+            f"x {num(per_pod)} {what} = {num(pods * per_pod)} {what} at once, but {scope}'s "
+            f"quota is {num(cap)} {what}{tightest(others)}: the gang can never start, so "
+            f"none of its pods is admitted. Lower the PodGroup's minCount to "
+            f"{most_pods(cap, per_pod)} or less (or ask less per pod), or ask the platform team "
+            "for more quota.")
+
+
+def group_not_free(group: str, scope: str, what: str, pods: int, per_pod: float,
+                   used: float, cap: float, others: int = 0) -> str:
+    """A PodGroup's gang that does not fit what is free now, told at its first pod."""
+    free = max(cap - used, 0.0)
+    return (f"its PodGroup {group} starts {_pods(pods)} together (minCount), {_pods(pods)} "
+            f"x {num(per_pod)} {what} = {num(pods * per_pod)} {what} at once, but only "
+            f"{num(free)} of {scope}'s {num(cap)} {what} are free now{tightest(others)}: "
+            "none of its pods is admitted until the whole gang fits, so that no part of "
+            "it holds GPUs the rest waits for. Retry once quota frees up (kubectl get "
+            "gpuquota shows what is used).")
+
+
+def group_unread(group: str, why: str) -> str:
+    """The pod's PodGroup could not be read: the pod is counted alone."""
+    return (f"its PodGroup {group} could not be read ({why}), so its gang was not checked "
+            "against the quota whole: this pod is counted alone, and the gang's other pods "
+            "may be refused after some of it starts. Create the PodGroup before its pods.")

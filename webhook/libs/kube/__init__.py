@@ -5,7 +5,8 @@ Everything else speaks the product's terms: pods and namespaces arrive as plain 
 :class:`Watcher` (:mod:`.watch`; the pods on the event loop itself,
 :mod:`.loopwatch`), the workload of a scale request is read as a plain dict
 by :class:`Workloads` (:mod:`.workloads`), a DRA claim or template a pod names and the
-watch has not delivered yet by :class:`ResourceClaims` (:mod:`.claims`), the ledger reads
+watch has not delivered yet by :class:`ResourceClaims` (:mod:`.claims`), a PodGroup by
+:class:`PodGroups` (there too), the ledger reads
 and writes one ConfigMap with a resourceVersion precondition (:mod:`.configmaps`), self-
 managed certificates read and write one Secret the same way (:mod:`.secrets`) and set the
 ``caBundle`` of named webhook configurations (:mod:`.webhookconfigs`), the native
@@ -26,7 +27,7 @@ from webhook.libs.kube.api import (
     connect,
     translated,
 )
-from webhook.libs.kube.claims import ResourceClaims
+from webhook.libs.kube.claims import PodGroups, ResourceClaims
 from webhook.libs.kube.configmaps import ConfigMaps, StoredMap
 from webhook.libs.kube.custom import (
     APPLY,
@@ -63,6 +64,7 @@ __all__ = [
     "Leases",
     "LoopWatcher",
     "NotFound",
+    "PodGroups",
     "Pods",
     "ResourceClaims",
     "Secrets",

@@ -1,6 +1,6 @@
 """One DRA ResourceClaim or ResourceClaimTemplate read as a plain dict: what admission
 reads when a pod names one the watch has not delivered yet (the two applied together,
-as ``kubectl apply -f`` of one file does)."""
+as ``kubectl apply -f`` of one file does); and one PodGroup, whose gang a pod joins."""
 
 from __future__ import annotations
 
@@ -32,6 +32,26 @@ class ResourceClaims:
             with translated(what, timeout):
                 resp: Any = self._read[kind](name, namespace, _preload_content=False,
                                              _request_timeout=timeout)
+        except NotFound:
+            return None
+        return json_object(what, resp.data)
+
+
+class PodGroups:
+    """Read one PodGroup of the core gang API (``scheduling.k8s.io/v1beta1``): a gang's
+    size, read at its first pod. RBAC: get on podgroups."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._read = client.SchedulingV1beta1Api(api).read_namespaced_pod_group
+
+    def read(self, namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
+        """The PodGroup, or None when the API server has none of that name (or serves
+        no PodGroups: the gate ``GenericWorkload`` is off)."""
+        what = f"read PodGroup {namespace}/{name}"
+        try:
+            with translated(what, timeout):
+                resp: Any = self._read(name, namespace, _preload_content=False,
+                                       _request_timeout=timeout)
         except NotFound:
             return None
         return json_object(what, resp.data)

@@ -3,7 +3,8 @@
 Every round (``--release-seconds``, 1 s; a round that would decide what the last one
 decided, with nothing changed since, is skipped, but at most for 10 s) the leader reads
 the gated pods its pod watch holds (``webhook.quota.line.WaitLine``), lines each tenant's
-up by priority then arrival, a gang (the pods of a Job with parallelism above 1, or of a
+up by priority then arrival, a gang (the pods of a PodGroup of the core gang API, its
+``minCount``; of a Job with parallelism above 1; or of a
 training workload's gang: a Volcano Job, a JobSet or TrainJob, a Kubeflow job, one group
 of a LeaderWorkerSet, its size read from the workload) as one unit of its size, and
 commits, in **one compare-and-swap commit** of the tenant's ledger
@@ -47,6 +48,7 @@ from webhook.engine.handoff import PodQuota, Validation
 from webhook.engine.users import recorded_on
 from webhook.engine.validate import OWNED, validate
 from webhook.engine.waiting import ungate_ops, ungated
+from webhook.k8s import podgroups
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
@@ -322,6 +324,8 @@ class Releaser:
             return gang_size(self.pods.job(gang.namespace, gang.name))
         obj = self.pods.workload(gang.group, gang.version, gang.resource, gang.namespace,
                                  gang.name)
+        if gang.kind == podgroups.KIND:
+            return podgroups.gang_size(obj)
         workload = READERS[(gang.group, gang.kind)](obj)
         if workload is None:
             return 1

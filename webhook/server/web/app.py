@@ -38,6 +38,7 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.admission.claimreads import ClaimReader, named
+from webhook.admission.groups import GroupMembers, GroupReader, no_members
 from webhook.admission.webhooks import (
     Cluster,
     Phase,
@@ -83,6 +84,8 @@ class Runtime:
     claims: ClaimLookup = no_claims  # DRA claims and templates the watches hold
     read_claim: ClaimReader | None = None  # one the watches have not delivered; None: no cluster
     sights: Sights = no_sights  # nodes and PriorityClasses the watches hold
+    read_group: GroupReader | None = None  # a PodGroup at its first pod; None: no cluster
+    group_members: GroupMembers = no_members  # a PodGroup's pods charged (the pod watch)
     gatekeeper: str | None = None  # who may remove the quota gate (the webhook itself)
     ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     # What /readyz says beside its checks without failing the probe (the leader's
@@ -109,7 +112,9 @@ class AdmissionApp:
         self.runtime = runtime
         self.cluster = Cluster(runtime.namespace_labels, runtime.store, runtime.read_workload,
                                runtime.claims, runtime.read_claim, runtime.sights,
-                               clock=runtime.clock, gatekeeper=runtime.gatekeeper)
+                               clock=runtime.clock, gatekeeper=runtime.gatekeeper,
+                               read_group=runtime.read_group,
+                               group_members=runtime.group_members)
         # This app's quota gauges and store counters, read when Prometheus scrapes (a
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(
