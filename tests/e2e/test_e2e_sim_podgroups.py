@@ -1,0 +1,138 @@
+"""The core gang API on a simulated cluster of its own: PodGroups
+(``scheduling.k8s.io/v1beta1``) and pods that join them (``spec.schedulingGroup``),
+through the real kube-apiserver, kube-scheduler (its gang scheduling plugin) and kwok
+nodes, with the gates Kubernetes 1.37 ships off turned on as a cluster that uses them
+would.
+
+A PodGroup of 4 pods x 2 GPUs (``minCount: 4``): under a 6-GPU cap in ``deny`` every pod
+is refused, the first with the gang's numbers, and none is created; in ``overQuota:
+wait`` all four wait behind the quota gate and none runs; under an 8-GPU cap all four
+run, the gang reserved at the first pod and charged once (a fifth pod of the group is
+then over the cap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from e2ekit import apply, wait_until
+from gpucluster.fixtures import (
+    SCHEDULE_TIMEOUT,
+    a100_cluster,
+    own_policy,
+    own_sim,
+    pod,
+    pods,
+    running,
+    started,
+)
+from gpucluster.sim import SimCluster
+from kubernetes import client as k8s
+
+from webhook.engine import messages
+
+pytestmark = pytest.mark.e2e
+
+# What the core gang API needs in Kubernetes 1.37: the gate GenericWorkload (beta, off by
+# default; k8s.io/kubernetes pkg/features/kube_features.go) on the API server and the
+# scheduler, and the API version it serves (beta APIs are off unless asked for). A
+# release that changes these fails the served-API check below, not a silent skip.
+KUBERNETES = "v1.37"
+GATES = "--feature-gates=GenericWorkload=true"
+API = "scheduling.k8s.io/v1beta1"
+
+CLUSTER = a100_cluster("podgroups-sim", "a100-gang", 2, 8)
+POLICY = own_policy("podgroups-sim", """\
+    - name: deny6
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: deny6}
+      quota: {gpus: 6}
+    - name: wait6
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: wait6}
+      quota: {gpus: 6}
+      overQuota: wait
+    - name: fit8
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: fit8}
+      quota: {gpus: 8}
+""")
+GATE = "gpu-webhook.dev/quota"
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+    work = tmp_path_factory.mktemp("podgroups-sim")
+    with started(own_sim(work, CLUSTER, POLICY,
+                         apiserver_args=[GATES, f"--runtime-config={API}=true"],
+                         component_args={"kube-scheduler": [GATES],
+                                         "kube-controller-manager": [GATES]})) as cluster:
+        assert cluster.cp.version.startswith(KUBERNETES), cluster.cp.version
+        served = cluster.cp.kubectl("api-resources", f"--api-group={API.split('/')[0]}",
+                                    "-o", "name").stdout.split()
+        assert "podgroups.scheduling.k8s.io" in served, served
+        yield cluster
+
+
+def podgroup(name: str, min_count: int) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "PodGroup", "metadata": {"name": name},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}}
+
+
+def members(group: str, n: int, gpus: int = 2, first: int = 0) -> list[dict[str, Any]]:
+    out = []
+    for i in range(first, first + n):
+        obj = pod(f"{group}-{i}", gpus)
+        obj["spec"]["schedulingGroup"] = {"podGroupName": group}
+        out.append(obj)
+    return out
+
+
+def gated(p: Any) -> bool:
+    return any(g.name == GATE for g in p.spec.scheduling_gates or ())
+
+
+def test_a_gang_that_can_never_fit_is_refused_whole_at_its_first_pod(
+        own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Any) -> None:
+    ns = tenant_ns("deny6")
+    assert apply(own_cluster.cp, ns, podgroup("train", 4)).returncode == 0
+    out = apply(own_cluster.cp, ns, *members("train", 4))
+    assert out.returncode != 0
+    said = messages.group_never_fits("train", "tenant deny6", "GPUs", 4, 2, 6)
+    assert said in out.stderr, out.stderr
+    assert out.stderr.count(said) == 4  # each pod told the same, none created
+    assert pods(api, ns) == []
+
+
+def test_a_waiting_gang_over_the_cap_waits_whole_none_of_it_runs(
+        own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Any) -> None:
+    ns = tenant_ns("wait6")
+    assert apply(own_cluster.cp, ns, podgroup("train", 4)).returncode == 0
+    out = apply(own_cluster.cp, ns, *members("train", 4))
+    assert out.returncode == 0, out.stderr
+    # The leader reads the PodGroup (its minCount) and holds the whole gang in line.
+    wait_until("the leader to line up the gang of 4",
+               lambda: any(e.reason == "WaitingForQuota" and "gang of 4 pods" in e.message
+                           for e in api.list_namespaced_event(ns).items),
+               timeout=SCHEDULE_TIMEOUT, every=0.3)
+    found = pods(api, ns)
+    assert len(found) == 4 and all(gated(p) for p in found), [
+        (p.metadata.name, p.spec.scheduling_gates) for p in found]
+    assert not [p for p in found if p.spec.node_name]
+
+
+def test_a_gang_that_fits_runs_whole_and_is_charged_once(
+        own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Any) -> None:
+    ns = tenant_ns("fit8")
+    assert apply(own_cluster.cp, ns, podgroup("train", 4)).returncode == 0
+    out = apply(own_cluster.cp, ns, *members("train", 4))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "", out.stderr  # no warning: the gang was read and reserved
+    found = running(api, ns, 4)
+    assert {p.metadata.name for p in found} == {f"train-{i}" for i in range(4)}
+    # 8 of 8 GPUs held by the four: a fifth pod of the group finds no slot and no room.
+    extra = apply(own_cluster.cp, ns, *members("train", 1, first=4))
+    assert extra.returncode != 0
+    assert "tenant fit8 would use 10 of its 8 GPUs: 8 in use" in extra.stderr, extra.stderr
