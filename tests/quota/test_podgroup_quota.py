@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -173,3 +174,11 @@ def test_the_pods_of_a_podgroup_wait_as_one_gang_found_by_their_group() -> None:
 ])
 def test_a_podgroups_gang_size_is_its_min_count(spec: dict[str, Any], size: int) -> None:
     assert podgroups.gang_size({"spec": spec}) == size
+
+
+def test_docs_quote_the_refusal_a_podgroup_gets() -> None:
+    # docs/quota.md quotes the start of the refusal of a gang that can never fit.
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "quota.md").read_text()
+    quoted = " ".join(docs.split('("its PodGroup', 1)[1].split('..."', 1)[0].split())
+    said = messages.group_never_fits("train", "tenant ml", "GPUs", 4, 2, 6)
+    assert said.startswith("its PodGroup " + quoted), quoted
