@@ -8,11 +8,13 @@ A PodGroup of 4 pods x 2 GPUs (``minCount: 4``): under a 6-GPU cap in ``deny`` e
 is refused, the first with the gang's numbers, and none is created; in ``overQuota:
 wait`` all four wait behind the quota gate and none runs; under an 8-GPU cap all four
 run, the gang reserved at the first pod and charged once (a fifth pod of the group is
-then over the cap).
+then over the cap). Two pods sharing their PodGroup's claim of one GPU (the claim the
+resourceclaim controller makes once for the group) run on the DRA node, charged one GPU.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,10 +42,23 @@ pytestmark = pytest.mark.e2e
 # scheduler, and the API version it serves (beta APIs are off unless asked for). A
 # release that changes these fails the served-API check below, not a silent skip.
 KUBERNETES = "v1.37"
-GATES = "--feature-gates=GenericWorkload=true"
+# DRAWorkloadResourceClaims (beta, off by default in 1.37): a PodGroup's claims, made
+# once for the whole group by the resourceclaim controller.
+GATES = "--feature-gates=GenericWorkload=true,DRAWorkloadResourceClaims=true"
 API = "scheduling.k8s.io/v1beta1"
 
+GPU_CLASS = "gpu.nvidia.com"
 CLUSTER = a100_cluster("podgroups-sim", "a100-gang", 2, 8)
+# One node of 8 A100s published by NVIDIA's DRA driver only, and its DeviceClass as the
+# driver installs it (as tests/e2e/gpucluster/gpu-cluster.yaml describes them).
+CLUSTER["spec"]["nodeGroups"].append({"name": "dra-a100", "count": 1, "rack": "rack-a",
+                                      "gpu": {"model": "a100", "count": 8},
+                                      "resources": {}, "dra": True})
+CLUSTER["spec"]["deviceClasses"] = [{
+    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": GPU_CLASS},
+    "spec": {"selectors": [{"cel": {"expression": (
+        "device.driver == 'gpu.nvidia.com' && "
+        "device.attributes['gpu.nvidia.com'].type == 'gpu'")}}]}}]
 POLICY = own_policy("podgroups-sim", """\
     - name: deny6
       namespaceSelector:
@@ -58,6 +73,9 @@ POLICY = own_policy("podgroups-sim", """\
       namespaceSelector:
         matchLabels: {gpu.example.com/tenant: fit8}
       quota: {gpus: 8}
+""", spec=f"""\
+  deviceClasses:
+    {GPU_CLASS}: {{gpus: 1}}
 """)
 GATE = "gpu-webhook.dev/quota"
 
@@ -136,3 +154,44 @@ def test_a_gang_that_fits_runs_whole_and_is_charged_once(
     extra = apply(own_cluster.cp, ns, *members("train", 1, first=4))
     assert extra.returncode != 0
     assert "tenant fit8 would use 10 of its 8 GPUs: 8 in use" in extra.stderr, extra.stderr
+
+
+def one_gpu_template(name: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS}}]}}}}
+
+
+def claim_member(group: str, i: int, template: str) -> dict[str, Any]:
+    obj = pod(f"{group}-{i}", 0)
+    spec = obj["spec"]
+    for c in spec["containers"]:
+        c["resources"] = {"claims": [{"name": "gpu"}]}
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    spec["schedulingGroup"] = {"podGroupName": group}
+    return obj
+
+
+def test_pods_sharing_their_podgroups_claim_are_charged_it_once(
+        own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Any) -> None:
+    ns = tenant_ns("fit8")
+    group = podgroup("shared", 2)
+    group["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    out = apply(own_cluster.cp, ns, one_gpu_template("one-gpu"), group)
+    assert out.returncode == 0, out.stderr
+    out = apply(own_cluster.cp, ns, *(claim_member("shared", i, "one-gpu") for i in range(2)))
+    assert out.returncode == 0, out.stderr
+    found = running(api, ns, 2)
+    # One claim, made for the group (owned by the PodGroup), allocated one device.
+    claims = json.loads(own_cluster.cp.kubectl(
+        "get", "resourceclaims", "-n", ns, "-o", "json").stdout)["items"]
+    assert len(claims) == 1, [c["metadata"]["name"] for c in claims]
+    [owner] = claims[0]["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("PodGroup", "shared")
+    assert len(claims[0]["status"]["allocation"]["devices"]["results"]) == 1
+    assert {p.spec.node_name for p in found} == {"dra-a100-0"}
+    # Charged once: 1 of the tenant's 8 GPUs in use, not 1 per pod.
+    probe = apply(own_cluster.cp, ns, pod("probe", 8), dry_run=True)
+    assert probe.returncode != 0
+    assert "tenant fit8 would use 9 of its 8 GPUs: 1 in use" in probe.stderr, probe.stderr

@@ -155,3 +155,79 @@ def test_pods_listed_before_their_templates_are_counted_again() -> None:
     s.claim_event(TEMPLATE)("ADDED", claim("two", "t1", kind=TEMPLATE))
     s.claim_event(TEMPLATE)("SYNCED", {})
     assert resyncs == [1]
+
+
+# --- PodGroup claims (the core gang API, gate DRAWorkloadResourceClaims) -------------
+
+from webhook.k8s import podgroups  # noqa: E402
+
+GROUP_OWNER = [{"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                "name": "train", "uid": "g1", "controller": True}]
+
+
+def group(claims: list[dict[str, str]]) -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": "train", "namespace": "research", "uid": "g1"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 2}},
+                     "resourceClaims": claims}}
+
+
+def member(name: str, uid: str, template: str) -> dict[str, Any]:
+    obj = gpu_pod(name, uid, template)
+    obj["spec"]["schedulingGroup"] = {"podGroupName": "train"}
+    return obj
+
+
+def test_the_claim_made_for_a_podgroup_is_charged_once_as_a_shared_claim() -> None:
+    # The resourceclaim controller makes one claim for the whole group from the template,
+    # with the annotation it puts on a pod's claim, owned by the PodGroup.
+    obj = claim("train-gpu-x", "c1", annotations={
+        "resource.kubernetes.io/pod-claim-name": "gpu"},
+        managers=("kube-controller-manager", "kube-scheduler"))
+    obj["metadata"]["ownerReferences"] = GROUP_OWNER
+    [(uid, charge)] = cache().event(CLAIM, "ADDED", obj)
+    assert uid == "c1" and charge is not None and charge.gpus == 2
+
+
+def test_pods_sharing_their_podgroups_claim_are_not_charged_its_devices_each() -> None:
+    s = state()
+    s.watch_claims(groups=True)
+    s.claim_event(TEMPLATE)("ADDED", claim("two", "t1", kind=TEMPLATE))
+    s.claim_event(podgroups.KIND)("ADDED", group([
+        {"name": "gpu", "resourceClaimTemplateName": "two"}]))
+    for i in range(2):
+        s.pod_event("ADDED", member(f"p{i}", f"p{i}", "two"))
+    assert s.pods.tenant("research").gpus == 0  # the group's claim holds the GPUs
+    assert s.pods.tenant("research").pods == 0  # pods without GPUs of their own
+    made = claim("train-gpu-x", "c1", annotations={
+        "resource.kubernetes.io/pod-claim-name": "gpu"}, managers=("kube-controller-manager",))
+    made["metadata"]["ownerReferences"] = GROUP_OWNER
+    s.claim_event(CLAIM)("ADDED", made)
+    assert s.pods.tenant("research").gpus == 2  # once, for the two pods
+
+
+@pytest.mark.parametrize("entry", [
+    {"name": "other", "resourceClaimTemplateName": "two"},  # another name
+    {"name": "gpu", "resourceClaimTemplateName": "one"},  # another template
+])
+def test_a_pods_own_template_claim_is_charged_even_in_a_podgroup_with_claims(
+        entry: dict[str, str]) -> None:
+    s = state()
+    s.watch_claims(groups=True)
+    s.claim_event(TEMPLATE)("ADDED", claim("two", "t1", kind=TEMPLATE))
+    s.claim_event(podgroups.KIND)("ADDED", group([entry]))
+    s.pod_event("ADDED", member("p0", "p0", "two"))
+    assert s.pods.tenant("research").gpus == 2
+
+
+def test_pods_seen_before_their_podgroup_are_counted_again_when_it_arrives() -> None:
+    s = state()
+    s.watch_claims(groups=True)
+    recounts: list[int] = []
+    s.on_relabel = lambda: recounts.append(1)
+    s.claim_event(TEMPLATE)("ADDED", claim("two", "t1", kind=TEMPLATE))
+    s.pod_event("ADDED", member("p0", "p0", "two"))
+    assert s.pods.tenant("research").gpus == 2  # its template's claim, as far as known
+    s.claim_event(podgroups.KIND)("ADDED", group([
+        {"name": "gpu", "resourceClaimTemplateName": "two"}]))
+    assert recounts == [1]

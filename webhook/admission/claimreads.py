@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.engine.devices import ClaimLookup
+from webhook.k8s import podgroups
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.k8s.review import AdmissionRequest
 from webhook.libs import logs
@@ -66,7 +67,8 @@ class ReadThrough:
 
 
 def named(req: AdmissionRequest) -> list[Key]:
-    """The claims and templates the review's object names in its pod spec (or specs)."""
+    """The claims and templates the review's object names in its pod spec (or specs),
+    and the PodGroup of a pod that joins one and names a template."""
     obj = req.object
     if not isinstance(obj, dict) or not req.namespace:
         return []
@@ -74,6 +76,10 @@ def named(req: AdmissionRequest) -> list[Key]:
         spec = obj.get("spec")
         entries = spec.get("resourceClaims") if isinstance(spec, dict) else None
         found = list(_entries(entries))
+        group = podgroups.group_of(obj)
+        if group is not None and any(kind == TEMPLATE for kind, _ in found):
+            # Its template claims may be its PodGroup's, one claim for the whole group.
+            found.append((podgroups.KIND, group))
     else:
         found = list(_walk(obj.get("spec"), 0))
     out: list[Key] = []

@@ -186,7 +186,7 @@ async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Clu
     if isinstance(step, PodQuota) and step.reservation is not None and step.reservation.group:
         started = time.monotonic()
         group = await group_gang(step, req.namespace, cluster.store, cluster.read_group,
-                                 cluster.group_members, budget)
+                                 cluster.group_members, budget, cluster.claims)
         budget = max(budget - (time.monotonic() - started), 0.0)
     return await with_quota(v, policy, cluster.store, budget, cluster.clock(), group)
 

@@ -27,6 +27,7 @@ from webhook.engine.target import Target, read_target
 from webhook.engine.users import recorded_on
 from webhook.engine.waiting import is_gated
 from webhook.k8s import claims as claims_wire
+from webhook.k8s import podgroups
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import MalformedObject
 from webhook.policy.compiled import CompiledPolicy
@@ -216,7 +217,8 @@ def _made_for_a_pod(meta: Mapping[str, Any]) -> bool:
     if not managers <= _CONTROL_PLANE:
         return False
     return claims_wire.made_for_a_pod(annotations, "kube-scheduler" in managers,
-                                      "kube-controller-manager" in managers)
+                                      "kube-controller-manager" in managers,
+                                      podgroups.owned_by_group(meta))
 
 
 def owner_of(pod: ObjectId) -> str:

@@ -29,7 +29,7 @@ from webhook.engine.decision import PROVENANCE_ANNOTATION, Checker, Decision, ma
 from webhook.engine.devices import ClaimLookup, no_claims
 from webhook.engine.handoff import ClaimQuota, Reservation, Validation
 from webhook.engine.target import NamespaceLabels, no_tenant
-from webhook.k8s import claims
+from webhook.k8s import claims, podgroups
 from webhook.k8s.claims import DeviceRequest
 from webhook.k8s.objects import MalformedObject, child_map
 from webhook.k8s.patch import Patch
@@ -88,7 +88,8 @@ def prepare(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLabe
     by_scheduler = req.username == claims.SCHEDULER_USER
     extended = claims.EXTENDED_RESOURCE_ANNOTATION in annotations
     for_pod = claims.made_for_a_pod(annotations, by_scheduler,
-                                    req.username in CLAIM_CONTROLLER_USERS)
+                                    req.username in CLAIM_CONTROLLER_USERS,
+                                    podgroups.owned_by_group(meta))
     return ClaimTarget(req.kind, obj, requests, tenant, subject, for_pod,
                        extended and not by_scheduler)
 

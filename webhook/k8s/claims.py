@@ -48,15 +48,18 @@ ALL_DEVICES = 32
 
 
 def made_for_a_pod(annotations: Mapping[str, Any], by_scheduler: bool,
-                   by_claim_controller: bool) -> bool:
+                   by_claim_controller: bool, for_group: bool = False) -> bool:
     """Whether a claim was made for one pod, which is charged for its devices instead:
     the claim the scheduler makes for a plain extended-resource request (its annotation,
     written by the scheduler), or the claim the resourceclaim controller makes from a
     template (its annotation, written by the controller). Admission knows the writer
-    from the request's user, the cluster cache from the object's field managers."""
+    from the request's user, the cluster cache from the object's field managers.
+    ``for_group``: the claim is controlled by a PodGroup (the controller makes one claim
+    for the whole group from a template, with the same annotation): shared by the
+    group's pods, it is charged once, itself, as a named claim is."""
     if EXTENDED_RESOURCE_ANNOTATION in annotations:
         return by_scheduler
-    return POD_CLAIM_ANNOTATION in annotations and by_claim_controller
+    return POD_CLAIM_ANNOTATION in annotations and by_claim_controller and not for_group
 
 
 @dataclass(frozen=True, slots=True)

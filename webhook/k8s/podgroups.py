@@ -53,3 +53,34 @@ def uid_of(podgroup: Mapping[str, Any]) -> str:
     meta = podgroup.get("metadata")
     uid = meta.get("uid") if isinstance(meta, Mapping) else None
     return uid if isinstance(uid, str) else ""
+
+
+SharedClaim = tuple[str, str | None, str | None]  # (name, claim, template)
+
+
+def shared_claims(podgroup: Mapping[str, Any] | None) -> frozenset[SharedClaim]:
+    """The PodGroup's claims (``spec.resourceClaims``, gate ``DRAWorkloadResourceClaims``,
+    beta and off in 1.37), as (name, resourceClaimName, resourceClaimTemplateName): a
+    pod's claim entry equal to one of them in all three resolves to the one claim made
+    for the whole group (owned by the PodGroup), not to a claim of its own."""
+    spec = podgroup.get("spec") if isinstance(podgroup, Mapping) else None
+    entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    out: set[SharedClaim] = set()
+    for e in entries if isinstance(entries, list) else ():
+        if not isinstance(e, Mapping) or not isinstance(e.get("name"), str):
+            continue
+        claim, template = e.get("resourceClaimName"), e.get("resourceClaimTemplateName")
+        out.add((e["name"], claim if isinstance(claim, str) and claim else None,
+                 template if isinstance(template, str) and template else None))
+    return frozenset(out)
+
+
+def owned_by_group(meta: Mapping[str, Any]) -> bool:
+    """Whether an object (a ResourceClaim) is controlled by a PodGroup: the claim the
+    resourceclaim controller makes for a whole group from a template."""
+    refs = meta.get("ownerReferences")
+    for r in refs if isinstance(refs, list) else ():
+        if (isinstance(r, Mapping) and r.get("controller") is True and r.get("kind") == KIND
+                and str(r.get("apiVersion", "")).startswith(GROUP + "/")):
+            return True
+    return False

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from webhook.engine.cost import Charge
+from webhook.k8s import podgroups
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import label_of
@@ -126,14 +127,17 @@ class ClusterState:
         # Charges made for pods of one shape, for the events that repeat them.
         self.charges = ChargeMemo()
 
-    def watch_claims(self, slices: bool = False) -> ClaimCache:
+    def watch_claims(self, slices: bool = False, groups: bool = False) -> ClaimCache:
         """Keep DRA claims and templates too (their watches then count for liveness),
-        and ResourceSlices with ``slices``."""
+        ResourceSlices with ``slices``, and PodGroups with ``groups``."""
         self.claims = ClaimCache(self.policy, self.namespace_labels)
         self._watches = (PODS, NAMESPACES, CLAIM, TEMPLATE)
         if slices:
             self.claims.watch_slices()
             self._watches += (SLICE,)
+        if groups:
+            self.claims.watch_groups()
+            self._watches += (podgroups.KIND,)
         return self.claims
 
     def claim_lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -267,6 +271,13 @@ class ClusterState:
                 key = (ident.namespace, ident.name)
                 for uid in sorted(self._waiting_on.get(key, ())):
                     self._pod("MODIFIED", self._waiting[uid][0])  # charged in full now
+            if (kind == podgroups.KIND and typ in ("ADDED", "MODIFIED") and self.on_relabel
+                    and podgroups.shared_claims(obj)):
+                # Pods of the group seen before it were charged their template claims
+                # each; the group's claim is one, shared: count them again.
+                ident = ObjectId.of(obj)
+                if self.line.running(podgroups.group_id(ident.namespace, ident.name)):
+                    self.on_relabel()
             if first_sync and kind == TEMPLATE and self.pods_synced and self.on_templates_synced:
                 self.on_templates_synced()
             # A pod's claim template of part of a device costs what the slices say its

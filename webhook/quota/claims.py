@@ -23,7 +23,7 @@ from typing import Any
 from webhook.engine import capacity
 from webhook.engine.charge import charge_of_claim
 from webhook.engine.cost import Charge
-from webhook.k8s import slices
+from webhook.k8s import podgroups, slices
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.slices import SLICE
@@ -34,7 +34,8 @@ Updates = list[tuple[str, Charge | None]]
 
 
 class ClaimCache:
-    """Claims and templates by (kind, namespace, name), and the claims' charges."""
+    """Claims and templates (and PodGroups, whose claims their pods share) by (kind,
+    namespace, name), and the claims' charges."""
 
     def __init__(self, policy: Callable[[], CompiledPolicy],
                  labels: Callable[[str], Mapping[str, str] | None]) -> None:
@@ -50,6 +51,10 @@ class ClaimCache:
     def watch_slices(self) -> None:
         """Keep ResourceSlices too (their watch then counts for readiness)."""
         self.synced[SLICE] = False
+
+    def watch_groups(self) -> None:
+        """Keep PodGroups too (the claims they share, their gangs' sizes)."""
+        self.synced[podgroups.KIND] = False
 
     def lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pipeline's view: the object a pod names, if the watch has delivered it;

@@ -17,6 +17,7 @@ from webhook.admission.claimreads import ClaimReader, ClaimUnreadable
 from webhook.admission.groups import GroupReader, GroupUnreadable
 from webhook.admission.webhooks import WorkloadReader, WorkloadUnreadable
 from webhook.engine.routes.sights import Sights, carries_gpus, no_sights
+from webhook.k8s import podgroups
 from webhook.k8s.claims import CLAIM, TEMPLATE
 from webhook.k8s.identity import track
 from webhook.k8s.slices import SLICE
@@ -138,7 +139,7 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
         or kube.Watcher(api, "pods", state.deliverer(loop, state.pod_event)))
     namespaces = kube.Watcher(api, "namespaces", state.deliverer(loop, state.namespace_event))
     # DRA: the claims and templates pods name, found without an API call on admission.
-    state.watch_claims(slices=True)
+    state.watch_claims(slices=True, groups=True)
     claims = kube.Watcher(api, "resourceclaims",
                           state.deliverer(loop, state.claim_event(CLAIM)))
     # What each DRA device holds: a claim of part of one is charged its share.
@@ -146,6 +147,10 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
                                    state.deliverer(loop, state.claim_event(SLICE)))
     templates = kube.Watcher(api, "resourceclaimtemplates",
                              state.deliverer(loop, state.claim_event(TEMPLATE)))
+    # The core gang API's PodGroups (absent unless GenericWorkload is on): the claims a
+    # group's pods share, found without an API call on admission.
+    groups = kube.Watcher(api, "podgroups",
+                          state.deliverer(loop, state.claim_event(podgroups.KIND)))
     seen = SightCache(policy)
     def node_event(typ: str, node: dict[str, Any]) -> None:
         seen.node_event(typ, node)
@@ -159,14 +164,14 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     state.on_templates_synced = pods.resync
     # A new policy may charge pods and claims differently.
     source.on_change.extend([pods.resync, claims.resync])
-    watchers = [namespaces, templates, claims, pods, nodes, classes, resource_slices]
+    watchers = [namespaces, templates, groups, claims, pods, nodes, classes, resource_slices]
     for w in watchers:
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
+    reads = kube.ResourceClaims(api)
     return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
-                   claim_reader(kube.ResourceClaims(api)), seen.sights(),
-                   group_reader(kube.PodGroups(api)), _identity(api))
+                   claim_reader(reads), seen.sights(), group_reader(reads), _identity(api))
 
 
 def _identity(api: Any) -> str | None:
@@ -229,14 +234,15 @@ def claim_reader(claims: kube.ResourceClaims) -> ClaimReader:
     return read
 
 
-def group_reader(groups: kube.PodGroups) -> GroupReader:
+def group_reader(groups: kube.ResourceClaims) -> GroupReader:
     """Read a PodGroup (at its gang's first pod) off the event loop, within ``timeout``;
     None when the API server has none."""
 
     async def read(namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
         try:
             return await asyncio.wait_for(
-                asyncio.to_thread(groups.read, namespace, name, timeout), timeout)
+                asyncio.to_thread(groups.read, podgroups.KIND, namespace, name, timeout),
+                timeout)
         except TimeoutError:
             raise GroupUnreadable(
                 f"the API server did not answer within {timeout:g}s") from None

@@ -2,20 +2,19 @@
 one module per family of objects.
 
 Everything else speaks the product's terms: pods and namespaces arrive as plain dicts from
-:class:`Watcher` (:mod:`.watch`; the pods on the event loop itself,
-:mod:`.loopwatch`), the workload of a scale request is read as a plain dict
-by :class:`Workloads` (:mod:`.workloads`), a DRA claim or template a pod names and the
-watch has not delivered yet by :class:`ResourceClaims` (:mod:`.claims`), a PodGroup by
-:class:`PodGroups` (there too), the ledger reads
-and writes one ConfigMap with a resourceVersion precondition (:mod:`.configmaps`), self-
+:class:`Watcher` (:mod:`.watch`; the pods on the event loop itself, :mod:`.loopwatch`),
+the workload of a scale request is read as a plain dict by :class:`Workloads`
+(:mod:`.workloads`), a DRA claim or template a pod names and the watch has not delivered
+yet (or its PodGroup) by :class:`ResourceClaims` (:mod:`.claims`), the ledger reads and
+writes one ConfigMap with a resourceVersion precondition (:mod:`.configmaps`), self-
 managed certificates read and write one Secret the same way (:mod:`.secrets`) and set the
 ``caBundle`` of named webhook configurations (:mod:`.webhookconfigs`), the native
-admission policies are listed, applied and deleted (:mod:`.admissionpolicies`), the leader holds a
-Lease (:mod:`.leases`) and releases pods waiting for quota (:mod:`.pods`), GPUPolicy,
-GPUQuota and PolicyReport objects are custom objects
-(:mod:`.custom`), and API failures become :class:`Conflict`, :class:`NotFound` or
-:class:`Unreachable` with a message that says what was tried (:mod:`.api`). Callers use
-the names below (``kube.ConfigMaps``), not the modules.
+admission policies are listed, applied and deleted (:mod:`.admissionpolicies`), the leader
+holds a Lease (:mod:`.leases`) and releases pods waiting for quota (:mod:`.pods`),
+GPUPolicy, GPUQuota and PolicyReport objects are custom objects (:mod:`.custom`), and API
+failures become :class:`Conflict`, :class:`NotFound` or :class:`Unreachable` with a
+message that says what was tried (:mod:`.api`). Callers use the names below
+(``kube.ConfigMaps``), not the modules.
 """
 
 from webhook.libs.kube.admissionpolicies import AdmissionPolicies
@@ -27,7 +26,7 @@ from webhook.libs.kube.api import (
     connect,
     translated,
 )
-from webhook.libs.kube.claims import PodGroups, ResourceClaims
+from webhook.libs.kube.claims import ResourceClaims
 from webhook.libs.kube.configmaps import ConfigMaps, StoredMap
 from webhook.libs.kube.custom import (
     APPLY,
@@ -64,7 +63,6 @@ __all__ = [
     "Leases",
     "LoopWatcher",
     "NotFound",
-    "PodGroups",
     "Pods",
     "ResourceClaims",
     "Secrets",

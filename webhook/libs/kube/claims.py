@@ -1,6 +1,6 @@
 """One DRA ResourceClaim or ResourceClaimTemplate read as a plain dict: what admission
 reads when a pod names one the watch has not delivered yet (the two applied together,
-as ``kubectl apply -f`` of one file does); and one PodGroup, whose gang a pod joins."""
+as ``kubectl apply -f`` of one file does), or the PodGroup a pod joins."""
 
 from __future__ import annotations
 
@@ -13,20 +13,23 @@ from webhook.libs.kube.api import NotFound, json_object, translated
 
 
 class ResourceClaims:
-    """Read one ResourceClaim or ResourceClaimTemplate (``resource.k8s.io/v1``).
-    RBAC: get on resourceclaims and resourceclaimtemplates."""
+    """Read one ResourceClaim or ResourceClaimTemplate (``resource.k8s.io/v1``), or the
+    PodGroup (``scheduling.k8s.io/v1beta1``) whose claims and gang a pod joins. RBAC:
+    get on resourceclaims, resourceclaimtemplates and podgroups."""
 
     def __init__(self, api: client.ApiClient) -> None:
         resource = client.ResourceV1Api(api)
         self._read: dict[str, Callable[..., Any]] = {
             "ResourceClaim": resource.read_namespaced_resource_claim,
             "ResourceClaimTemplate": resource.read_namespaced_resource_claim_template,
+            "PodGroup": client.SchedulingV1beta1Api(api).read_namespaced_pod_group,
         }
 
     def read(self, kind: str, namespace: str, name: str, timeout: float
              ) -> dict[str, Any] | None:
-        """The object, or None when the API server has none of that name. Raises
-        KubeError (Unreachable) when it cannot say within ``timeout``."""
+        """The object, or None when the API server has none of that name (or does not
+        serve the kind: PodGroups need the gate ``GenericWorkload``). Raises KubeError
+        (Unreachable) when it cannot say within ``timeout``."""
         what = f"read {kind} {namespace}/{name}"
         try:
             with translated(what, timeout):
@@ -36,22 +39,3 @@ class ResourceClaims:
             return None
         return json_object(what, resp.data)
 
-
-class PodGroups:
-    """Read one PodGroup of the core gang API (``scheduling.k8s.io/v1beta1``): a gang's
-    size, read at its first pod. RBAC: get on podgroups."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self._read = client.SchedulingV1beta1Api(api).read_namespaced_pod_group
-
-    def read(self, namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
-        """The PodGroup, or None when the API server has none of that name (or serves
-        no PodGroups: the gate ``GenericWorkload`` is off)."""
-        what = f"read PodGroup {namespace}/{name}"
-        try:
-            with translated(what, timeout):
-                resp: Any = self._read(name, namespace, _preload_content=False,
-                                       _request_timeout=timeout)
-        except NotFound:
-            return None
-        return json_object(what, resp.data)

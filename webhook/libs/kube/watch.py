@@ -53,6 +53,8 @@ class Watcher:
             fn = client.ResourceV1Api(api).list_resource_claim_template_for_all_namespaces
         elif kind == "resourceslices":
             fn = client.ResourceV1Api(api).list_resource_slice
+        elif kind == "podgroups":
+            fn = client.SchedulingV1beta1Api(api).list_pod_group_for_all_namespaces
         elif kind == "nodes":
             fn = core.list_node
         elif kind == "priorityclasses":
