@@ -72,8 +72,11 @@ def test_a_one_gpu_pod_asking_for_64_cpus_is_refused_with_the_ratio(
 
 def test_cpu_asked_at_pod_level_is_held_to_the_same_cap(
         sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory) -> None:
-    # Pod-level resources (KEP-2837, beta and on by default since 1.34, as v1.37 ships
-    # it): the scheduler reads spec.resources where set, so the cap reads it too.
+    # Pod-level resources (KEP-2837, gate PodLevelResources, beta and on by default since
+    # 1.34, as v1.37 ships it): the scheduler reads spec.resources where set, so the cap
+    # reads it too. With the gate off the API server would drop the field: admitted, and
+    # this test fails rather than passing on nothing.
+    assert sim.cp.version.startswith("v1.37"), sim.cp.version
     ns = sim_namespace(TENANT)
     p = pod("pod-level", 1)
     p["spec"]["resources"] = {"requests": {"cpu": "64"}}
@@ -95,6 +98,9 @@ def resize(sim: SimCluster, ns: str, name: str, cpu: str) -> Any:
 
 def test_a_running_gpu_pod_resized_past_its_cpu_per_gpu_is_refused(
         sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory) -> None:
+    # In-place resize: gate InPlacePodVerticalScaling, GA in 1.35 (the pods/resize
+    # subresource; a release without it answers 404 and this test fails).
+    assert sim.cp.version.startswith("v1.37"), sim.cp.version
     ns = sim_namespace(TENANT)
     plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
              "spec": {"containers": [{"name": "train", "image": "web:1", "resources": {

@@ -103,6 +103,9 @@ def extended_class() -> dict[str, Any]:
 def test_a_gpu_request_served_by_dra_is_charged_once(
     sim: SimCluster, core: k8s.CoreV1Api, sim_namespace: SimNamespaceFactory,
 ) -> None:
+    # Gate DRAExtendedResource: GA and on in 1.37 (a release without it ignores
+    # extendedResourceName, the pod never runs, and this test fails).
+    assert sim.cp.version.startswith("v1.37"), sim.cp.version
     ns = sim_namespace("sharing")  # 1 GPU, pinned to h200
     sim.cp.kubectl("apply", "-f", "-", input=to_yaml(extended_class()))
     name = f"plain-{short_id()}"

@@ -15,6 +15,7 @@ from webhook.engine import messages
 from webhook.engine.decision import Decision, malformed, subject_of
 from webhook.engine.devices import ClaimLookup, is_gpu_request, no_claims, unseen_reason
 from webhook.engine.shares import KAIAsk, kai_ask
+from webhook.k8s import podgroups
 from webhook.k8s.claims import (
     CLAIM,
     TEMPLATE,
@@ -54,12 +55,16 @@ class ClaimUse:
     requests: list[DeviceRequest] | None
     gpu: bool  # it asks a GPU device class
     unseen: str | None = None  # why it is unseen, when the lookup said (devices.unseen_reason)
+    # It matches a claim of the pod's PodGroup: the one claim made for the whole group
+    # from the template (webhook.k8s.podgroups.shared_claims), not one for this pod.
+    by_group: bool = False
 
     @property
     def per_pod(self) -> bool:
         """A template's claim is made for this pod alone (and charged with it); a named
-        claim may be shared, and is charged once, when it is created."""
-        return self.entry.template is not None
+        claim, or a PodGroup's claim, may be shared, and is charged once, when it is
+        created."""
+        return self.entry.template is not None and not self.by_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,26 +188,41 @@ def template_target(template: PodTemplate, subject: str, tenant: TenantRules | N
     kai = kai_ask(policy, template.metadata)
     # A KAI fraction is a share of a node's device-plugin GPU: placed as those are.
     by_containers = any(c.names for c in containers) or kai is not None
-    uses = tuple(_claim_use(e, namespace, policy, claims)
-                 for e in pod_claims(template.spec, template.spec_pointer))
+    entries = pod_claims(template.spec, template.spec_pointer)
+    shared = _group_claims(template, entries, namespace, claims)
+    uses = tuple(_claim_use(e, namespace, policy, claims, (e.name, e.claim, e.template) in shared)
+                 for e in entries)
     has_gpu = by_containers or any(u.gpu for u in uses)
     return Target(template, containers, has_gpu, tenant, subject, uses, by_containers,
                   claims, kai)
 
 
+def _group_claims(template: PodTemplate, entries: list[PodClaim], namespace: str,
+                  claims: ClaimLookup) -> frozenset[podgroups.SharedClaim]:
+    """The claims of the PodGroup the pod joins, when any of its entries names a
+    template and the PodGroup is seen (the watch, or a read before the review)."""
+    if not any(e.template for e in entries):
+        return frozenset()
+    group = podgroups.group_of({"spec": template.spec})
+    if group is None:
+        return frozenset()
+    return podgroups.shared_claims(claims(podgroups.KIND, namespace, group))
+
+
 def _claim_use(entry: PodClaim, namespace: str, policy: CompiledPolicy,
-               claims: ClaimLookup) -> ClaimUse:
+               claims: ClaimLookup, by_group: bool = False) -> ClaimUse:
     kind, name = ((TEMPLATE, entry.template) if entry.template is not None
                   else (CLAIM, entry.claim))
     obj = claims(kind, namespace, name) if name else None
     if obj is None:
         why = unseen_reason(claims, kind, namespace, name) if name else None
-        return ClaimUse(entry, None, False, why)
+        return ClaimUse(entry, None, False, why, by_group)
     try:
         found = claim_spec(kind, dict(obj))
         requests = device_requests(*found) if found is not None else []
     except MalformedObject:
         # A stored claim the API server accepted is well formed; one that is not
         # counts as unseen, never as free.
-        return ClaimUse(entry, None, False)
-    return ClaimUse(entry, requests, any(is_gpu_request(policy, r) for r in requests))
+        return ClaimUse(entry, None, False, by_group=by_group)
+    return ClaimUse(entry, requests, any(is_gpu_request(policy, r) for r in requests),
+                    by_group=by_group)
