@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,9 +170,9 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
-    reads = kube.ResourceClaims(api)
+    read_claim = claim_reader(kube.ResourceClaims(api))
     return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
-                   claim_reader(reads), seen.sights(), group_reader(reads), _identity(api))
+                   read_claim, seen.sights(), group_reader(read_claim), _identity(api))
 
 
 def _identity(api: Any) -> str | None:
@@ -234,22 +235,18 @@ def claim_reader(claims: kube.ResourceClaims) -> ClaimReader:
     return read
 
 
-def group_reader(groups: kube.ResourceClaims) -> GroupReader:
-    """Read a PodGroup (at its gang's first pod) off the event loop, within ``timeout``;
-    None when the API server has none."""
+def group_reader(read: ClaimReader) -> GroupReader:
+    """Read a PodGroup (at its gang's first pod, when the watch has not delivered it) as
+    a claim is read; None when the API server has none."""
 
-    async def read(namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
+    async def read_group(namespace: str, name: str, timeout: float
+                         ) -> Mapping[str, Any] | None:
         try:
-            return await asyncio.wait_for(
-                asyncio.to_thread(groups.read, podgroups.KIND, namespace, name, timeout),
-                timeout)
-        except TimeoutError:
-            raise GroupUnreadable(
-                f"the API server did not answer within {timeout:g}s") from None
-        except kube.KubeError as exc:
-            raise GroupUnreadable(exc.reason) from None
+            return await read(podgroups.KIND, namespace, name, timeout)
+        except ClaimUnreadable as exc:
+            raise GroupUnreadable(str(exc)) from None
 
-    return read
+    return read_group
 
 
 def ledger_phase(phase: str, seconds: float) -> None:
