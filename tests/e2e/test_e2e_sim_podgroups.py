@@ -8,8 +8,10 @@ A PodGroup of 4 pods x 2 GPUs (``minCount: 4``): under a 6-GPU cap in ``deny`` e
 is refused, the first with the gang's numbers, and none is created; in ``overQuota:
 wait`` all four wait behind the quota gate and none runs; under an 8-GPU cap all four
 run, the gang reserved at the first pod and charged once (a fifth pod of the group is
-then over the cap). Two pods sharing their PodGroup's claim of one GPU (the claim the
-resourceclaim controller makes once for the group) run on the DRA node, charged one GPU.
+then over the cap). A CompositePodGroup of two such PodGroups of 2 pods is one gang of
+4: refused whole over the 6-GPU cap, running whole under the 8-GPU one. Two pods sharing
+their PodGroup's claim of one GPU (the claim the resourceclaim controller makes once for
+the group) run on the DRA node, charged one GPU.
 """
 
 from __future__ import annotations
@@ -43,9 +45,13 @@ pytestmark = pytest.mark.e2e
 # release that changes these fails the served-API check below, not a silent skip.
 KUBERNETES = "v1.37"
 # DRAWorkloadResourceClaims (beta, off by default in 1.37): a PodGroup's claims, made
-# once for the whole group by the resourceclaim controller.
-GATES = "--feature-gates=GenericWorkload=true,DRAWorkloadResourceClaims=true"
+# once for the whole group by the resourceclaim controller. CompositePodGroup (alpha in
+# 1.37, served at v1alpha3; it needs TopologyAwareWorkloadScheduling, alpha): PodGroups
+# grouped into a gang of gangs.
+GATES = ("--feature-gates=GenericWorkload=true,DRAWorkloadResourceClaims=true,"
+         "TopologyAwareWorkloadScheduling=true,CompositePodGroup=true")
 API = "scheduling.k8s.io/v1beta1"
+COMPOSITE_API = "scheduling.k8s.io/v1alpha3"
 
 GPU_CLASS = "gpu.nvidia.com"
 CLUSTER = a100_cluster("podgroups-sim", "a100-gang", 2, 8)
@@ -73,6 +79,10 @@ POLICY = own_policy("podgroups-sim", """\
       namespaceSelector:
         matchLabels: {gpu.example.com/tenant: fit8}
       quota: {gpus: 8}
+    - name: gangs8
+      namespaceSelector:
+        matchLabels: {gpu.example.com/tenant: gangs8}
+      quota: {gpus: 8}
 """, spec=f"""\
   deviceClasses:
     {GPU_CLASS}: {{gpus: 1}}
@@ -84,13 +94,15 @@ GATE = "gpu-webhook.dev/quota"
 def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
     work = tmp_path_factory.mktemp("podgroups-sim")
     with started(own_sim(work, CLUSTER, POLICY,
-                         apiserver_args=[GATES, f"--runtime-config={API}=true"],
+                         apiserver_args=[GATES,
+                                         f"--runtime-config={API}=true,{COMPOSITE_API}=true"],
                          component_args={"kube-scheduler": [GATES],
                                          "kube-controller-manager": [GATES]})) as cluster:
         assert cluster.cp.version.startswith(KUBERNETES), cluster.cp.version
         served = cluster.cp.kubectl("api-resources", f"--api-group={API.split('/')[0]}",
                                     "-o", "name").stdout.split()
-        assert "podgroups.scheduling.k8s.io" in served, served
+        assert {"podgroups.scheduling.k8s.io",
+                "compositepodgroups.scheduling.k8s.io"} <= set(served), served
         yield cluster
 
 
@@ -118,7 +130,7 @@ def test_a_gang_that_can_never_fit_is_refused_whole_at_its_first_pod(
     assert apply(own_cluster.cp, ns, podgroup("train", 4)).returncode == 0
     out = apply(own_cluster.cp, ns, *members("train", 4))
     assert out.returncode != 0
-    said = messages.group_never_fits("train", "tenant deny6", "GPUs", 4, 2, 6)
+    said = messages.group_never_fits("PodGroup train", "tenant deny6", "GPUs", 4, 2, 6)
     assert said in out.stderr, out.stderr
     assert out.stderr.count(said) == 4  # each pod told the same, none created
     assert pods(api, ns) == []
@@ -195,3 +207,42 @@ def test_pods_sharing_their_podgroups_claim_are_charged_it_once(
     probe = apply(own_cluster.cp, ns, pod("probe", 8), dry_run=True)
     assert probe.returncode != 0
     assert "tenant fit8 would use 9 of its 8 GPUs: 1 in use" in probe.stderr, probe.stderr
+
+
+def composite_gang(name: str, groups: int, pods: int) -> list[dict[str, Any]]:
+    """A CompositePodGroup whose ``groups`` PodGroups (of ``pods`` pods each) must start
+    together, its PodGroups, and their pods of 2 GPUs, as a workload controller makes
+    them (the Workload they name need not exist for the API server)."""
+    ref = {"workloadName": name, "templateName": "workers"}
+    out: list[dict[str, Any]] = [{
+        "apiVersion": COMPOSITE_API, "kind": "CompositePodGroup", "metadata": {"name": name},
+        "spec": {"workloadRef": ref,
+                 "schedulingPolicy": {"gang": {"minGroupCount": groups}}}}]
+    for g in range(groups):
+        group = podgroup(f"{name}-{g}", pods)
+        group["spec"].update(parentCompositePodGroupName=name, workloadRef=ref)
+        out.append(group)
+    return out
+
+
+def test_a_composite_podgroup_is_refused_or_runs_as_one_gang_of_gangs(
+        own_cluster: SimCluster, api: k8s.CoreV1Api, tenant_ns: Any) -> None:
+    # A tenant of its own for the fitting half: no other test's pods or claims still
+    # leaving its namespaces.
+    over, fits = tenant_ns("deny6"), tenant_ns("gangs8")
+    for ns in (over, fits):
+        out = apply(own_cluster.cp, ns, *composite_gang("llm", 2, 2))
+        assert out.returncode == 0, out.stderr
+    # 2 PodGroups x 2 pods x 2 GPUs = 8 at once: over 6, refused at the first pod of
+    # either group, and at every pod after it.
+    out = apply(own_cluster.cp, over, *members("llm-0", 2), *members("llm-1", 2))
+    said = messages.group_never_fits("CompositePodGroup llm", "tenant deny6", "GPUs", 4, 2,
+                                     6, composite=True)
+    assert out.stderr.count(said) == 4, out.stderr
+    assert pods(api, over) == []
+    # Under 8: the whole gang of gangs runs, reserved at its first pod, charged once.
+    out = apply(own_cluster.cp, fits, *members("llm-0", 2), *members("llm-1", 2))
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert len(running(api, fits, 4)) == 4
+    extra = apply(own_cluster.cp, fits, *members("llm-1", 1, first=2))
+    assert "tenant gangs8 would use 10 of its 8 GPUs: 8 in use" in extra.stderr, extra.stderr

@@ -31,11 +31,25 @@ from webhook.quota.store import MemoryStore
 NS = "team-a"  # tenant team-a: 8 GPUs, 6 A100s, 5 pods
 
 
-def podgroup(name: str, min_count: int | None) -> dict[str, Any]:
+def podgroup(name: str, min_count: int | None, parent: str | None = None
+             ) -> dict[str, Any]:
     policy_ = {"gang": {"minCount": min_count}} if min_count is not None else {"basic": {}}
+    spec: dict[str, Any] = {"schedulingPolicy": policy_}
+    if parent is not None:
+        spec["parentCompositePodGroupName"] = parent
     return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
             "metadata": {"name": name, "namespace": NS, "uid": f"uid-pg-{name}"},
-            "spec": {"schedulingPolicy": policy_}}
+            "spec": spec}
+
+
+def composite(name: str, groups: int | None, parent: str | None = None) -> dict[str, Any]:
+    policy_ = {"gang": {"minGroupCount": groups}} if groups is not None else {"basic": {}}
+    spec: dict[str, Any] = {"schedulingPolicy": policy_}
+    if parent is not None:
+        spec["parentCompositePodGroupName"] = parent
+    return {"apiVersion": "scheduling.k8s.io/v1alpha3", "kind": "CompositePodGroup",
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-cpg-{name}"},
+            "spec": spec}
 
 
 def member(group: str, i: int, gpus: int = 2) -> dict[str, Any]:
@@ -45,30 +59,37 @@ def member(group: str, i: int, gpus: int = 2) -> dict[str, Any]:
 
 
 class Groups:
-    """The PodGroups the API server holds, and how often the pipeline read one."""
+    """The PodGroups (and CompositePodGroups) the API server holds, and how often the
+    pipeline read one."""
 
     def __init__(self, *groups: dict[str, Any], fail: str | None = None) -> None:
-        self.groups = {g["metadata"]["name"]: g for g in groups}
+        self.groups = {(g["kind"], g["metadata"]["name"]): g for g in groups}
         self.fail = fail
         self.reads = 0
         self.charged: dict[str, int] = {}
 
-    async def read(self, namespace: str, name: str, timeout: float
+    async def read(self, kind: str, namespace: str, name: str, timeout: float
                    ) -> Mapping[str, Any] | None:
         self.reads += 1
         if self.fail is not None:
             raise GroupUnreadable(self.fail)
-        return self.groups.get(name)
+        return self.groups.get((kind, name))
 
     def members(self, group: str) -> int:
         return self.charged.get(group, 0)
 
 
 def admit(store: MemoryStore, groups: Groups, obj: dict[str, Any], *,
-          dry_run: bool = False) -> Decision:
+          dry_run: bool = False, watched: bool = False) -> Decision:
+    """The validating pipeline on ``obj``; ``watched``: the watches hold the groups (no
+    read is needed), as a replica's do once they have delivered them."""
     req = parse_review(orjson.dumps(request_review(obj, dry_run=dry_run)))
+
+    def seen(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return groups.groups.get((kind, name)) if watched else None
+
     cluster = webhooks.Cluster(store=store, read_group=groups.read,
-                               group_members=groups.members)
+                               group_members=groups.members, claims=seen)
     return asyncio.run(webhooks.validating(req, policy(), cluster, 5.0))
 
 
@@ -84,7 +105,7 @@ def test_a_podgroup_whose_gang_can_never_fit_refuses_its_first_pod_and_reserves_
         d = admit(store, groups, member("train", i))
         assert not d.allowed
         assert messages.group_never_fits(
-            "train", "tenant team-a", "a100 GPUs", 4, 2, 6) in d.message, d.message
+            "PodGroup train", "tenant team-a", "a100 GPUs", 4, 2, 6) in d.message, d.message
     assert used(store) == 0
     assert "minCount to 3 or less" in d.message
 
@@ -97,7 +118,7 @@ def test_a_podgroup_that_fits_is_reserved_at_its_first_pod_and_its_pods_draw_it(
     for i in (1, 2):
         assert admit(store, groups, member("train", i)).allowed
         assert used(store) == 6  # drawn from the reservation, counted once
-    assert groups.reads == 1  # read at the first pod only
+    assert groups.reads == 3  # the watch did not hold it: read for each pod
     # A fourth pod, beyond minCount, finds no slot: checked alone (6 of 6 A100s held).
     d = admit(store, groups, member("train", 3))
     assert not d.allowed and "a100 GPUs" in d.message, d.message
@@ -109,7 +130,7 @@ def test_a_podgroup_that_does_not_fit_what_is_free_now_refuses_its_first_pod() -
     d = admit(store, groups, member("train", 0))
     assert not d.allowed
     assert messages.group_not_free(
-        "train", "tenant team-a", "a100 GPUs", 2, 2, 4, 6) in d.message, d.message
+        "PodGroup train", "tenant team-a", "a100 GPUs", 2, 2, 4, 6) in d.message, d.message
     assert used(store) == 4
 
 
@@ -135,7 +156,7 @@ def test_a_podgroup_that_cannot_be_read_leaves_the_pod_counted_alone_with_a_warn
     d = admit(store, groups, member("train", 0))
     assert d.allowed
     [warning] = d.warnings
-    assert warning == (f"pod team-a/train-0: {messages.group_unread('train', why)} "
+    assert warning == (f"pod team-a/train-0: {messages.group_unread('PodGroup train', why)} "
                        "[rule quota, tenant team-a]")
     assert used(store) == 2
 
@@ -156,7 +177,7 @@ def test_the_pods_of_a_podgroup_wait_as_one_gang_found_by_their_group() -> None:
     obj["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job",
                                            "name": "train", "uid": "uid-job",
                                            "controller": True}]
-    gang = gang_of(obj)
+    gang = gang_of(obj)  # no watch: the PodGroup's own key
     assert gang is not None
     assert (gang.key, gang.kind, gang.group, gang.version, gang.resource, gang.name) == (
         "team-a/podgroup=train", "PodGroup", "scheduling.k8s.io", "v1beta1", "podgroups",
@@ -180,5 +201,68 @@ def test_docs_quote_the_refusal_a_podgroup_gets() -> None:
     # docs/quota.md quotes the start of the refusal of a gang that can never fit.
     docs = (Path(__file__).resolve().parents[2] / "docs" / "quota.md").read_text()
     quoted = " ".join(docs.split('("its PodGroup', 1)[1].split('..."', 1)[0].split())
-    said = messages.group_never_fits("train", "tenant ml", "GPUs", 4, 2, 6)
+    said = messages.group_never_fits("PodGroup train", "tenant ml", "GPUs", 4, 2, 6)
     assert said.startswith("its PodGroup " + quoted), quoted
+
+
+def test_a_composite_podgroup_is_one_gang_of_its_groups_checked_at_the_first_pod() -> None:
+    # CompositePodGroup llm: 2 PodGroups of 2 pods x 2 A100s start together, 8 > 6 A100s.
+    store = MemoryStore()
+    groups = Groups(composite("llm", 2), podgroup("llm-0", 2, "llm"),
+                    podgroup("llm-1", 2, "llm"))
+    d = admit(store, groups, member("llm-0", 0))
+    assert not d.allowed
+    assert messages.group_never_fits("CompositePodGroup llm", "tenant team-a", "a100 GPUs",
+                                     4, 2, 6, composite=True) in d.message, d.message
+    assert "minGroupCount x minCount" in d.message
+    assert used(store) == 0
+
+
+def test_a_composite_that_fits_is_reserved_whole_and_every_groups_pods_draw_it() -> None:
+    store = MemoryStore()
+    groups = Groups(composite("llm", 3), podgroup("llm-0", 1, "llm"),
+                    podgroup("llm-1", 1, "llm"), podgroup("llm-2", 1, "llm"))
+    assert admit(store, groups, member("llm-0", 0)).allowed
+    assert used(store) == 6  # 3 groups x 1 pod x 2 A100s, held at once
+    for g in ("llm-1", "llm-2"):
+        assert admit(store, groups, member(g, 0)).allowed
+        assert used(store) == 6  # drawn from the composite's reservation
+
+
+def test_a_basic_composite_leaves_each_podgroup_a_gang_of_its_own() -> None:
+    store = MemoryStore()
+    groups = Groups(composite("llm", None), podgroup("llm-0", 2, "llm"))
+    assert admit(store, groups, member("llm-0", 0)).allowed
+    assert used(store) == 4  # llm-0's own gang: 2 x 2
+
+
+@pytest.mark.parametrize("chain,size,top", [
+    ([], 3, ("PodGroup", "g")),
+    ([composite("c1", 2)], 6, ("CompositePodGroup", "c1")),
+    ([composite("c1", 2, "c2"), composite("c2", 4)], 24, ("CompositePodGroup", "c2")),
+    ([composite("c1", None, "c2"), composite("c2", 4)], 3, ("PodGroup", "g")),
+    ([composite("c1", 2, "c2"), composite("c2", None)], 6, ("CompositePodGroup", "c1")),
+])
+def test_a_podgroups_gang_is_the_highest_gang_of_gangs_above_it(
+        chain: list[dict[str, Any]], size: int, top: tuple[str, str]) -> None:
+    g = podgroups.gang(NS, "g", podgroup("g", 3, "c1"), chain)
+    assert (g.size, (g.kind, g.name)) == (size, top)
+
+
+def test_the_line_keys_a_composites_pods_by_the_composite_when_the_watches_hold_it(
+) -> None:
+    held = {("PodGroup", "llm-0"): podgroup("llm-0", 2, "llm"),
+            ("CompositePodGroup", "llm"): composite("llm", 2)}
+    gang = gang_of(member("llm-0", 0),
+                   lookup=lambda kind, ns, name: held.get((kind, name)))
+    assert gang is not None
+    assert (gang.key, gang.kind, gang.version, gang.resource, gang.size) == (
+        "team-a/compositepodgroup=llm", "CompositePodGroup", "v1alpha3",
+        "compositepodgroups", 4)
+
+
+def test_podgroups_the_watches_hold_are_not_read() -> None:
+    store, groups = MemoryStore(), Groups(podgroup("train", 2))
+    for i in range(2):
+        assert admit(store, groups, member("train", i), watched=True).allowed
+    assert groups.reads == 0 and used(store) == 4

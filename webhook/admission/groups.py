@@ -25,18 +25,19 @@ from webhook.engine.handoff import PodQuota
 from webhook.k8s import podgroups
 from webhook.quota.store import GangStore, ReleaseStore, UsageStore
 
-# At most this long for reading a PodGroup (once per gang, at its first pod).
+# At most this long for the reads of one review's PodGroup and the CompositePodGroups
+# above it (once per gang, at its first pod, when the watches do not hold them).
 GROUP_READ_SECONDS = 1.0
 
 
 class GroupUnreadable(Exception):
-    """A PodGroup could not be read; the message says why."""
+    """A PodGroup or CompositePodGroup could not be read; the message says why."""
 
 
-# (namespace, name, timeout in seconds) -> the PodGroup, or None when the API server has
-# none of that name; raises GroupUnreadable.
-GroupReader = Callable[[str, str, float], Awaitable[Mapping[str, Any] | None]]
-# A PodGroup's id (podgroups.group_id) -> its pods the cache sees charged now.
+# (kind, namespace, name, timeout in seconds) -> the PodGroup or CompositePodGroup, or
+# None when the API server has none of that name; raises GroupUnreadable.
+GroupReader = Callable[[str, str, str, float], Awaitable[Mapping[str, Any] | None]]
+# A gang's id (podgroups.Gang.id) -> its pods the cache sees charged now.
 GroupMembers = Callable[[str], int]
 
 
@@ -46,43 +47,62 @@ def no_members(group: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class GroupGang:
-    """What the quota step checks and reserves before the pod: ``size`` more pods of
-    PodGroup ``name``, reserved under ``key`` (its uid), found by ``id``. ``unread``:
-    why the gang could not be learnt (the pod is then counted alone, with a warning)."""
+    """What the quota step does before the pod: its reservation also found by ``id``
+    (its gang's, which a CompositePodGroup's pods do not carry themselves), and, when
+    ``size`` > 1, ``size`` more pods of the gang checked and reserved under ``key`` (the
+    gang object's uid). ``name``: the gang as messages name it (``PodGroup train``).
+    ``unread``: why the gang could not be learnt (the pod is then counted alone, with a
+    warning)."""
 
     name: str
     id: str
     key: str = ""
-    size: int = 1
+    size: int = 0
+    composite: bool = False
     unread: str | None = None
 
 
 async def group_gang(step: PodQuota, namespace: str, store: UsageStore | None,
                      read: GroupReader | None, members: GroupMembers, budget: float,
                      seen: ClaimLookup = no_claims) -> GroupGang | None:
-    """The gang to reserve before this pod, or None: the pod joins no PodGroup, its
-    gang's reservation holds a slot for it, it is the only pod left to start, or there
-    is no store of gangs or no cluster to read from. ``seen``: what the watches hold
-    (the PodGroup is read only when they do not)."""
+    """What to do for this pod's gang before its quota step, or None: the pod joins no
+    PodGroup, or there is no store of gangs or no cluster to read from. ``seen``: what
+    the watches hold (a PodGroup or CompositePodGroup is read only when they do not).
+    Nothing is reserved (``size`` 0) when the gang's reservation holds a slot for the
+    pod, or it is the only pod of its gang left to start."""
     res = step.reservation
     if res is None or res.group is None or read is None or not isinstance(store, GangStore):
         return None
-    ident = podgroups.group_id(namespace, res.group)
-    if isinstance(store, ReleaseStore) and store.has_slot(res.gangs, res.charge):
-        return None
     timeout = max(min(GROUP_READ_SECONDS, budget / 2), 0.05)
-    try:
-        found = seen(podgroups.KIND, namespace, res.group)
+
+    async def get(kind: str, name: str) -> Mapping[str, Any] | None:
+        found = seen(kind, namespace, name)
         if found is None:
-            found = await asyncio.wait_for(read(namespace, res.group, timeout), timeout)
+            found = await asyncio.wait_for(read(kind, namespace, name, timeout), timeout)
+        return found
+
+    own = f"{podgroups.KIND} {res.group}"
+    try:
+        podgroup = await get(podgroups.KIND, res.group)
+        above: list[Mapping[str, Any]] = []
+        parent = podgroups.parent_of(podgroup)
+        while podgroup is not None and parent is not None and len(above) < podgroups.MAX_DEPTH:
+            found = await get(podgroups.COMPOSITE, parent)
+            if found is None:
+                break
+            above.append(found)
+            parent = podgroups.parent_of(found)
     except TimeoutError:
-        return GroupGang(res.group, ident,
+        return GroupGang(own, podgroups.group_id(namespace, res.group),
                          unread=f"the API server did not answer within {timeout:g}s")
     except GroupUnreadable as exc:
-        return GroupGang(res.group, ident, unread=str(exc))
-    if found is None:
-        return GroupGang(res.group, ident, unread="it does not exist yet")
-    size = podgroups.gang_size(found) - members(ident)
-    if size <= 1:
-        return None
-    return GroupGang(res.group, ident, podgroups.uid_of(found) or ident, size)
+        return GroupGang(own, podgroups.group_id(namespace, res.group), unread=str(exc))
+    if podgroup is None:
+        return GroupGang(own, podgroups.group_id(namespace, res.group),
+                         unread="it does not exist yet")
+    gang = podgroups.gang(namespace, res.group, podgroup, above)
+    size = gang.size - members(gang.id)
+    if size <= 1 or (isinstance(store, ReleaseStore)
+                     and store.has_slot((*res.gangs, gang.id), res.charge)):
+        size = 0
+    return GroupGang(gang.named(), gang.id, gang.uid or gang.id, size, gang.composite)

@@ -125,27 +125,33 @@ async def _single(step: PodQuota | ClaimQuota, policy: CompiledPolicy, store: Us
 
 async def _grouped(step: PodQuota, group: GroupGang, policy: CompiledPolicy,
                    store: UsageStore, budget: float) -> Found:
-    """The first pod of a PodGroup: its whole gang checked and, when it fits now,
-    reserved in one atomic step; then the pod draws a slot of it as any pod of the gang.
-    A gang refused refuses the pod (its findings); a gang that could not be learnt leaves
-    the pod counted alone, with a warning."""
+    """A pod of a PodGroup: found by its gang's id too (a CompositePodGroup's); at its
+    gang's first pod, the whole gang checked and, when it fits now, reserved in one
+    atomic step; then the pod draws a slot of it as any pod of the gang. A gang refused
+    refuses the pod (its findings); a gang that could not be learnt leaves the pod
+    counted alone, with a warning."""
     res = step.reservation
+    if res is not None and group.id not in res.gangs:
+        res = replace(res, gangs=(*res.gangs, group.id))
+        step = replace(step, reservation=res)
     if group.unread is not None or res is None or not isinstance(store, GangStore):
         found, faults = await _single(step, policy, store, budget)
         check = _checker(policy, step)
         check.report(Rule.QUOTA, messages.group_unread(group.name, group.unread or ""),
                      at_most=Mode.WARN)
         return [*found, *check.findings], faults
-    tenant, ask = step.tenant, step.ask
-    attempts = _Attempts(policy, step, lambda check, view: check_group(
-        check, tenant, ask, group.name, group.size, view))
-    try:
-        reserved = await store.reserve_gang(group.key, (group.id,), [(res.charge, group.size)],
-                                            attempts, GANG_BOUND_SECONDS, budget)
-    except ReservationUnavailable as exc:
-        return _unavailable(policy, step, exc)
-    if not reserved:
-        return attempts.last.findings, []
+    if group.size > 1:
+        tenant, ask = step.tenant, step.ask
+        attempts = _Attempts(policy, step, lambda check, view: check_group(
+            check, tenant, ask, group.name, group.size, view, group.composite))
+        try:
+            reserved = await store.reserve_gang(group.key, (group.id,),
+                                                [(res.charge, group.size)], attempts,
+                                                GANG_BOUND_SECONDS, budget)
+        except ReservationUnavailable as exc:
+            return _unavailable(policy, step, exc)
+        if not reserved:
+            return attempts.last.findings, []
     return await _single(step, policy, store, budget)
 
 

@@ -114,7 +114,7 @@ class ClusterState:
         self._waiting_on: dict[tuple[str, str], set[str]] = {}  # (ns, template) -> uids
         self.on_templates_synced: Callable[[], None] | None = None
         # Pods waiting behind our scheduling gate (quota.line), for the leader's release.
-        self.line = WaitLine()
+        self.line = WaitLine(self.claim_lookup)
         # Nodes' product label values (None: a node without one), when nodes are fed in
         # (node_event): a bound pod is charged to its node's product. Pods bound to a
         # node not seen yet are charged again when it is: node -> their uids.
@@ -137,7 +137,7 @@ class ClusterState:
             self._watches += (SLICE,)
         if groups:
             self.claims.watch_groups()
-            self._watches += (podgroups.KIND,)
+            self._watches += (podgroups.KIND, podgroups.COMPOSITE)
         return self.claims
 
     def claim_lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -276,7 +276,11 @@ class ClusterState:
                 # Pods of the group seen before it were charged their template claims
                 # each; the group's claim is one, shared: count them again.
                 ident = ObjectId.of(obj)
-                if self.line.running(podgroups.group_id(ident.namespace, ident.name)):
+                ns = ident.namespace
+                gang = podgroups.gang(ns, ident.name, obj,
+                                      podgroups.parents(ns, obj, self.claim_lookup))
+                if (self.line.running(gang.id)
+                        or self.line.running(podgroups.group_id(ns, ident.name))):
                     self.on_relabel()
             if first_sync and kind == TEMPLATE and self.pods_synced and self.on_templates_synced:
                 self.on_templates_synced()

@@ -348,12 +348,14 @@ def _binding(found: list[_Found]) -> str:
 
 
 def check_group(check: Checker, tenant: TenantRules, ask: Ask, group: str, size: int,
-                usage: UsageView) -> bool:
+                usage: UsageView, composite: bool = False) -> bool:
     """The first pod of a PodGroup (the core gang API) for its whole gang: ``size`` pods
-    like it (the group's ``minCount`` less its members charged already) against every
-    cap; True when they all fit now. Refused, from the binding cap, when they can never
-    fit or do not fit what is free now: the pod is refused rather than admitted alone,
-    as a part of the gang would hold GPUs the rest of it waits for."""
+    like it (the group's ``minCount``, times the ``minGroupCount`` of the
+    CompositePodGroups above it, less the members charged already) against every cap;
+    True when they all fit now. ``group``: the gang as messages name it. Refused, from
+    the binding cap, when they can never fit or do not fit what is free now: the pod is
+    refused rather than admitted alone, as a part of the gang would hold GPUs the rest
+    of it waits for."""
     never: list[Line] = []
     not_now: list[Line] = []
     for line in lines(tenant, ask, usage):
@@ -365,12 +367,13 @@ def check_group(check: Checker, tenant: TenantRules, ask: Ask, group: str, size:
     if never:
         line = min(never, key=lambda x: messages.most_pods(x.cap, x.per_pod))
         check.report(Rule.QUOTA, messages.group_never_fits(
-            group, line.scope, _what(line), size, line.per_pod, line.cap, len(never) - 1))
+            group, line.scope, _what(line), size, line.per_pod, line.cap, len(never) - 1,
+            composite))
         return False
     if not_now:
         line = min(not_now, key=lambda x: messages.most_pods(x.free(), x.per_pod))
         check.report(Rule.QUOTA, messages.group_not_free(
             group, line.scope, _what(line), size, line.per_pod, line.used, line.cap,
-            len(not_now) - 1))
+            len(not_now) - 1, composite))
         return False
     return True

@@ -53,8 +53,10 @@ class ClaimCache:
         self.synced[SLICE] = False
 
     def watch_groups(self) -> None:
-        """Keep PodGroups too (the claims they share, their gangs' sizes)."""
+        """Keep PodGroups and CompositePodGroups too (the claims a group's pods share,
+        their gangs)."""
         self.synced[podgroups.KIND] = False
+        self.synced[podgroups.COMPOSITE] = False
 
     def lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pipeline's view: the object a pod names, if the watch has delivered it;

@@ -105,6 +105,9 @@ class GangOf:
     resource: str
     namespace: str
     name: str
+    # Pods that must start together when known without reading the workload (a
+    # CompositePodGroup's gang of gangs, resolved from the watches); None: read it.
+    size: int | None = None
 
     @property
     def is_job(self) -> bool:
@@ -124,9 +127,11 @@ for _b in CRD_KINDS:
         _BY_LABEL.setdefault(_b.pod_label, []).append(_b)
 
 
-def gang_of(pod: Mapping[str, Any], ident: ObjectId | None = None) -> GangOf | None:
+def gang_of(pod: Mapping[str, Any], ident: ObjectId | None = None,
+            lookup: podgroups.Lookup | None = None) -> GangOf | None:
     """The gang of a waiting pod: the PodGroup it joins (the core gang API, read first: its
-    ``minCount`` is what the scheduler holds the pods to), the training workload
+    ``minCount`` is what the scheduler holds the pods to; the CompositePodGroup above it
+    whose gang of gangs it is part of, when ``lookup`` holds them), the training workload
     that controls it or whose label it carries (of a label several kinds share, the
     kind its owners name, else the first that makes pods itself: a TrainJob's pods
     are its JobSet's), one group of a LeaderWorkerSet, else the batch Job that
@@ -137,6 +142,12 @@ def gang_of(pod: Mapping[str, Any], ident: ObjectId | None = None) -> GangOf | N
     ns, labels = ident.namespace, ident.labels
     group = podgroups.group_of(pod)
     if group is not None:
+        found = lookup(podgroups.KIND, ns, group) if lookup is not None else None
+        if found is not None and lookup is not None:
+            g = podgroups.gang(ns, group, found, podgroups.parents(ns, found, lookup))
+            if g.composite:
+                return GangOf(g.id, g.kind, podgroups.GROUP, podgroups.COMPOSITE_VERSION,
+                              podgroups.COMPOSITE_RESOURCE, ns, g.name, g.size)
         return GangOf(podgroups.group_id(ns, group), podgroups.KIND, podgroups.GROUP,
                       podgroups.VERSION, podgroups.RESOURCE, ns, group)
     # (group, kind) -> (version, name) of the pod's owners: the version its controller
@@ -167,7 +178,10 @@ class WaitLine:
     """The gated pods this replica's pod watch has seen, and how many pods of each gang
     run charged (its members released before), fed by ``ClusterState``."""
 
-    def __init__(self) -> None:
+    def __init__(self, lookup: podgroups.Lookup | None = None) -> None:
+        # The PodGroups and CompositePodGroups the watches hold: the pods of a gang of
+        # gangs are counted under the CompositePodGroup's key.
+        self.lookup = lookup
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> the gated pod
         self._members: dict[str, set[str]] = {}  # gang key -> uids of its charged pods
         self._job_of: dict[str, str] = {}  # pod uid -> its gang's key (charged pods)
@@ -183,7 +197,7 @@ class WaitLine:
             self.version += 1
         elif self.pods.pop(uid, None) is not None:
             self.version += 1
-        gang = gang_of(pod, ident) if charged else None
+        gang = gang_of(pod, ident, self.lookup) if charged else None
         self._member(uid, gang.key if gang else None)
 
     def gone(self, uid: str) -> None:

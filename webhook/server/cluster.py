@@ -148,10 +148,13 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
                                    state.deliverer(loop, state.claim_event(SLICE)))
     templates = kube.Watcher(api, "resourceclaimtemplates",
                              state.deliverer(loop, state.claim_event(TEMPLATE)))
-    # The core gang API's PodGroups (absent unless GenericWorkload is on): the claims a
-    # group's pods share, found without an API call on admission.
+    # The core gang API's PodGroups and CompositePodGroups (absent unless GenericWorkload
+    # and CompositePodGroup are on): the claims a group's pods share and the gangs they
+    # start in, found without an API call on admission.
     groups = kube.Watcher(api, "podgroups",
                           state.deliverer(loop, state.claim_event(podgroups.KIND)))
+    composites = kube.Watcher(api, "compositepodgroups",
+                              state.deliverer(loop, state.claim_event(podgroups.COMPOSITE)))
     seen = SightCache(policy)
     def node_event(typ: str, node: dict[str, Any]) -> None:
         seen.node_event(typ, node)
@@ -165,7 +168,8 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     state.on_templates_synced = pods.resync
     # A new policy may charge pods and claims differently.
     source.on_change.extend([pods.resync, claims.resync])
-    watchers = [namespaces, templates, groups, claims, pods, nodes, classes, resource_slices]
+    watchers = [namespaces, templates, groups, composites, claims, pods, nodes, classes,
+                resource_slices]
     for w in watchers:
         w.start()
     logs.event("using the cluster for quota", kubeconfig=kubeconfig or "in-cluster",
@@ -236,13 +240,13 @@ def claim_reader(claims: kube.ResourceClaims) -> ClaimReader:
 
 
 def group_reader(read: ClaimReader) -> GroupReader:
-    """Read a PodGroup (at its gang's first pod, when the watch has not delivered it) as
-    a claim is read; None when the API server has none."""
+    """Read a PodGroup or CompositePodGroup (at its gang's first pod, when the watches
+    have not delivered it) as a claim is read; None when the API server has none."""
 
-    async def read_group(namespace: str, name: str, timeout: float
+    async def read_group(kind: str, namespace: str, name: str, timeout: float
                          ) -> Mapping[str, Any] | None:
         try:
-            return await read(podgroups.KIND, namespace, name, timeout)
+            return await read(kind, namespace, name, timeout)
         except ClaimUnreadable as exc:
             raise GroupUnreadable(str(exc)) from None
 

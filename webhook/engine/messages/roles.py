@@ -72,21 +72,25 @@ def role_pod_never_fits(scope: str, what: str, role: str, per_pod: float, cap: f
 
 
 def group_never_fits(group: str, scope: str, what: str, pods: int, per_pod: float,
-                     cap: float, others: int = 0) -> str:
-    """A PodGroup's gang that no usage could hold, told at its first pod."""
-    return (f"its PodGroup {group} starts {_pods(pods)} together (minCount), {_pods(pods)} "
+                     cap: float, others: int = 0, composite: bool = False) -> str:
+    """A PodGroup's gang (``group``: "PodGroup train", "CompositePodGroup llm") that no
+    usage could hold, told at its first pod."""
+    most = most_pods(cap, per_pod)
+    fix = (f"Lower the minGroupCount of the CompositePodGroup or the minCount of its "
+           f"PodGroups so that at most {most} pods start together"
+           if composite else f"Lower the PodGroup's minCount to {most} or less")
+    return (f"its {group} starts {_pods(pods)} together ({_rule(composite)}), {_pods(pods)} "
             f"x {num(per_pod)} {what} = {num(pods * per_pod)} {what} at once, but {scope}'s "
             f"quota is {num(cap)} {what}{tightest(others)}: the gang can never start, so "
-            f"none of its pods is admitted. Lower the PodGroup's minCount to "
-            f"{most_pods(cap, per_pod)} or less (or ask less per pod), or ask the platform team "
-            "for more quota.")
+            f"none of its pods is admitted. {fix} (or ask less per pod), or ask the "
+            "platform team for more quota.")
 
 
 def group_not_free(group: str, scope: str, what: str, pods: int, per_pod: float,
-                   used: float, cap: float, others: int = 0) -> str:
+                   used: float, cap: float, others: int = 0, composite: bool = False) -> str:
     """A PodGroup's gang that does not fit what is free now, told at its first pod."""
     free = max(cap - used, 0.0)
-    return (f"its PodGroup {group} starts {_pods(pods)} together (minCount), {_pods(pods)} "
+    return (f"its {group} starts {_pods(pods)} together ({_rule(composite)}), {_pods(pods)} "
             f"x {num(per_pod)} {what} = {num(pods * per_pod)} {what} at once, but only "
             f"{num(free)} of {scope}'s {num(cap)} {what} are free now{tightest(others)}: "
             "none of its pods is admitted until the whole gang fits, so that no part of "
@@ -94,8 +98,13 @@ def group_not_free(group: str, scope: str, what: str, pods: int, per_pod: float,
             "gpuquota shows what is used).")
 
 
+def _rule(composite: bool) -> str:
+    return "minGroupCount x minCount" if composite else "minCount"
+
+
 def group_unread(group: str, why: str) -> str:
-    """The pod's PodGroup could not be read: the pod is counted alone."""
-    return (f"its PodGroup {group} could not be read ({why}), so its gang was not checked "
+    """The pod's PodGroup (or a CompositePodGroup above it) could not be read: the pod
+    is counted alone."""
+    return (f"its {group} could not be read ({why}), so its gang was not checked "
             "against the quota whole: this pod is counted alone, and the gang's other pods "
             "may be refused after some of it starts. Create the PodGroup before its pods.")

@@ -14,8 +14,9 @@ from webhook.libs.kube.api import NotFound, json_object, translated
 
 class ResourceClaims:
     """Read one ResourceClaim or ResourceClaimTemplate (``resource.k8s.io/v1``), or the
-    PodGroup (``scheduling.k8s.io/v1beta1``) whose claims and gang a pod joins. RBAC:
-    get on resourceclaims, resourceclaimtemplates and podgroups."""
+    PodGroup (``scheduling.k8s.io/v1beta1``) whose claims and gang a pod joins and the
+    CompositePodGroups (``v1alpha3``) above it. RBAC: get on resourceclaims,
+    resourceclaimtemplates, podgroups and compositepodgroups."""
 
     def __init__(self, api: client.ApiClient) -> None:
         resource = client.ResourceV1Api(api)
@@ -23,6 +24,8 @@ class ResourceClaims:
             "ResourceClaim": resource.read_namespaced_resource_claim,
             "ResourceClaimTemplate": resource.read_namespaced_resource_claim_template,
             "PodGroup": client.SchedulingV1beta1Api(api).read_namespaced_pod_group,
+            "CompositePodGroup":
+                client.SchedulingV1alpha3Api(api).read_namespaced_composite_pod_group,
         }
 
     def read(self, kind: str, namespace: str, name: str, timeout: float

@@ -55,6 +55,8 @@ class Watcher:
             fn = client.ResourceV1Api(api).list_resource_slice
         elif kind == "podgroups":
             fn = client.SchedulingV1beta1Api(api).list_pod_group_for_all_namespaces
+        elif kind == "compositepodgroups":
+            fn = client.SchedulingV1alpha3Api(api).list_composite_pod_group_for_all_namespaces
         elif kind == "nodes":
             fn = core.list_node
         elif kind == "priorityclasses":

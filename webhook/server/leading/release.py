@@ -297,9 +297,12 @@ class Releaser:
     async def _gang(self, pod: dict[str, Any]) -> str | None:
         """The pod's gang (its key in the line) when its workload starts more than one
         pod at once: a Job's parallelism, a training workload's gang (read from it)."""
-        gang = gang_of(pod)
+        gang = gang_of(pod, lookup=self.state.claim_lookup)
         if gang is None:
             return None
+        if gang.size is not None:  # a gang of gangs, known from the watches
+            self._jobs[gang.key] = _Gang(gang.size, time.monotonic())
+            return gang.key if gang.size > 1 else None
         known = self._jobs.get(gang.key)
         if known is None or time.monotonic() - known.read > SKIP_SECONDS:
             try:
