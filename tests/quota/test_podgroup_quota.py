@@ -198,11 +198,15 @@ def test_a_podgroups_gang_size_is_its_min_count(spec: dict[str, Any], size: int)
 
 
 def test_docs_quote_the_refusal_a_podgroup_gets() -> None:
-    # docs/quota.md quotes the start of the refusal of a gang that can never fit.
+    # docs/quota.md quotes the start of the refusals of gangs that can never fit.
     docs = (Path(__file__).resolve().parents[2] / "docs" / "quota.md").read_text()
-    quoted = " ".join(docs.split('("its PodGroup', 1)[1].split('..."', 1)[0].split())
-    said = messages.group_never_fits("PodGroup train", "tenant ml", "GPUs", 4, 2, 6)
-    assert said.startswith("its PodGroup " + quoted), quoted
+    for start, said in (
+            ("its PodGroup", messages.group_never_fits("PodGroup train", "tenant ml", "GPUs",
+                                                       4, 2, 6)),
+            ("its CompositePodGroup", messages.group_never_fits(
+                "CompositePodGroup llm", "tenant ml", "GPUs", 4, 2, 6, composite=True))):
+        quoted = " ".join(docs.split(f'("{start}', 1)[1].split('..."', 1)[0].split())
+        assert said.startswith(f"{start} {quoted}"), quoted
 
 
 def test_a_composite_podgroup_is_one_gang_of_its_groups_checked_at_the_first_pod() -> None:
