@@ -142,3 +142,22 @@ def test_one_tenant_is_one_tenant(gpu_webhook: Run, tmp_path: Path) -> None:
     done = gpu_webhook("policy", "check", str(one))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"{one}: ok (policy solo, 1 tenant)"]
+
+
+def test_admission_mode_says_which_rules_stay_in_the_webhook(gpu_webhook: Run) -> None:
+    # With the stateless rules in the API server, what still needs a replica up is said,
+    # rule by rule, with its tenants and why (the same lines `manifests` prints).
+    from webhook.admission.native.policies import kept
+    from webhook.policy.load import load_file
+
+    path = ROOT / "policies" / "multi-tenant.yaml"
+    done = gpu_webhook("policy", "check", "--admission-mode", "native", str(path))
+    assert done.returncode == 0, done.stderr
+    said = [line.split(": stays in the webhook: ", 1)[1] for line in done.stdout.splitlines()
+            if ": stays in the webhook: " in line]
+    assert said == kept(load_file(path))
+    assert "quota (research, inference, notebooks): usage across pods and replicas" in (
+        done.stdout)
+    # Without the option nothing more is said.
+    plain = gpu_webhook("policy", "check", str(path))
+    assert "stays in the webhook" not in plain.stdout

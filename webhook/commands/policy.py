@@ -57,6 +57,10 @@ def add_policy(sub: Any) -> None:
     psub = pol.add_subparsers(title="policy commands")
     chk = command(psub, "check", _policy_check)
     chk.add_argument("files", nargs="+", metavar="FILE")
+    chk.add_argument("--admission-mode", choices=list(ADMISSION_MODES), default="webhook",
+                     help="also say which of each policy's rules stay in the webhook when "
+                          "the stateless ones run in the API server (fallback, native): "
+                          "what still needs a replica up [webhook: nothing said]")
     _add_policy_schema_commands(psub)
     # `gpu-webhook policy` alone lists its subcommands rather than the top-level help.
     pol.set_defaults(func=lambda _args: _usage(pol))
@@ -188,7 +192,11 @@ def _policy_check(args: argparse.Namespace) -> int:
     Load each policy file as the webhook does; an invalid one is reported with the file,
     line and field of each problem. A valid one may still get warnings: what it would do
     that is rarely meant (a per-user cap that training operators' pods would all share).
+    With --admission-mode fallback or native, each rule that stays in the webhook (it
+    needs state or is not compiled into the API server's admission policies) is listed,
+    with the tenants it applies to and why.
     """
+    from webhook.admission.native import policies as native
     from webhook.policy.advice import advice
     from webhook.policy.load import PolicyError, load_file
 
@@ -202,6 +210,9 @@ def _policy_check(args: argparse.Namespace) -> int:
             continue
         n = len(policy.spec.tenants)
         print(f"{f}: ok (policy {policy.metadata.name}, {n} tenant{'' if n == 1 else 's'})")
+        if args.admission_mode != "webhook":
+            for line in native.kept(policy):
+                print(f"{f}: stays in the webhook: {line}")
         for said in advice(policy):
             print(f"{f}: warning: {said}", file=sys.stderr)
     if failed:
