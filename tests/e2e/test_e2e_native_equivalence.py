@@ -52,6 +52,8 @@ SCOPES: dict[str, dict[str, str]] = {
     "alpha": {},
     "beta": {"gpu.example.com/tenant": "beta", "gpu.example.com/tier": "gold"},
     "gamma": {"gpu.example.com/tier": "silver"},
+    "delta": {},
+    "epsilon": {},
     "free": {},
 }
 # Rules whose findings the validating policies report: the warnings compared are theirs.
@@ -102,6 +104,31 @@ more_tolerations = st.one_of(tolerations, st.sampled_from([
 ]))
 
 
+# Where a pod may run, naming no product or topology label (a pod that names them is
+# left to the webhook, which weighs its own choice: KEPT): none, a nodeSelector, required
+# terms of other labels (one, two ORed, one of node fields only), preferred terms.
+_ARCH = {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
+_ZONE = {"key": "topology.kubernetes.io/zone", "operator": "NotIn", "values": ["z9"]}
+_NAME = {"key": "metadata.name", "operator": "In", "values": ["node-1"]}
+
+
+def _required(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": list(terms)}}}}
+
+
+placements = st.sampled_from([
+    {}, {}, {},
+    {"nodeSelector": {"kubernetes.io/os": "linux"}},
+    _required({"matchExpressions": [_ARCH]}),
+    _required({"matchExpressions": [_ARCH]}, {"matchExpressions": [_ZONE, _ARCH]}),
+    _required({"matchFields": [_NAME]}),
+    {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [_ZONE]}}]}}},
+    {"affinity": {"podAffinity": {}}},
+])
+
+
 @st.composite
 def containers(draw: st.DrawFn, prefix: str, least: int) -> list[dict[str, Any]]:
     out = []
@@ -135,6 +162,7 @@ def pods(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     vols = draw(st.lists(volumes, max_size=2, unique_by=lambda v: str(v["name"])))
     if vols:
         spec["volumes"] = vols
+    spec.update(draw(placements))
     meta: dict[str, Any] = {"name": "p"}
     if draw(st.integers(0, 5)) == 0:
         meta["annotations"] = {"gpu-webhook.dev/mutated": draw(st.sampled_from(
@@ -219,6 +247,8 @@ def compare(api: client.CoreV1Api, scope: str, pod: dict[str, Any],
         f"warnings differ:\n native {sorted(native.warnings)}\n webhook "
         f"{sorted(hook.warnings)}\n{shown}")
     if native.allowed:
+        if seen is not None and "nvidia.com/gpu.product" in json.dumps(native.stored):
+            seen["pinned"] += 1  # a GPU pod given its tenant's product affinity
         assert native.stored == hook.stored, (
             f"stored objects differ:\n native {json.dumps(native.stored, sort_keys=True)}\n"
             f" webhook {json.dumps(hook.stored, sort_keys=True)}\n{shown}")
@@ -337,6 +367,7 @@ def test_the_native_policies_and_the_webhook_decide_alike(executors: Executors) 
     same()
     for scope in SCOPES:
         assert seen[f"{scope}: allowed"], f"no pod of scope {scope} allowed: {seen}"
+    assert seen["pinned"], f"no GPU pod was pinned to its tenant's product: {seen}"
     reached = {rule for rule in RULES_REFUSING if seen[f"rule {rule}"]}
     assert reached == set(RULES_REFUSING), (
         f"the pods drawn never reached {sorted(set(RULES_REFUSING) - reached)}: {seen}")

@@ -180,8 +180,9 @@ def gpu_label(key: str, c: str) -> str:
 
 def num(x: str) -> str:
     """CEL: the double ``x`` as people write a count (``webhook.engine.messages.words.num``:
-    2 not 2.0, three decimals at most, trailing zeros dropped)."""
-    fixed = bind("nums", "'%.3f'.format([numx])",
+    2 not 2.0, three decimals at most, trailing zeros dropped). The API server's ``%f``
+    groups thousands (1,024.125): the separators are taken out, as Python writes it."""
+    fixed = bind("nums", "'%.3f'.format([numx]).replace(',', '')",
                  "nums.endsWith('000') ? nums.substring(0, size(nums) - 4) : "
                  "nums.endsWith('00') ? nums.substring(0, size(nums) - 2) : "
                  "nums.endsWith('0') ? nums.substring(0, size(nums) - 1) : nums")

@@ -1,5 +1,6 @@
 """A scope's MutatingAdmissionPolicy: GPU requests completed, the GPU tolerations added
-(or stripped from pods without GPUs), ``NVIDIA_VISIBLE_DEVICES`` neutralized, and the
+(or stripped from pods without GPUs), the tenant's product and topology node affinity
+ANDed into a GPU pod that names neither, ``NVIDIA_VISIBLE_DEVICES`` neutralized, and the
 changes recorded in the ``gpu-webhook.dev/mutated`` annotation, as the mutating webhook
 makes them (``webhook.engine.mutate``)."""
 
@@ -22,7 +23,14 @@ from webhook.admission.native.cel import (
 )
 from webhook.admission.native.scoped import API_VERSION, POD_RULES, Scoped
 from webhook.engine.decision import PROVENANCE_ANNOTATION
+from webhook.policy.apiserver.cel import string_list
 from webhook.policy.model import TolerationPolicy
+
+# The typed objects of a pod's required node affinity, for JSON Patch values.
+_NODE = "Object.spec.affinity.nodeAffinity"
+_REQ = f"{_NODE}.requiredDuringSchedulingIgnoredDuringExecution"
+_TERM = f"{_REQ}.nodeSelectorTerms"
+_EXPR = f"{_TERM}.matchExpressions"
 
 
 class Mutating(Scoped):
@@ -35,6 +43,9 @@ class Mutating(Scoped):
         groups: list[tuple[str, str]] = [
             ("gpu-requests", f"variables.gpu ? {self._completion()} : []"),
             ("gpu-tolerations", f"variables.gpu ? {self._tolerations()} : []")]
+        pins = self._affinity()
+        if pins is not None:
+            groups.append(("gpu-node-affinity", pins))
         if self.policy.non_gpu_tolerations is TolerationPolicy.STRIP and self.keys:
             groups.append(("strip-gpu-tolerations",
                            f"variables.gpu ? [] : {self._strip()}"))
@@ -58,6 +69,73 @@ class Mutating(Scoped):
                                         "jsonPatch": {"expression": mutation}}],
                          # A webhook may add a container after this ran.
                          "reinvocationPolicy": "IfNeeded"}}
+
+    def pinned(self) -> list[tuple[str, list[str]]]:
+        """The node-label requirements the mutating webhook ANDs into every required
+        node-affinity term of a GPU pod of this scope that names none of those labels
+        (``webhook.engine.pinning``): the tenant's default product (else its allowed
+        ones), then its topology group. None compiled where spot placement or GPU
+        capabilities would add terms of their own after them."""
+        t, p = self.tenant, self.policy
+        if t is None or p.spot is not None or p.capabilities is not None:
+            return []
+        out: list[tuple[str, list[str]]] = []
+        products = ([t.default_product] if t.default_product
+                    else list(t.allowed_products) if t.allowed_products else [])
+        if products:
+            out.append((p.product_label, [p.product_value[x] for x in products]))
+        if t.topology_label is not None and t.topology_values:
+            out.append((t.topology_label, list(t.topology_values)))
+        return out
+
+    def _affinity(self) -> str | None:
+        """A GPU pod that names no product or topology label (no nodeSelector on them,
+        no required term's expression, no product asked by label or annotation) gets the
+        requirements ANDed into every required term, or one term holding them; a pod
+        that names them is left to the webhook (its own choice is weighed there)."""
+        pins = self.pinned()
+        if not pins:
+            return None
+        p, t = self.policy, self.tenant
+        assert t is not None
+        keys = string_list(sorted({p.product_label, *([t.topology_label]
+                                                      if t.topology_label else [])}))
+        req = "object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        has_req = ("has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
+                   f"has({req})")
+        terms = f"({has_req} && has({req}.nodeSelectorTerms) ? {req}.nodeSelectorTerms : [])"
+        named = [f"(has(object.spec.nodeSelector) && "
+                 f"object.spec.nodeSelector.exists(k, k in {keys}))",
+                 f"{terms}.exists(t, has(t.matchExpressions) && "
+                 f"t.matchExpressions.exists(e, e.key in {keys}))"]
+        for key, field in ((p.product_request_label, "labels"),
+                           (p.product_request_annotation, "annotations")):
+            if key is not None:
+                named.append(f"(has(object.metadata.{field}) && "
+                             f"{quote(key)} in object.metadata.{field})")
+        exprs = [f"{_EXPR}{{key: {quote(k)}, operator: 'In', values: {string_list(v)}}}"
+                 for k, v in pins]
+        term = f"{_TERM}{{matchExpressions: [{', '.join(exprs)}]}}"
+        base = "'/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution'"
+        first = (
+            f"!has(object.spec.affinity) ? [JSONPatch{{op: 'add', path: '/spec/affinity', "
+            f"value: Object.spec.affinity{{nodeAffinity: {_NODE}{{"
+            f"requiredDuringSchedulingIgnoredDuringExecution: {_REQ}{{nodeSelectorTerms: "
+            f"[{term}]}}}}}}}}] : "
+            f"!has(object.spec.affinity.nodeAffinity) ? [JSONPatch{{op: 'add', path: "
+            f"'/spec/affinity/nodeAffinity', value: {_NODE}{{"
+            f"requiredDuringSchedulingIgnoredDuringExecution: {_REQ}{{nodeSelectorTerms: "
+            f"[{term}]}}}}}}] : "
+            f"!has({req}) ? [JSONPatch{{op: 'add', path: {base}, value: {_REQ}{{"
+            f"nodeSelectorTerms: [{term}]}}}}] : "
+            f"[JSONPatch{{op: 'add', path: {base} + '/nodeSelectorTerms', value: [{term}]}}]")
+        each = ("lists.range(size(ts)).map(i, has(ts[i].matchExpressions) ? ["
+                + ", ".join(f"JSONPatch{{op: 'add', path: {base} + '/nodeSelectorTerms/' + "
+                            f"string(i) + '/matchExpressions/-', value: {e}}}" for e in exprs)
+                + f"] : [JSONPatch{{op: 'add', path: {base} + '/nodeSelectorTerms/' + "
+                  f"string(i) + '/matchExpressions', value: [{', '.join(exprs)}]}}]).flatten()")
+        ops = bind("ts", terms, f"size(ts) == 0 ? ({first}) : {each}")
+        return f"variables.gpu && !({' || '.join(named)}) ? {ops} : []"
 
     def _completion(self) -> str:
         return self._each(lambda _k, c, ptr: completion_ops(c, ptr, self._gpu(c)))
