@@ -117,8 +117,8 @@ def _required(*terms: dict[str, Any]) -> dict[str, Any]:
         "nodeSelectorTerms": list(terms)}}}}
 
 
-placements = st.sampled_from([
-    {}, {}, {},
+PLACEMENTS: list[dict[str, Any]] = [
+    {},
     {"nodeSelector": {"kubernetes.io/os": "linux"}},
     _required({"matchExpressions": [_ARCH]}),
     _required({"matchExpressions": [_ARCH]}, {"matchExpressions": [_ZONE, _ARCH]}),
@@ -126,7 +126,8 @@ placements = st.sampled_from([
     {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 1, "preference": {"matchExpressions": [_ZONE]}}]}}},
     {"affinity": {"podAffinity": {}}},
-])
+]
+placements = st.sampled_from([{}, {}, *PLACEMENTS])  # most pods say nothing of it
 
 
 @st.composite
@@ -371,6 +372,28 @@ def test_the_native_policies_and_the_webhook_decide_alike(executors: Executors) 
     reached = {rule for rule in RULES_REFUSING if seen[f"rule {rule}"]}
     assert reached == set(RULES_REFUSING), (
         f"the pods drawn never reached {sorted(set(RULES_REFUSING) - reached)}: {seen}")
+
+
+def test_gpu_pods_are_pinned_alike_wherever_they_may_run(executors: Executors) -> None:
+    """Every placement the fuzz draws, on a GPU pod (a whole GPU, and MIG slices beside a
+    sidecar without GPUs) in each tenant the native policies pin (delta: its default
+    product and racks; epsilon: its two products): the same stored object, the tenant's
+    requirements ANDed into every required term. The fuzz reaches these pods rarely."""
+    pinned = 0
+    for scope in ("delta", "epsilon"):
+        for where in PLACEMENTS:
+            for containers_ in (
+                    [{"name": "train", "image": "cuda",
+                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                    [{"name": "train", "image": "cuda",
+                      "resources": {"limits": {"nvidia.com/mig-1g.10gb": "2"}}},
+                     {"name": "log", "image": "busybox"}]):
+                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                       "spec": {"containers": containers_, **json.loads(json.dumps(where))}}
+                seen: Counter[str] = Counter()
+                assert compare(executors.api, scope, pod, seen) == f"{scope}: allowed"
+                pinned += seen["pinned"]
+    assert pinned == 2 * 2 * len(PLACEMENTS)
 
 
 @pytest.mark.slow
