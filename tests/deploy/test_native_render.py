@@ -355,8 +355,10 @@ def test_manifests_says_which_rules_still_need_the_webhook() -> None:
     assert done.returncode == 0, done.stderr
     said = done.stderr.splitlines()
     assert ("gpu-webhook manifests: stays in the webhook: allowed-products (research, "
-            "inference, notebooks): stateless, not compiled yet (product node affinity)"
-            in said), said
+            "inference, notebooks): a pod that names a product itself (request label or "
+            "annotation, nodeSelector, its own node affinity): its choice weighed against "
+            "the allowed ones, not compiled yet; and every GPU pod where spot placement or "
+            "GPU capabilities add terms" in said), said
     assert any(line.startswith("gpu-webhook manifests: stays in the webhook: quota "
                                "(research, inference, notebooks): usage across pods")
                for line in said), said

@@ -52,8 +52,8 @@ SCOPES: dict[str, dict[str, str]] = {
     "alpha": {},
     "beta": {"gpu.example.com/tenant": "beta", "gpu.example.com/tier": "gold"},
     "gamma": {"gpu.example.com/tier": "silver"},
-    "delta": {},
-    "epsilon": {},
+    "pinned": {},
+    "either": {},
     "free": {},
 }
 # Rules whose findings the validating policies report: the warnings compared are theirs.
@@ -376,11 +376,11 @@ def test_the_native_policies_and_the_webhook_decide_alike(executors: Executors) 
 
 def test_gpu_pods_are_pinned_alike_wherever_they_may_run(executors: Executors) -> None:
     """Every placement the fuzz draws, on a GPU pod (a whole GPU, and MIG slices beside a
-    sidecar without GPUs) in each tenant the native policies pin (delta: its default
-    product and racks; epsilon: its two products): the same stored object, the tenant's
+    sidecar without GPUs) in each tenant the native policies pin (pinned: its default
+    product and racks; either: its two products): the same stored object, the tenant's
     requirements ANDed into every required term. The fuzz reaches these pods rarely."""
     pinned = 0
-    for scope in ("delta", "epsilon"):
+    for scope in ("pinned", "either"):
         for where in PLACEMENTS:
             for containers_ in (
                     [{"name": "train", "image": "cuda",

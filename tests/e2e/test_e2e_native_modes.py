@@ -8,8 +8,8 @@ API server alone.
   ``NVIDIA_VISIBLE_DEVICES=void`` by the API server's MutatingAdmissionPolicy; a
   privileged pod tolerating every taint is refused in the webhook's words; a GPU pod is
   refused (its GPU webhooks fail closed: quota needs the webhook) unless the install chose
-  failurePolicy Ignore, when it is created with its request completed and the GPU
-  tolerations added, and charged to no quota.
+  failurePolicy Ignore, when it is created with its request completed, the GPU
+  tolerations added and its tenant's product and racks pinned, and charged to no quota.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 POLICY = Path(__file__).parent / "policies" / "native.yaml"
 TENANT_NS = "modes-beta"  # the policy's tenant beta, chosen by label
 LABELS = {"gpu.example.com/tenant": "beta"}
+PINNED_NS = "modes-pinned"  # the policy's tenant pinned (by name): a100, racks a and b
 
 
 def plain(name: str) -> dict[str, Any]:
@@ -87,9 +88,10 @@ def installed(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
               ) -> Iterator[Installed]:
     """The webhook's certificates and address, every replica stopped: the API server
     finds no one at the URL its configurations name."""
-    control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": TENANT_NS, "labels": LABELS}}))
+    for ns, labels in ((TENANT_NS, LABELS), (PINNED_NS, {})):
+        control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": labels}}))
     with deployed(control_plane, tmp_path_factory.mktemp("modes"), policy=POLICY) as d:
         d.stop()
         inst = Installed(control_plane, d)
@@ -181,3 +183,17 @@ def test_fallback_with_failure_policy_ignore_completes_gpu_pods_uncharged(
     assert {"key": "gpu.example.com/dedicated", "operator": "Equal", "value": "ml"} in tolerations
     assert pod["metadata"]["annotations"]["gpu-webhook.dev/mutated"] == (
         "gpu-requests,gpu-tolerations")
+    # A tenant with products and racks: the GPU pod is also pinned by the API server,
+    # as the webhook pins it (its default product, its racks).
+    name = f"gpu-{short_id()}"
+    out = apply(control_plane, PINNED_NS, gpu(name))
+    assert out.returncode == 0, out.stderr
+    pod = get(control_plane, PINNED_NS, "pod", name)
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]},
+        {"key": "topology.example.com/gpu-rack", "operator": "In",
+         "values": ["rack-a", "rack-b"]}]}]
+    assert pod["metadata"]["annotations"]["gpu-webhook.dev/mutated"] == (
+        "gpu-requests,gpu-tolerations,gpu-node-affinity")

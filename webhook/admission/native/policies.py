@@ -67,6 +67,9 @@ COMPILED: dict[str, str] = {
     "gpu-tolerations": "the policy's tolerations added to GPU pods (mutating)",
     "strip-gpu-tolerations": "GPU taint tolerations removed from pods without GPUs "
                              "(nonGpuPodsToleratingGpuTaints: strip; mutating)",
+    "gpu-node-affinity": "the tenant's default (else allowed) products and topology group "
+                         "ANDed into every required node-affinity term of a GPU pod that "
+                         "names neither label nor asks for a product (mutating)",
     Rule.VISIBLE_DEVICES.value: "NVIDIA_VISIBLE_DEVICES=void for containers given no GPU, "
                                 "their own entries removed from GPU containers (mutating), "
                                 "or refused (gpuRoutes.visibleDevices: deny)",
@@ -107,8 +110,12 @@ KEPT: dict[str, str] = {
                                       "validating policy: the API server's own message",
     "hami": "the maximums where HAMi shares GPUs (a vGPU's share is read from its memory "
             "and cores resources)",
-    Rule.ALLOWED_PRODUCTS.value: "stateless, not compiled yet (product node affinity)",
-    Rule.TOPOLOGY.value: "stateless, not compiled yet (topology node affinity)",
+    Rule.ALLOWED_PRODUCTS.value: "a pod that names a product itself (request label or "
+                                 "annotation, nodeSelector, its own node affinity): its "
+                                 "choice weighed against the allowed ones, not compiled "
+                                 "yet; and every GPU pod where spot placement or GPU "
+                                 "capabilities add terms",
+    Rule.TOPOLOGY.value: "a pod that names the topology label itself: not compiled yet",
     Rule.SPOT_PLACEMENT.value: "stateless, not compiled yet",
     "workload templates": "Deployments, Jobs and training kinds are checked at apply by "
                           "the webhook; their pods meet the native policies",
