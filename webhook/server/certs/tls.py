@@ -30,7 +30,7 @@ import orjson
 
 from webhook.libs import certs, logs
 from webhook.server.settings import Settings
-from webhook.server.web.app import Receive, Scope, Send
+from webhook.server.web.asgi import Receive, Scope, Send
 
 DEV_NAMES = ["localhost", *certs.service_names("gpu-webhook", "gpu-webhook")]
 

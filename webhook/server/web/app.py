@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,13 +58,9 @@ from webhook.quota.store import UsageStore
 from webhook.server import metrics
 from webhook.server.sources.reload import PolicySource
 from webhook.server.web import policyhook
+from webhook.server.web.asgi import Receive, Scope, Send
 from webhook.server.web.forward import RELAYED, Relay
 from webhook.server.web.reuse import Reuse
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
