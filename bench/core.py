@@ -69,7 +69,8 @@ def reviews(seconds: float) -> dict[str, Any]:
 def _quota_case(store: MemoryStore, gpus: float) -> Callable[[], bool]:
     policy = mix.policy()
     tenant = policy.by_name["research"]
-    ask = Ask("research", "research", Cost("a100", {GPU: gpus}, gpus), 1, True, 1, "Pod")
+    ask = Ask(tenant="research", namespace="research", cost=Cost("a100", {GPU: gpus}, gpus),
+              pods=1, is_pod=True, pods_added=1, kind="Pod")
 
     def run() -> bool:
         check = Checker(policy, tenant, "pod research/x", OWNED)

@@ -176,8 +176,9 @@ def test_two_admissions_racing_for_the_last_gpu_admit_one() -> None:
 
 def test_a_release_round_waits_for_the_hand_over_too() -> None:
     store, _, _, _ = deciding(handed_over=False)
-    held = Held("uid-w", Charge("team-a", "team-a", "pod/w", "a100", {"nvidia.com/gpu": 1}, 1),
-                "team-a/w", lambda view: True)
+    held = Held(key="uid-w", charge=Charge("team-a", "team-a", "pod/w", "a100",
+                                           {"nvidia.com/gpu": 1}, 1),
+                name="team-a/w", fits=lambda view: True)
     try:
         asyncio.run(store.reserve_in_order("team-a", [[held]]))
     except NotDeciding as exc:

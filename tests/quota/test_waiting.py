@@ -208,7 +208,7 @@ def _held(name: str, gpus: float, cap: float = 8.0) -> Held:
     def fits(view: UsageView) -> bool:
         return view.tenant("team-a").gpus + gpus <= cap
 
-    return Held(f"u-{name}", _charge(gpus), f"team-a/{name}", fits)
+    return Held(key=f"u-{name}", charge=_charge(gpus), name=f"team-a/{name}", fits=fits)
 
 
 def test_a_gang_is_charged_whole_or_not_at_all_and_holds_up_the_line_in_memory() -> None:
@@ -301,7 +301,8 @@ def test_a_unit_held_back_by_its_users_cap_alone_is_passed_over_whole(api: FakeA
     # cap refuses stops the line as before.
     def users_cap(name: str, gpus: float) -> Held:
         h = _held(name, gpus)
-        return Held(h.key, h.charge, h.name, lambda view: False, lambda view: True)
+        return Held(key=h.key, charge=h.charge, name=h.name, fits=lambda view: False,
+                    passed=lambda view: True)
 
     for store in (_store_using(0), ledger_replica(api)):
         units = [[_held("g0", 1), users_cap("g1", 1)], [_held("next", 2)],

@@ -156,8 +156,8 @@ def test_a_released_pod_draws_its_gangs_slot_instead_of_being_charged_again(
     # slot of its gang's reservation, as at admission: the tenant is charged once.
     def held(i: int) -> Held:
         charge = Charge("team-a", "team-a", "pytorchjob/ddp", "a100", {"nvidia.com/gpu": 1}, 1)
-        return Held(f"uid-ddp-{i}", charge, f"team-a/ddp-worker-{i}",
-                    lambda view: view.tenant("team-a").gpus + 1 <= 8,
+        return Held(key=f"uid-ddp-{i}", charge=charge, name=f"team-a/ddp-worker-{i}",
+                    fits=lambda view: view.tenant("team-a").gpus + 1 <= 8,
                     gangs=("uid-ddp", "team-a/training.kubeflow.org/job-name=ddp"))
 
     async def run(store: Any) -> None:

@@ -143,7 +143,8 @@ def validate(req: AdmissionRequest, policy: CompiledPolicy, labels: NamespaceLab
     claim = req.ident.name or req.name
     owner = f"resourceclaim/{claim}"
     per = cost.as_cost()
-    ask = Ask(tenant.name, req.namespace, per, 1, True, 1, target.kind, counts_pods=False)
+    ask = Ask(tenant=tenant.name, namespace=req.namespace, cost=per, pods=1, is_pod=True,
+              pods_added=1, kind=target.kind, counts_pods=False)
     reservation = None
     if not req.dry_run:
         # A name no pod can have (":"), so a claim never stands for a pod of its name.

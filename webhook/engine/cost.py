@@ -43,7 +43,7 @@ class Charge:
     shared: float = 0.0  # GPU-equivalents held as shares of devices (quota.sharedGpus)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Ask:
     """What admitting one object would add to its tenant's usage (for quota)."""
 

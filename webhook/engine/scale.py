@@ -132,8 +132,8 @@ def check_scale(up: ScaleUp, workload: dict[str, Any], policy: CompiledPolicy,
     # The user its CREATE recorded on its template: whose cap the pods added count to.
     user = (recorded(target.template.metadata) if target.tenant.user_quota is not None
             else None)
-    ask = Ask(target.tenant.name, up.namespace, cost, up.new, False, up.new - up.old, up.kind,
-              user=user)
+    ask = Ask(tenant=target.tenant.name, namespace=up.namespace, cost=cost, pods=up.new,
+              is_pod=False, pods_added=up.new - up.old, kind=up.kind, user=user)
     return Validation(Decision(tenant=target.tenant.name),
                       PodQuota(tenant=target.tenant, subject=up.subject, ask=ask))
 

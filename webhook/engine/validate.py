@@ -134,8 +134,8 @@ def _gpu_pod(check: Checker, policy: CompiledPolicy, target: Target, req: Admiss
             # Ignore while it was down), and the cache would charge it to that name.
             check.report(Rule.QUOTA, messages.user_not_recorded(said, user))
             return None
-    ask = Ask(tenant.name, req.namespace, cost, pods, target.template.is_pod, added, req.kind,
-              user=user)
+    ask = Ask(tenant=tenant.name, namespace=req.namespace, cost=cost, pods=pods,
+              is_pod=target.template.is_pod, pods_added=added, kind=req.kind, user=user)
     reservation = None
     if target.template.is_pod and not req.dry_run:  # a dry run must leave no trace
         key, name = reserved_as(req)

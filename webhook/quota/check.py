@@ -264,8 +264,8 @@ def _gang_lines(tenant: TenantRules, gang: GangAsk, usage: UsageView) -> list[_G
     for i, r in enumerate(gang.roles):
         if not r.cost.resources:
             continue  # a role without GPUs (a parameter server) holds no GPU quota
-        ask = Ask(gang.tenant, gang.namespace, r.cost, r.pods, False, r.pods_added, gang.kind,
-                  user=gang.user)
+        ask = Ask(tenant=gang.tenant, namespace=gang.namespace, cost=r.cost, pods=r.pods,
+                  is_pod=False, pods_added=r.pods_added, kind=gang.kind, user=gang.user)
         for line in lines(tenant, ask, usage):
             key = (line.scope, line.what)
             if key not in out:

@@ -98,7 +98,7 @@ def _never(view: UsageView) -> bool:
     return False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Held:
     """A waiting pod to be charged on release: its reservation, and the quota test it
     must pass on the usage with the pods released before it (``fits``); ``passed``:

@@ -291,8 +291,8 @@ class Releaser:
         def passed(view: UsageView) -> bool:
             return users_cap_alone(tenant, ask, view)
 
-        return Held(res.key, res.charge, res.name or f"{ns}/{name}", fits, passed,
-                    res.gangs)
+        return Held(key=res.key, charge=res.charge, name=res.name or f"{ns}/{name}",
+                    fits=fits, passed=passed, gangs=res.gangs)
 
     async def _gang(self, pod: dict[str, Any]) -> str | None:
         """The pod's gang (its key in the line) when its workload starts more than one
