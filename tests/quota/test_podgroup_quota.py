@@ -31,25 +31,26 @@ from webhook.quota.store import MemoryStore
 NS = "team-a"  # tenant team-a: 8 GPUs, 6 A100s, 5 pods
 
 
-def podgroup(name: str, min_count: int | None, parent: str | None = None
-             ) -> dict[str, Any]:
-    policy_ = {"gang": {"minCount": min_count}} if min_count is not None else {"basic": {}}
-    spec: dict[str, Any] = {"schedulingPolicy": policy_}
+def _group(kind: str, version: str, count: str, name: str, n: int | None,
+           parent: str | None) -> dict[str, Any]:
+    """A PodGroup or CompositePodGroup: a gang of ``n`` (its ``count`` field), or basic
+    (``n`` None), under ``parent`` if given."""
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {count: n}} if n is not None
+                            else {"basic": {}}}
     if parent is not None:
         spec["parentCompositePodGroupName"] = parent
-    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-pg-{name}"},
+    return {"apiVersion": f"scheduling.k8s.io/{version}", "kind": kind,
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{kind}-{name}"},
             "spec": spec}
+
+
+def podgroup(name: str, min_count: int | None, parent: str | None = None
+             ) -> dict[str, Any]:
+    return _group("PodGroup", "v1beta1", "minCount", name, min_count, parent)
 
 
 def composite(name: str, groups: int | None, parent: str | None = None) -> dict[str, Any]:
-    policy_ = {"gang": {"minGroupCount": groups}} if groups is not None else {"basic": {}}
-    spec: dict[str, Any] = {"schedulingPolicy": policy_}
-    if parent is not None:
-        spec["parentCompositePodGroupName"] = parent
-    return {"apiVersion": "scheduling.k8s.io/v1alpha3", "kind": "CompositePodGroup",
-            "metadata": {"name": name, "namespace": NS, "uid": f"uid-cpg-{name}"},
-            "spec": spec}
+    return _group("CompositePodGroup", "v1alpha3", "minGroupCount", name, groups, parent)
 
 
 def member(group: str, i: int, gpus: int = 2) -> dict[str, Any]:
