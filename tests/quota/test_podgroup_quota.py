@@ -271,3 +271,12 @@ def test_podgroups_the_watches_hold_are_not_read() -> None:
     for i in range(2):
         assert admit(store, groups, member("train", i), watched=True).allowed
     assert groups.reads == 0 and used(store) == 4
+
+
+def test_the_slots_no_pod_took_are_held_by_the_gang_in_messages() -> None:
+    store, groups = MemoryStore(), Groups(podgroup("train", 3))
+    assert admit(store, groups, member("train", 0)).allowed
+    d = admit(store, groups, pod("other", NS, 2))
+    assert not d.allowed
+    # 2 of the gang's 3 slots are untaken: held by the PodGroup, the first pod its own.
+    assert "podgroup/train 4" in d.message and "pod/train-0 2" in d.message, d.message

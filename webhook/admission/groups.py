@@ -61,6 +61,13 @@ class GroupGang:
     composite: bool = False
     unread: str | None = None
 
+    @property
+    def owner(self) -> str:
+        """Who holds the slots no pod took yet, as messages list holders:
+        ``podgroup/train``, ``compositepodgroup/llm``."""
+        kind, _, name = self.name.partition(" ")
+        return f"{kind.lower()}/{name}"
+
 
 async def group_gang(step: PodQuota, namespace: str, store: UsageStore | None,
                      read: GroupReader | None, members: GroupMembers, budget: float,

@@ -145,9 +145,10 @@ async def _grouped(step: PodQuota, group: GroupGang, policy: CompiledPolicy,
         attempts = _Attempts(policy, step, lambda check, view: check_group(
             check, tenant, ask, group.name, group.size, view, group.composite))
         try:
-            reserved = await store.reserve_gang(group.key, (group.id,),
-                                                [(res.charge, group.size)], attempts,
-                                                GANG_BOUND_SECONDS, budget)
+            # The slots are the gang's until its pods take them (each then its own).
+            slot = replace(res.charge, owner=group.owner)
+            reserved = await store.reserve_gang(group.key, (group.id,), [(slot, group.size)],
+                                                attempts, GANG_BOUND_SECONDS, budget)
         except ReservationUnavailable as exc:
             return _unavailable(policy, step, exc)
         if not reserved:
