@@ -150,7 +150,8 @@ def test_deletes_of_gang_kinds_go_to_a_release_webhook_that_never_blocks():
     [release] = [h for h in validating["webhooks"] if h["name"] == "release.gpu-webhook.dev"]
     got = {(g, r) for rule in release["rules"] for g in rule["apiGroups"]
            for r in rule["resources"]}
-    assert got == {(b.group, b.resource) for b in CRD_KINDS if b.reserves}
+    assert got == {(b.group, b.resource) for b in CRD_KINDS if b.reserves} | {
+        ("scheduling.k8s.io", "podgroups"), ("scheduling.k8s.io", "compositepodgroups")}
     assert ("batch.volcano.sh", "jobs") in got and ("ray.io", "rayclusters") not in got
     assert ("batch.volcano.sh", "cronjobs") not in got  # its Jobs are what is reserved
     assert {op for rule in release["rules"] for op in rule["operations"]} == {"DELETE"}

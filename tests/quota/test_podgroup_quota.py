@@ -280,3 +280,18 @@ def test_the_slots_no_pod_took_are_held_by_the_gang_in_messages() -> None:
     assert not d.allowed
     # 2 of the gang's 3 slots are untaken: held by the PodGroup, the first pod its own.
     assert "podgroup/train 4" in d.message and "pod/train-0 2" in d.message, d.message
+
+
+def test_deleting_a_podgroup_frees_the_slots_no_pod_took() -> None:
+    store, groups = MemoryStore(), Groups(podgroup("train", 3))
+    assert admit(store, groups, member("train", 0)).allowed
+    assert used(store) == 6  # the gang of 3 x 2 reserved at its first pod
+    # Its controller gave up: the PodGroup's DELETE (sent to release.gpu-webhook.dev).
+    review = request_review(groups.groups[("PodGroup", "train")], operation="DELETE")
+    review["request"]["object"] = None
+    review["request"]["oldObject"] = groups.groups[("PodGroup", "train")]
+    req = parse_review(orjson.dumps(review))
+    d = asyncio.run(webhooks.admit(webhooks.Phase.VALIDATE, req, policy(),
+                                   webhooks.Cluster(store=store)))
+    assert d.allowed
+    assert used(store) == 2  # only the pod that took its slot holds GPUs now

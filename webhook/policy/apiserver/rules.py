@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from webhook.k8s import podgroups
 from webhook.k8s.workloads import CRD_KINDS
 from webhook.policy.model import GPUPolicy, WorkloadKind
 
@@ -59,6 +60,10 @@ def release_rules(configured: Iterable[WorkloadKind] = ()) -> list[dict[str, Any
     for b in CRD_KINDS:
         if b.reserves:
             by.setdefault((b.group, b.versions), []).append(b.resource)
+    # The core gang API: a PodGroup's (or a CompositePodGroup's) reservation, made at its
+    # first pod (webhook.admission.groups).
+    by[(podgroups.GROUP, (podgroups.VERSION,))] = [podgroups.RESOURCE]
+    by[(podgroups.GROUP, (podgroups.COMPOSITE_VERSION,))] = [podgroups.COMPOSITE_RESOURCE]
     for w in configured:
         if w.gang == "all" or w.gang_minimum is not None:
             resources = by.setdefault((w.group, tuple(w.versions)), [])

@@ -44,7 +44,8 @@ cannot change a pod's GPUs, so quota is not asked; resizes of pods without GPUs 
 never sent. It follows the validating failurePolicy.
 
 ``release.gpu-webhook.dev`` is sent the DELETE of the kinds that can have a gang (the
-built-in training kinds but Ray and Argo, and the configured kinds with a gang): the
+built-in training kinds but Ray and Argo, PodGroups and CompositePodGroups, and the
+configured kinds with a gang): the
 slots of the workload's gang reservation that no pod took are freed at once, not at the
 reservation's bound (``webhook.quota.gang``). It is always allowed, and its failurePolicy
 is always ``Ignore``: a webhook that is down must never block a delete, and the bound
