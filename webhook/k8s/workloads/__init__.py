@@ -40,7 +40,7 @@ from webhook.k8s.workloads.readers import (
     replicas,
     trainjob,
 )
-from webhook.k8s.workloads.shapes import PodTemplate, Reader, Role, Workload
+from webhook.k8s.workloads.shapes import PodTemplate, Reader, Role, Workload, job_pods
 
 __all__ = [
     "CRD_KINDS",
@@ -57,6 +57,7 @@ __all__ = [
     "Roles",
     "Templates",
     "Workload",
+    "job_pods",
     "leaderworkerset",
     "owned_by_reserving",
     "pod_template",

@@ -18,6 +18,7 @@ from webhook.k8s.workloads.shapes import (
     _get,
     _items,
     _template_at,
+    job_pods,
 )
 
 
@@ -134,8 +135,6 @@ def _walk(obj: dict[str, Any], path: tuple[str, ...], ptr: str
 def _job_pods(job_spec: dict[str, Any], ptr: str) -> int:
     """Pods a batch/v1 Job spec runs at once: parallelism (default 1), at most its
     completions."""
-    par = _count(job_spec.get("parallelism"), ptr + "/parallelism", 1)
     comp = job_spec.get("completions")
-    if comp is not None:
-        par = min(par, _count(comp, ptr + "/completions", 1))
-    return par
+    return job_pods(_count(job_spec.get("parallelism"), ptr + "/parallelism", 1),
+                    None if comp is None else _count(comp, ptr + "/completions", 1))

@@ -70,6 +70,15 @@ Reader = Callable[[dict[str, Any]], "Workload | None"]
 # --- helpers ------------------------------------------------------------------------
 
 
+def job_pods(parallelism: int, completions: int | None, succeeded: int = 0) -> int:
+    """Pods a batch Job runs at once: its parallelism, never more than the completions it
+    still needs (none needed: 0). The one rule behind a Job's gang at apply, a workload's
+    roles and the waiting line's release."""
+    if completions is None:
+        return parallelism
+    return max(min(parallelism, completions - succeeded), 0)
+
+
 def _count(value: Any, ptr: str, default: int) -> int:
     if value is None:
         return default

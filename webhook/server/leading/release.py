@@ -52,7 +52,7 @@ from webhook.k8s import podgroups
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.objects import MalformedObject
 from webhook.k8s.review import AdmissionRequest
-from webhook.k8s.workloads import READERS
+from webhook.k8s.workloads import READERS, job_pods
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode
@@ -404,14 +404,9 @@ def gang_size(job: dict[str, Any]) -> int:
     """Pods a Job runs at once now: its parallelism, capped by the completions left."""
     spec = job.get("spec") or {}
     status = job.get("status") or {}
-    p = spec.get("parallelism")
-    parallel = p if isinstance(p, int) else 1
-    c = spec.get("completions")
-    if not isinstance(c, int):
-        return parallel
-    done = status.get("succeeded")
-    left = c - (done if isinstance(done, int) else 0)
-    return max(min(parallel, left), 0)
+    p, c, done = spec.get("parallelism"), spec.get("completions"), status.get("succeeded")
+    return job_pods(p if isinstance(p, int) else 1, c if isinstance(c, int) else None,
+                    done if isinstance(done, int) else 0)
 
 
 def _priority(pod: dict[str, Any]) -> int:
