@@ -212,3 +212,14 @@ def test_the_leader_may_read_a_waiting_training_gangs_workload(
     assert may(base, "get", group, resource, "team-a")
     assert not may(base, "list", group, resource, "team-a")
     assert not may(base, "update", group, resource, "team-a")
+
+
+@pytest.mark.parametrize("resource", ["podgroups", "compositepodgroups"])
+def test_podgroups_are_watched_and_read_never_written(base: ControlPlane,
+                                                      resource: str) -> None:
+    # The core gang API (served only where its gates are on): kept by watches, one get
+    # for a group the watch has not delivered; its objects are their controllers'.
+    for verb in ("get", "list", "watch"):
+        assert may(base, verb, "scheduling.k8s.io", resource, "team-a"), verb
+    for verb in ("create", "update", "patch", "delete"):
+        assert not may(base, verb, "scheduling.k8s.io", resource, "team-a"), verb
