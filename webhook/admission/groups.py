@@ -11,7 +11,13 @@ cache sees charged already (a pod replaced after the gang started) are subtracte
 replacement is checked alone. A PodGroup that cannot be read, or does not exist yet,
 leaves the pod counted alone, with a warning that says so. In ``overQuota: wait`` the
 pods of a PodGroup wait behind the quota gate instead, and the leader releases the gang
-whole (``webhook.server.leading.release``). """
+whole (``webhook.server.leading.release``).
+
+A PodGroup under a CompositePodGroup starts in the composite's gang of gangs
+(``podgroups.gang``): the composites above it are read the same way (watch, else get),
+the gang is reserved under the highest one's uid, and each pod's reservation is also
+found by that composite's id, which the pods of its other PodGroups share.
+"""
 
 from __future__ import annotations
 
