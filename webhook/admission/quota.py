@@ -22,6 +22,7 @@ from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode, Rule
 from webhook.policy.tenantrules import CohortRules
 from webhook.quota.borrow import check_borrowed, why_not_borrowed
+from webhook.quota.budget import Spending, judge
 from webhook.quota.check import UsageView, check_gang, check_group, check_pod, check_workload
 from webhook.quota.decider import NotDeciding
 from webhook.quota.gang import GANG_BOUND_SECONDS
@@ -234,3 +235,26 @@ async def _gang(step: GangQuota, policy: CompiledPolicy, store: UsageStore, budg
         check.report(Rule.QUOTA, messages.gang_unreserved(str(exc)), at_most=Mode.WARN)
         return check.findings, ["ledger-unavailable"]
     return attempts.last.findings, []
+
+
+def budget_findings(step: QuotaStep | None, policy: CompiledPolicy, spent: Spending
+                    ) -> list[Finding]:
+    """A GPU pod whose tenant (or user) has spent its GPU-hours: refused (a pod of a
+    tenant that waits for them reaches here gated, and is not refused; a dry run is)."""
+    if not isinstance(step, PodQuota) or not step.ask.is_pod or step.tenant.budget is None:
+        return []
+    verdict = judge(step.tenant, step.ask.user, spent, spent.at)
+    if verdict.reason is None:
+        return []
+    check = _checker(policy, step)
+    check.report(Rule.QUOTA, verdict.reason)
+    return check.findings
+
+
+def with_budget_warnings(d: Decision, step: QuotaStep | None, spent: Spending) -> Decision:
+    """An admitted GPU pod's decision with the warnings of its budget's thresholds."""
+    if (not d.allowed or not isinstance(step, PodQuota) or not step.ask.is_pod
+            or step.tenant.budget is None):
+        return d
+    warnings = judge(step.tenant, step.ask.user, spent, spent.at).warnings
+    return replace(d, warnings=[*d.warnings, *warnings]) if warnings else d

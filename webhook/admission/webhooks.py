@@ -34,7 +34,12 @@ from typing import Any
 
 from webhook.admission.claimreads import ClaimReader, seeing
 from webhook.admission.groups import GroupMembers, GroupReader, group_gang, no_members
-from webhook.admission.quota import waiting, with_quota
+from webhook.admission.quota import (
+    budget_findings,
+    waiting,
+    with_budget_warnings,
+    with_quota,
+)
 from webhook.engine import messages
 from webhook.engine.claims import CLAIM_CONTROLLER_USERS, is_claim
 from webhook.engine.cost import Charge
@@ -54,6 +59,7 @@ from webhook.k8s.review import API_VERSION, AdmissionRequest
 from webhook.libs import logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.borrow import borrow_on_mutate
+from webhook.quota.budget import Spending, no_spending
 from webhook.quota.store import GangStore, ReleaseStore, ReservationUnavailable, UsageStore
 from webhook.quota.waiting import wait_on_mutate
 
@@ -98,17 +104,20 @@ class Cluster:
     # (each pod counted alone). Their pods the cache sees charged (the pod watch's line).
     read_group: GroupReader | None = None
     group_members: GroupMembers = no_members
+    # What each GPU-hour budget has used now (a snapshot every few seconds).
+    spending: Callable[[], Spending] = no_spending
 
 
 def mutating(req: AdmissionRequest, policy: CompiledPolicy,
              labels: NamespaceLabels = no_labels, claims: ClaimLookup = no_claims,
              store: UsageStore | None = None, sights: Sights = no_sights,
-             now: float | None = None) -> Decision:
+             now: float | None = None, spent: Spending | None = None) -> Decision:
     """The mutating webhook. The request's object is edited in place while the patch is
     recorded: pass a copy to keep the original. With a usage store, a cohort tenant's pod
     that fits only on GPUs its cohort leaves idle is marked as borrowed, and a waiting
     tenant's pod that does not fit now is gated (at the caps of the quota window open at
-    ``now``, as the validating webhook will count it)."""
+    ``now``, as the validating webhook will count it); a pod of a tenant whose GPU-hours
+    are ``spent`` and that waits for them is gated too."""
     d = mutate(req, policy, labels, claims, sights)
     if store is None or not (policy.cohorts or policy.waiting):
         return d
@@ -117,7 +126,8 @@ def mutating(req: AdmissionRequest, policy: CompiledPolicy,
         d = borrow_on_mutate(req, policy, d, store.view(), labels, asked)
     if policy.waiting:
         d = wait_on_mutate(req, policy, d, store.view(), labels, asked,
-                           store.has_slot if isinstance(store, ReleaseStore) else _no_slot)
+                           store.has_slot if isinstance(store, ReleaseStore) else _no_slot,
+                           spent)
     return d
 
 
@@ -155,7 +165,9 @@ def reusable(req: AdmissionRequest, policy: CompiledPolicy,
         return True
     owner = policy.tenant_for(req.namespace, labels)
     # A waiting tenant's pod is gated by what its tenant uses now (quota.waiting).
-    return owner is None or (owner.cohort is None and not owner.waits)
+    # So is one of a tenant that waits for GPU-hours (by what its budget has used now).
+    return owner is None or (owner.cohort is None and not owner.waits
+                             and not (owner.budget is not None and owner.budget.waits))
 
 
 def checked(req: AdmissionRequest, policy: CompiledPolicy, cluster: Cluster) -> Validation:
@@ -188,7 +200,12 @@ async def validating(req: AdmissionRequest, policy: CompiledPolicy, cluster: Clu
         group = await group_gang(step, req.namespace, cluster.store, cluster.read_group,
                                  cluster.group_members, budget, cluster.claims)
         budget = max(budget - (time.monotonic() - started), 0.0)
-    return await with_quota(v, policy, cluster.store, budget, cluster.clock(), group)
+    spent = cluster.spending()
+    refused = budget_findings(step, policy, spent)
+    if refused:
+        return v.decision.adding(refused)
+    d = await with_quota(v, policy, cluster.store, budget, cluster.clock(), group)
+    return with_budget_warnings(d, step, spent)
 
 
 def shareable(v: Validation, req: AdmissionRequest) -> bool:
@@ -252,7 +269,7 @@ async def admit(phase: Phase, req: AdmissionRequest, policy: CompiledPolicy,
             budget = max(budget - (time.monotonic() - started), 0.0)
     if phase is Phase.MUTATE:
         return mutating(req, policy, cluster.labels, cluster.claims, cluster.store,
-                        cluster.sights, cluster.clock())
+                        cluster.sights, cluster.clock(), cluster.spending())
     if is_resize(req):
         return resize(req, policy, cluster.labels)
     if req.sub_resource:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from webhook.k8s.objects import parse_pointer
 from webhook.k8s.workloads import KindPaths, RolePaths
+from webhook.policy.budgets import AccountingRules, compile_accounting
 from webhook.policy.model import (
     DeviceClass,
     Exemptions,
@@ -124,7 +125,9 @@ class CompiledPolicy:
     spot: SpotRules | None = None  # spec.spot: None when the policy names no spot nodes
     # Cohort name -> its tenants, in policy order (tenants[].cohort).
     cohorts: Mapping[str, tuple[TenantRules, ...]] = field(default_factory=dict)
-    waiting: bool = False  # some tenant has overQuota: wait
+    waiting: bool = False  # some tenant has overQuota: wait, or waits for GPU-hours
+    # GPU time (spec.accounting, showback; tenants' budgets): None when nothing asks it.
+    accounting: AccountingRules | None = None
     capabilities: CapabilityRules | None = None  # spec.gpuCapabilities
     # gpuResources.timeSlicing: resource -> the device plugin's replicas per GPU.
     time_sliced: Mapping[str, int] = field(default_factory=dict)
@@ -256,7 +259,8 @@ def compile_policy(policy: GPUPolicy) -> CompiledPolicy:
         workload_kinds={(w.group, w.kind): kind_paths(w) for w in spec.workload_kinds},
         spot=compile_spot(spec.spot),
         cohorts=_cohorts(tenants),
-        waiting=any(t.waits for t in tenants),
+        waiting=any(t.waits or (t.budget is not None and t.budget.waits) for t in tenants),
+        accounting=compile_accounting(spec),
         capabilities=compile_capabilities(spec.gpu_capabilities),
         time_sliced=dict(spec.gpu_resources.time_slicing),
         hami=spec.gpu_resources.hami,

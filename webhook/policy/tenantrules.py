@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from webhook.k8s.quantity import parse as parse_quantity
+from webhook.policy.budgets import BudgetRules, compile_budget
 from webhook.policy.model import (
     BorrowedPriority,
     GPURoutes,
@@ -264,12 +265,15 @@ class TenantRules:
     user_quota: UserLimits | None = None  # tenants[].userQuota
     schedule: Schedule | None = None  # tenants[].quotaSchedule
     window: Window | None = None  # the window whose caps these are (see at())
+    budget: BudgetRules | None = None  # tenants[].budget: GPU-hours over a period
 
     @property
     def has_quota(self) -> bool:
-        """Whether any cap counts this tenant's GPUs (tenant-wide or in a namespace)."""
+        """Whether any cap counts this tenant's GPUs (tenant-wide or in a namespace), or
+        a budget of GPU-hours."""
         return (self.quota is not None or bool(self.namespace_quota)
-                or self.user_quota is not None or self.schedule is not None)
+                or self.user_quota is not None or self.schedule is not None
+                or self.budget is not None)
 
     def at(self, now: float) -> TenantRules:
         """The tenant's rules with the caps of the quota window open at unix time
@@ -327,4 +331,5 @@ def compile_tenant(spec: Spec, t: Tenant) -> TenantRules:
         routing=compile_routing(t.routing),
         user_quota=compile_users(t.user_quota),
         schedule=compile_schedule(t.quota_schedule),
+        budget=compile_budget(t.budget),
     )

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from webhook.engine.charge import TERMINAL_PHASES
 from webhook.engine.cost import Charge
 from webhook.k8s import podgroups
 from webhook.k8s.claims import CLAIM, TEMPLATE
@@ -45,6 +46,7 @@ from webhook.libs.kube.watch import apply_event
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.charges import ChargeMemo
 from webhook.quota.claims import ClaimCache
+from webhook.quota.gputime import HoldBook
 from webhook.quota.line import WaitLine
 from webhook.quota.usage import Usage
 
@@ -126,6 +128,9 @@ class ClusterState:
         self.on_seen: Callable[[str], None] | None = None
         # Charges made for pods of one shape, for the events that repeat them.
         self.charges = ChargeMemo()
+        # The GPU time each pod held, when it is accounted (webhook.quota.gputime): kept
+        # by every replica, so a new leader knows the pods that ended under the last.
+        self.hours: HoldBook | None = None
 
     def watch_claims(self, slices: bool = False, groups: bool = False) -> ClaimCache:
         """Keep DRA claims and templates too (their watches then count for liveness),
@@ -191,6 +196,8 @@ class ClusterState:
 
     def pod_event(self, typ: str, pod: dict[str, Any]) -> None:
         self._progress[PODS] = self._clock()
+        if self.hours is not None:
+            self.hours.touch()
         if typ == PROGRESS:
             return
         self._pod(typ, pod)
@@ -199,6 +206,8 @@ class ClusterState:
         if typ == "RESET":
             self._relisting = _Pods()
             self.line.reset()
+            if self.hours is not None:
+                self.hours.relisting()
             return
         if typ == "SYNCED":
             self.line.synced()
@@ -208,6 +217,8 @@ class ClusterState:
                 for claim, held in (self.claims.charges.items() if self.claims else ()):
                     self._relisting.put(claim, None, held)
                 self._pods, self._relisting = self._relisting, None
+                if self.hours is not None:
+                    self.hours.relisted(self._pods.name_of)
                 for gone in [u for u in self._waiting if u not in self._pods.name_of]:
                     self._wait(gone, None, ())  # deleted while the watch was away
             self.pods_synced = True
@@ -226,6 +237,8 @@ class ClusterState:
             self._note_node(uid, None)
             self._end(uid)
             self.line.gone(uid)
+            if self.hours is not None:
+                self.hours.gone(uid, pod)
             if self.on_seen is not None:
                 self.on_seen(uid)
             return
@@ -240,9 +253,26 @@ class ClusterState:
         if old is not None and old.gpus > (charge.gpus if charge is not None else 0.0):
             self.freed[old.tenant] = self._clock()
         into.put(uid, ident.key, charge)
+        if self.hours is not None:
+            self._held(uid, pod, ident, charge)
         self.line.seen(uid, pod, charge is not None, ident)
         if self.on_seen is not None and self.seen(uid):
             self.on_seen(uid)
+
+    def _held(self, uid: str, pod: dict[str, Any], ident: ObjectId,
+              charge: Charge | None) -> None:
+        """Tell the GPU time the pod's charge. A pod first seen ended (listed after a
+        restart) is charged as it ran, so the time it held since the last accounting is
+        counted."""
+        assert self.hours is not None
+        status = pod.get("status")
+        if (charge is None and uid not in self.hours.holds and isinstance(status, dict)
+                and status.get("phase") in TERMINAL_PHASES):
+            ran = {**pod, "status": {**status, "phase": "Running"}}
+            charge, _ = self.charges.charge(ran, ident, self.policy(),
+                                            self.labels.get(ident.namespace),
+                                            self.claim_lookup, self.node_products.get)
+        self.hours.pod(uid, pod, charge)
 
     def claim_event(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
         """The event handler for one DRA kind's watch (CLAIM, TEMPLATE or SLICE)."""

@@ -44,6 +44,7 @@ from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.tenantrules import TenantRules
 from webhook.quota.borrow import check_borrowed
+from webhook.quota.budget import Spending, judge
 from webhook.quota.check import EPSILON, UsageView, check_pod, lines
 from webhook.quota.line import gang_of
 from webhook.quota.store import Combined
@@ -65,22 +66,30 @@ def nothing_used() -> UsageView:
 
 def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
                    usage: UsageView, labels: NamespaceLabels, asked: PodAsk,
-                   has_slot: SlotLookup = _no_slots) -> Decision:
+                   has_slot: SlotLookup = _no_slots, spent: Spending | None = None
+                   ) -> Decision:
     """The mutating webhook's decision ``d``, with the pod gated (and a warning saying
     why) when its tenant waits and it does not fit now but can. ``asked``: what the pod
     asks of its tenant's quota, at the caps of the quota window open now (the validating
-    webhook's, so a pod it would refuse waits), computed once by the pipeline."""
+    webhook's, so a pod it would refuse waits), computed once by the pipeline. A pod of
+    a tenant that waits for GPU-hours (``budget.onExhausted: wait``) whose budget (or
+    its user's) is ``spent`` is gated too, with the budget's numbers."""
     obj = req.object
     if (not d.allowed or req.kind != "Pod" or req.operation != "CREATE" or req.sub_resource
             or req.dry_run or not isinstance(obj, dict)):
         return d
     owner = policy.tenant_for(req.namespace, labels(req.namespace))
-    if owner is None or not owner.waits:
+    for_hours = owner is not None and owner.budget is not None and owner.budget.waits
+    if owner is None or not (owner.waits or for_hours):
         return d  # the usual case, decided without looking further
     if "borrowed" in d.mutations or is_marked(obj) or is_gated(obj):
         return d
     step = asked()  # on the mutated pod
-    if step is None or step.borrowing is not None:
+    if step is not None and for_hours and spent is not None:
+        why = judge(step.tenant, step.ask.user, spent, spent.at, gate=True).reason
+        if why is not None:
+            return _gated(obj, why, d)
+    if step is None or step.borrowing is not None or not owner.waits:
         return d
     tenant, ask = step.tenant, step.ask
     # A gang's pod cannot tell how many pods its workload runs at once: it goes through
@@ -106,6 +115,11 @@ def wait_on_mutate(req: AdmissionRequest, policy: CompiledPolicy, d: Decision,
         reason = messages.gang_pod_in_line(ask.gpus, tenant.name,
                                            "a Job" if gang is None or gang.is_job
                                            else gang.named())
+    return _gated(obj, reason, d)
+
+
+def _gated(obj: dict[str, Any], reason: str, d: Decision) -> Decision:
+    """``d`` with the pod behind our gate, and the warning saying why."""
     patch = Patch()
     gate(obj, reason, patch)
     return replace(d, patch=[*d.patch, *patch.ops], warnings=[*d.warnings, reason],

@@ -26,8 +26,10 @@ from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.cache import ClusterState
 from webhook.quota.decider import DecidingStore
+from webhook.quota.gputime import HoldBook
 from webhook.quota.ledger import LedgerStore
 from webhook.server import metrics
+from webhook.server.gputime import GpuTime
 from webhook.server.sources.reload import PolicySource
 
 
@@ -105,6 +107,9 @@ class Cluster:
     # The username the webhook's API calls are made as (a SelfSubjectReview at start):
     # the only one the validating webhook lets remove the quota gate; None: unknown.
     identity: str | None = None
+    # GPU time: the kept days and the budgets' snapshot (every replica; the leader
+    # writes the days).
+    gputime: GpuTime | None = None
 
     def stop(self) -> None:
         for w in self.watchers:
@@ -124,6 +129,8 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     active = source.active
     assert active is not None
     state = ClusterState(policy)
+    state.hours = HoldBook()  # GPU time: kept whatever the policy, so one that turns
+    # budgets on finds every pod's hold (a new policy relists the pods too)
     ns = ledger_namespace(namespace)
     # A create of a name the cache sees held asks the API server who holds it now (rare;
     # short timeout: an unanswered read records the create as before, see LedgerStore).
@@ -176,7 +183,8 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
                ledger_namespace=ns, reservation_ttl=active.policy.reservation_ttl)
     read_claim = claim_reader(kube.ResourceClaims(api))
     return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
-                   read_claim, seen.sights(), group_reader(read_claim), _identity(api))
+                   read_claim, seen.sights(), group_reader(read_claim), _identity(api),
+                   GpuTime(kube.ConfigMaps(api, ns), state, policy))
 
 
 def _identity(api: Any) -> str | None:

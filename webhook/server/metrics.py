@@ -1,7 +1,8 @@
 """Prometheus metrics: what the webhook decides, how fast, and with which policy.
 
 Labels stay low-cardinality (webhook, operation, kind, decision, rule, mode, tenant):
-never pod names or users. Quota usage, reservation counters and cache state are read
+never pod names, and users only on the GPU-seconds counter (showback per user needs
+them; a tenant's users are few). Quota usage, reservation counters and cache state are read
 from the usage store at scrape time (:class:`StateCollector`), never on the hot path.
 The full list, with the dashboard and alerts built on it: deploy/monitoring/README.md.
 """
@@ -33,6 +34,14 @@ FINDINGS = Counter(
     "gpu_webhook_rule_findings_total",
     "Policy violations found, by webhook, rule, mode (enforce/warn/audit) and tenant.",
     ["webhook", "rule", "mode", "tenant"],
+    registry=REGISTRY,
+)
+GPU_SECONDS = Counter(
+    "gpu_webhook_gpu_seconds_total",
+    "GPU time accounted (GPU-equivalents x seconds, weights of MIG slices, shares and spot "
+    "applied, not the budgets' product weights), by tenant, user and product; written by "
+    "the leader replica as it records the time (sum over replicas).",
+    ["tenant", "user", "product"],
     registry=REGISTRY,
 )
 REUSED = Counter(

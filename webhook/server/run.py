@@ -25,6 +25,7 @@ from webhook.engine.target import no_labels
 from webhook.libs import certs, logs
 from webhook.libs.kube import Unreachable
 from webhook.policy.load import PolicyError
+from webhook.quota.budget import no_spending
 from webhook.quota.store import MemoryStore
 from webhook.server import heap, metrics
 from webhook.server.certs import selfcerts
@@ -207,6 +208,7 @@ def _runtime(settings: Settings, source: PolicySource, active: Active,
         group_members=(lambda group: cluster.state.line.running(group)) if cluster
         else no_members,
         gatekeeper=cluster.identity if cluster else None,
+        spending=cluster.gputime.spending if cluster and cluster.gputime else no_spending,
         ready_checks=ready,
         ready_notes=notes or {},
         max_inflight=settings.max_inflight,
@@ -272,6 +274,8 @@ async def _serve(settings: Settings, source: PolicySource, active: Active,
     # first list, each new policy (webhook.server.heap).
     metrics.HEAP_FROZEN.set_function(heap.frozen)
     heap.settle("started")
+    if cluster is not None and cluster.gputime is not None:
+        watchers.append(asyncio.ensure_future(cluster.gputime.run()))
     if cluster is not None:
         watchers.append(asyncio.ensure_future(
             heap.settle_when(cluster.state.synced, "caches listed the cluster")))

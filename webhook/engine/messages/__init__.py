@@ -6,7 +6,7 @@ tenant in brackets so a platform engineer can find the policy line. Golden files
 
 A module per family: words (what they all share), placement (requests, products,
 pinning, caps), quota, claims (DRA), roles (training jobs), spot, borrowing, routes,
-waiting and holding.
+waiting, holding and budget (GPU-hours).
 """
 
 from webhook.engine.messages.borrowing import (
@@ -17,6 +17,7 @@ from webhook.engine.messages.borrowing import (
     gang_never_fits_borrowing,
     not_borrowed,
 )
+from webhook.engine.messages.budget import budget_spent, budget_warning, waits_for_budget
 from webhook.engine.messages.claims import (
     admin_access,
     claim_per_pod_max,
@@ -146,6 +147,8 @@ __all__ = [
     "borrow_refused",
     "borrowed",
     "borrowed_priority_changed",
+    "budget_spent",
+    "budget_warning",
     "capability_unpinned",
     "capability_unreadable",
     "claim_per_pod_max",
@@ -236,6 +239,7 @@ __all__ = [
     "waiting_borrow_event",
     "waiting_event",
     "waiting_gang_event",
+    "waits_for_budget",
     "waits_for_quota",
     "waits_to_borrow",
     "within",

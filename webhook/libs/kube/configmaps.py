@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import urllib3
@@ -91,3 +92,25 @@ class ConfigMaps:
             return resource_version_of(orjson.loads(answer))
         except orjson.JSONDecodeError:
             return None  # written; only the version is unknown: read before the next
+
+    def list(self, selector: str) -> dict[str, StoredMap]:
+        """Every ConfigMap of the namespace with the labels of ``selector``, by name."""
+        what = f"list configmaps in {self.namespace} ({selector})"
+        path = f"/api/v1/namespaces/{self.namespace}/configmaps?labelSelector={quote(selector)}"
+        with translated(what, self.timeout):
+            listed = json_object(what, self._call("GET", path))
+        out: dict[str, StoredMap] = {}
+        for cm in listed.get("items") or ():
+            meta = cm.get("metadata") if isinstance(cm, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if isinstance(name, str):
+                out[name] = StoredMap(string_map(cm.get("data")), resource_version_of(cm))
+        return out
+
+    def delete(self, name: str) -> None:
+        """Delete one (gone already: nothing to do)."""
+        try:
+            with translated(f"delete configmap {self.namespace}/{name}", self.timeout):
+                self._call("DELETE", f"/api/v1/namespaces/{self.namespace}/configmaps/{name}")
+        except NotFound:
+            return

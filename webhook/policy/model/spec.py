@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from webhook.policy.model.budget import Accounting, Showback
 from webhook.policy.model.core import (
     _QUALIFIED,
     _SERVICE_ACCOUNT,
@@ -114,6 +115,31 @@ class Spec(_Strict):
     """How a pod asks for GPUs by what they can do (memory, compute capability) instead
     of by product, and the node labels and DRA attributes that say it (rule
     gpu-capability)."""
+    accounting: Accounting | None = None
+    """How GPU time is accounted (on whenever a tenant has a ``budget`` or ``showback``
+    is set; these are its settings)."""
+    showback: Showback | None = None
+    """The rate card ``gpu-webhook usage`` prices GPU-hours with."""
+
+    @model_validator(mode="after")
+    def _weighed_products(self) -> Spec:
+        aliases = self.products.aliases
+        named = [(("accounting", "productWeights", p), p)
+                 for p in (self.accounting.product_weights if self.accounting else {})]
+        named += [(("showback", "rates", p), p)
+                  for p in (self.showback.rates if self.showback else {}) if p != "default"]
+        for loc, p in named:
+            if p not in aliases:
+                raise FieldProblem(loc,
+                    f"product {p!r} is not defined; add it under spec.products.aliases "
+                    f"(defined: {', '.join(sorted(aliases)) or 'none'})")
+        return self
+
+    @property
+    def accounts_gpu_time(self) -> bool:
+        """Whether GPU time is accounted: some tenant has a budget, or showback is set."""
+        return (self.accounting is not None or self.showback is not None
+                or any(t.budget is not None for t in self.tenants))
 
     @model_validator(mode="after")
     def _priority_is_a_ceiling(self) -> Spec:

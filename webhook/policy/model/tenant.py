@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
+from webhook.policy.model.budget import Budget
 from webhook.policy.model.core import _DNS_LABEL, FieldProblem, Mode, OverQuota, _Strict
 from webhook.policy.model.holding import MaxRuntime, ResourcesPerGPU, Routing
 from webhook.policy.model.quota import Equivalents, Quota, QuotaSchedule, UserQuota
@@ -76,6 +77,9 @@ class Tenant(_Strict):
     who created the workload or the bare pod."""
     quota_schedule: QuotaSchedule | None = None
     """Caps that apply in time windows, for pods admitted while a window is open."""
+    budget: Budget | None = None
+    """GPU-hours the tenant's pods (and each of its users') may use over a period, and
+    what happens to new GPU pods once they are spent (rule quota)."""
 
     @model_validator(mode="after")
     def _selects_something(self) -> Tenant:

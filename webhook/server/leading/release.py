@@ -58,6 +58,7 @@ from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import Mode
 from webhook.policy.tenantrules import TenantRules
 from webhook.quota.borrow import cohort_members
+from webhook.quota.budget import Spending, judge, no_spending
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView, check_pod, users_cap_alone
 from webhook.quota.cohort import room
@@ -98,9 +99,11 @@ class Releaser:
     def __init__(self, policy: Callable[[], CompiledPolicy], state: ClusterState,
                  store: ReleaseStore, pods: kube.Pods, leading: Callable[[], bool],
                  interval: float = 1.0, budget: float = 5.0,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 spending: Callable[[], Spending] = no_spending) -> None:
         self.policy, self.state, self.store, self.pods = policy, state, store, pods
         self.leading, self.interval, self.budget, self.wall = leading, interval, budget, wall
+        self.spending = spending  # what each GPU-hour budget has used
         self._told: dict[str, tuple[str, float]] = {}  # uid -> (last event, when)
         self._released: dict[str, float] = {}  # uid -> when (monotonic)
         self._arrived: dict[str, float] = {}  # uid -> when first seen waiting (monotonic)
@@ -280,6 +283,9 @@ class Releaser:
             return step  # marked: committed by the borrowed step (_borrow)
         res = step.reservation
         tenant, ask = step.tenant.at(self.wall()), step.ask  # the window open now
+        spent = self.spending()
+        if tenant.budget is not None and judge(tenant, ask.user, spent, spent.at).reason:
+            return False  # waits for GPU-hours: stays in line until they come back
         alone = Checker(policy, tenant, f"pod {ns}/{name}", OWNED)
         if not check_pod(alone, tenant, ask, MemoryStore().view()):
             never[uid] = messages.never_fits_event(alone.findings[0].message)

@@ -19,9 +19,11 @@ from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import GPUPolicy
 from webhook.quota import status
+from webhook.quota.budget import no_spending
 from webhook.quota.decider import DecidingStore
 from webhook.server import metrics
 from webhook.server.cluster import Cluster, pod_namespace
+from webhook.server.leading.accounting import Accountant
 from webhook.server.leading.background_audit import BackgroundAudit, reports
 from webhook.server.leading.configurations import ConfigurationKeeper
 from webhook.server.leading.leader import Leadership
@@ -134,8 +136,13 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
     if release_seconds > 0:
         releaser = Releaser(policy, cluster.state, cluster.store,
                             kube.Pods(cluster.api, instance=leadership.me),
-                            leadership.leading, release_seconds, wall=clock)
+                            leadership.leading, release_seconds, wall=clock,
+                            spending=cluster.gputime.spending if cluster.gputime
+                            else no_spending)
         up.tasks.append(asyncio.ensure_future(releaser.run()))
+    if cluster.gputime is not None:
+        accountant = Accountant(cluster.gputime, leadership.leading)
+        up.tasks.append(asyncio.ensure_future(accountant.run()))
     if comparing:
         assert configurations is not None
 

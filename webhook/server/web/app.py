@@ -54,6 +54,7 @@ from webhook.engine.target import NamespaceLabels, no_labels
 from webhook.k8s.reply import error_response
 from webhook.k8s.review import MAX_BODY_BYTES, AdmissionRequest, BadReview, parse_review
 from webhook.libs import logs
+from webhook.quota.budget import Spending, no_spending
 from webhook.quota.store import UsageStore
 from webhook.server import metrics
 from webhook.server.sources.reload import PolicySource
@@ -83,6 +84,8 @@ class Runtime:
     read_group: GroupReader | None = None  # a PodGroup at its first pod; None: no cluster
     group_members: GroupMembers = no_members  # a PodGroup's pods charged (the pod watch)
     gatekeeper: str | None = None  # who may remove the quota gate (the webhook itself)
+    # What each GPU-hour budget has used (webhook.server.gputime); none: no budgets.
+    spending: Callable[[], Spending] = no_spending
     ready_checks: Mapping[str, Callable[[], bool]] = field(default_factory=dict)
     # What /readyz says beside its checks without failing the probe (the leader's
     # comparison of the webhook configurations with the policy).
@@ -110,7 +113,8 @@ class AdmissionApp:
                                runtime.claims, runtime.read_claim, runtime.sights,
                                clock=runtime.clock, gatekeeper=runtime.gatekeeper,
                                read_group=runtime.read_group,
-                               group_members=runtime.group_members)
+                               group_members=runtime.group_members,
+                               spending=runtime.spending)
         # This app's quota gauges and store counters, read when Prometheus scrapes (a
         # second app in the process has its own: nothing here is global).
         self.state = metrics.StateCollector(

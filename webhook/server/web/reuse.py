@@ -165,7 +165,7 @@ class Reuse:
         labels = cluster.labels(req.namespace)
         if not reusable(req, policy, labels):
             return mutating(req, policy, cluster.labels, cluster.claims, cluster.store,
-                            cluster.sights, cluster.clock())
+                            cluster.sights, cluster.clock(), cluster.spending())
         key = self.decisions.key(req, labels, generation, seen=self._seen(req))
         if key is not None:
             reused = self.decisions.get(key)

@@ -1,0 +1,91 @@
+"""GPU time on every replica: the kept days read from the cluster, and the budgets'
+snapshot admission decides by (:mod:`webhook.quota.budget`), made again every few
+seconds from those days and the GPU time the pod watch shows held since they were
+written. The leader writes the days (:mod:`webhook.server.leading.accounting`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import date
+
+from webhook.libs import kube, logs
+from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.budget import Spending, spending
+from webhook.quota.cache import ClusterState
+from webhook.quota.gputime import HoldBook
+from webhook.quota.usagebook import SELECTOR, BookUnreadable, DayBook, watermark
+
+# How often a replica reads the kept days and makes its budgets' snapshot again: the
+# most a budget may be seen late, beside the watch's own lag.
+REFRESH_SECONDS = 5.0
+
+
+def read_days(maps: kube.ConfigMaps) -> tuple[dict[date, DayBook], dict[str, str]]:
+    """The kept days, and the records that cannot be read (name -> why)."""
+    days: dict[date, DayBook] = {}
+    bad: dict[str, str] = {}
+    for name, stored in maps.list(SELECTOR).items():
+        try:
+            book = DayBook.decode(name, stored.data, stored.resource_version)
+        except BookUnreadable as exc:
+            bad[name] = str(exc)
+            continue
+        days[book.day] = book
+    return days, bad
+
+
+class GpuTime:
+    """The kept days and the budgets' snapshot of this replica."""
+
+    def __init__(self, maps: kube.ConfigMaps, state: ClusterState,
+                 policy: Callable[[], CompiledPolicy], clock: Callable[[], float] = time.time,
+                 every: float = REFRESH_SECONDS) -> None:
+        self.maps = maps
+        self.state = state
+        self.hours = state.hours if state.hours is not None else HoldBook()
+        state.hours = self.hours
+        self.policy = policy
+        self.clock = clock
+        self.every = every
+        self.days: dict[date, DayBook] = {}
+        self.unreadable: dict[str, str] = {}
+        self.snapshot = Spending()
+        self._told: set[str] = set()
+
+    def spending(self) -> Spending:
+        return self.snapshot
+
+    def kept(self, days: dict[date, DayBook], bad: dict[str, str]) -> None:
+        """Days as just read (by this loop or the leader's)."""
+        self.days, self.unreadable = days, bad
+        for name, why in bad.items():
+            if name not in self._told:
+                logs.event("GPU time record unreadable; left as it is", logging.ERROR,
+                           record=name, error=why)
+        self._told = set(bad)
+
+    def refresh(self) -> None:
+        """The budgets' snapshot made again (on the event loop: the holds live there)."""
+        policy = self.policy()
+        if not any(t.budget is not None for t in policy.tenants):
+            return
+        now = self.clock()
+        since = watermark(self.days.values())
+        live = self.hours.account(since, now) if since is not None else {}
+        if since is not None:
+            self.hours.forget(since)  # ended before the watermark: written already
+        self.snapshot = spending(policy, self.days.values(), live, now)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.kept(*await asyncio.to_thread(read_days, self.maps))
+            except kube.KubeError as exc:
+                logs.event("GPU time not read; budgets use the days read before",
+                           logging.WARNING, error=str(exc))
+            self.refresh()
+            await asyncio.sleep(self.every)
