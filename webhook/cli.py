@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     review.add_review(sub)
     cluster.add_audit(sub)
     cluster.add_status(sub)
+    cluster.add_usage(sub)
     cluster.add_failure_policy(sub)
     policy.add_test(sub)
     wire.add_admission_review(sub)

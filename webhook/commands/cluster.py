@@ -1,5 +1,6 @@
 """The commands that read the cluster once: ``audit`` (what the policy would refuse among
-running objects) and ``status`` (GPU quota per tenant)."""
+running objects), ``status`` (GPU quota per tenant) and ``usage`` (GPU-hours per
+tenant, user, namespace and product)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,21 @@ def add_status(sub: Any) -> None:
                          "[gpu-webhook]")
     add_kubeconfig(st)
     st.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+
+def add_usage(sub: Any) -> None:
+    us = command(sub, "usage", _usage)
+    us.add_argument("--period", help="a UTC month (2026-12) or day (2026-12-07) "
+                                     "[this month]")
+    us.add_argument("--since", help="first UTC day (2026-12-01)")
+    us.add_argument("--until", help="UTC day after the last (2027-01-01) [today, included]")
+    us.add_argument("--tenant", help="only this tenant")
+    us.add_argument("--policy", help="policy file, for the rate card (default: the "
+                                     "webhook's ConfigMap gpu-webhook-policy)")
+    us.add_argument("--webhook-namespace", default="gpu-webhook",
+                    help="where the webhook's policy ConfigMap is [gpu-webhook]")
+    add_kubeconfig(us)
+    us.add_argument("-o", "--output", choices=["text", "json", "csv"], default="text")
 
 
 def add_failure_policy(sub: Any) -> None:
@@ -142,6 +158,43 @@ def _audit(args: argparse.Namespace) -> int:
           f"{len(found) - refused - holds} admitted with changes or warnings "
           f"(policy {model.metadata.name})", file=sys.stderr)
     return 1 if refused or holds else 0
+
+
+def _usage(args: argparse.Namespace) -> int:
+    """GPU-hours by tenant, namespace, user and product over a period, priced
+
+    GPU time as the webhook's leader accounts it (GPU-equivalents x hours, from each
+    pod's binding to its end), read from the days it keeps (GPUUsage objects) and
+    priced with the policy's spec.showback rates. Exit 2 when the cluster or the
+    policy cannot be read.
+    """
+    from datetime import UTC, datetime
+
+    from webhook.libs import kube
+    from webhook.policy.compiled import compile_policy
+    from webhook.policy.load import PolicyError
+    from webhook.tools import usage
+
+    try:
+        since, until = usage.period(args.period, args.since, args.until,
+                                    datetime.now(UTC).date())
+        api, model = _cluster_policy(args)
+        days, bad = usage.read(api)
+    except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
+        print(f"gpu-webhook usage: {exc}", file=sys.stderr)
+        return 2
+    u = usage.usage(compile_policy(model), days, since, until, bad)
+    if args.tenant:
+        u = usage.Usage(u.since, u.until, u.accounted_until,
+                        [r for r in u.rows if r.tenant == args.tenant], u.currency,
+                        u.unreadable)
+    if args.output == "json":
+        print(orjson.dumps(usage.as_json(u), option=orjson.OPT_INDENT_2).decode())
+    elif args.output == "csv":
+        print(usage.as_csv(u), end="")
+    else:
+        print(usage.table(u), end="")
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

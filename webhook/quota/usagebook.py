@@ -8,26 +8,28 @@ write counts it later (from the pods' own times), and a crash after counts it ne
 again. A write that would cross midnight ends the day at midnight first; the last day
 written says how far everything is accounted (:func:`watermark`).
 
-Stored as a ConfigMap ``gpu-webhook-usage-YYYYMMDD`` in the webhook's namespace (the
-quota ledger's machinery and grants), data ``version``, ``accountedUntil`` (unix
-seconds) and ``rows``: a JSON list of ``{"tenant", "namespace", "user", "product",
-"hours": {"HH": GPU-seconds}}`` (``user``, ``product`` empty when none).
+Stored as a cluster-scoped ``GPUUsage`` object (``gpu-webhook.dev/v1alpha1``,
+deploy/base/crd-gpuusage.yaml) named ``day-YYYYMMDD``: ``status.version``,
+``status.accountedUntil`` (unix seconds, as a string: exact) and ``status.rows``, a list
+of ``{tenant, namespace, user, product, hours: {"HH": GPU-seconds}}`` (``user`` and
+``product`` empty when none). Its own resource, not a ConfigMap of the webhook's
+namespace: its grants need no write on the policy's ConfigMap, and ``kubectl get
+gpuusages`` lists the days kept.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 from webhook.quota.gputime import HOUR, Key, Tally
 
-PREFIX = "gpu-webhook-usage-"
+GROUP, VERSION_API, PLURAL, KIND = "gpu-webhook.dev", "v1alpha1", "gpuusages", "GPUUsage"
+PREFIX = "day-"
 VERSION = "1"
-LABELS = {"app.kubernetes.io/managed-by": "gpu-webhook",
-          "app.kubernetes.io/component": "gpu-usage"}
-SELECTOR = ",".join(f"{k}={v}" for k, v in LABELS.items())
+LABELS = {"app.kubernetes.io/managed-by": "gpu-webhook"}
 DAY = 24 * HOUR
 
 
@@ -73,21 +75,32 @@ class DayBook:
                 h = (hour - int(start)) // HOUR
                 hours[h] = hours.get(h, 0.0) + seconds
 
-    def encode(self) -> dict[str, str]:
+    def encode(self) -> dict[str, Any]:
+        """The object's fields (its ``status``)."""
         rows = [{"tenant": k[0], "namespace": k[1], "user": k[2], "product": k[3],
                  "hours": {f"{h:02d}": round(s, 3) for h, s in sorted(hours.items())}}
                 for k, hours in sorted(self.rows.items())]
-        return {"version": VERSION, "accountedUntil": f"{self.until:.3f}",
-                "rows": json.dumps(rows, separators=(",", ":"))}
+        return {"status": {"version": VERSION, "accountedUntil": f"{self.until:.3f}",
+                           "rows": rows}}
 
     @classmethod
-    def decode(cls, name: str, data: Mapping[str, str], version: str | None = None
+    def of(cls, obj: Mapping[str, Any]) -> DayBook:
+        """The day a stored GPUUsage object holds (see :meth:`decode`)."""
+        meta = obj.get("metadata") or {}
+        meta = meta if isinstance(meta, dict) else {}
+        status = obj.get("status")
+        return cls.decode(str(meta.get("name") or ""),
+                          status if isinstance(status, dict) else {},
+                          meta.get("resourceVersion"))
+
+    @classmethod
+    def decode(cls, name: str, data: Mapping[str, Any], version: str | None = None
                ) -> DayBook:
         """The day stored under ``name``; BookUnreadable when it is not a day this
         version wrote (the message names the object and what to do)."""
-        fix = (f"GPU time record {name} cannot be read ({{}}): it was edited or written by "
-               "another version. GPU time is not written over it; fix or delete it "
-               f"(kubectl delete configmap {name}: that day's GPU time is then lost)")
+        fix = (f"GPU time record gpuusage/{name} cannot be read ({{}}): it was edited or "
+               "written by another version. GPU time is not written over it; fix or delete "
+               f"it (kubectl delete gpuusage {name}: that day's GPU time is then lost)")
         if not name.startswith(PREFIX):
             raise BookUnreadable(fix.format("not a usage record name"))
         try:
@@ -99,7 +112,9 @@ class DayBook:
                                             f"{VERSION!r}"))
         try:
             until = float(data.get("accountedUntil", ""))
-            rows_in = json.loads(data.get("rows", "[]"))
+            rows_in = data.get("rows") or []
+            if not isinstance(rows_in, list):
+                raise ValueError("rows is not a list")
             rows: dict[Key, dict[int, float]] = {}
             for r in rows_in:
                 key = (str(r["tenant"]), str(r["namespace"]), str(r.get("user") or ""),

@@ -29,7 +29,7 @@ from webhook.quota.decider import DecidingStore
 from webhook.quota.gputime import HoldBook
 from webhook.quota.ledger import LedgerStore
 from webhook.server import metrics
-from webhook.server.gputime import GpuTime
+from webhook.server.gputime import GpuTime, records
 from webhook.server.sources.reload import PolicySource
 
 
@@ -184,7 +184,7 @@ def attach(source: PolicySource, kubeconfig: str | None, namespace: str | None,
     read_claim = claim_reader(kube.ResourceClaims(api))
     return Cluster(state, store, workload_reader(kube.Workloads(api)), watchers, api,
                    read_claim, seen.sights(), group_reader(read_claim), _identity(api),
-                   GpuTime(kube.ConfigMaps(api, ns), state, policy))
+                   GpuTime(records(api), state, policy))
 
 
 def _identity(api: Any) -> str | None:

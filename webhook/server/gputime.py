@@ -11,27 +11,42 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import date
+from typing import Any
 
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.budget import Spending, spending
 from webhook.quota.cache import ClusterState
 from webhook.quota.gputime import HoldBook
-from webhook.quota.usagebook import SELECTOR, BookUnreadable, DayBook, watermark
+from webhook.quota.usagebook import (
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION_API,
+    BookUnreadable,
+    DayBook,
+    watermark,
+)
 
 # How often a replica reads the kept days and makes its budgets' snapshot again: the
 # most a budget may be seen late, beside the watch's own lag.
 REFRESH_SECONDS = 5.0
 
 
-def read_days(maps: kube.ConfigMaps) -> tuple[dict[date, DayBook], dict[str, str]]:
+def records(api: Any) -> kube.ClusterRecords:
+    """The GPUUsage objects, through ``api``."""
+    return kube.ClusterRecords(api, GROUP, VERSION_API, PLURAL, KIND)
+
+
+def read_days(maps: kube.ClusterRecords) -> tuple[dict[date, DayBook], dict[str, str]]:
     """The kept days, and the records that cannot be read (name -> why)."""
     days: dict[date, DayBook] = {}
     bad: dict[str, str] = {}
-    for name, stored in maps.list(SELECTOR).items():
+    for obj in maps.list():
         try:
-            book = DayBook.decode(name, stored.data, stored.resource_version)
+            book = DayBook.of(obj)
         except BookUnreadable as exc:
+            name = str((obj.get("metadata") or {}).get("name") or "?")
             bad[name] = str(exc)
             continue
         days[book.day] = book
@@ -41,7 +56,7 @@ def read_days(maps: kube.ConfigMaps) -> tuple[dict[date, DayBook], dict[str, str
 class GpuTime:
     """The kept days and the budgets' snapshot of this replica."""
 
-    def __init__(self, maps: kube.ConfigMaps, state: ClusterState,
+    def __init__(self, maps: kube.ClusterRecords, state: ClusterState,
                  policy: Callable[[], CompiledPolicy], clock: Callable[[], float] = time.time,
                  every: float = REFRESH_SECONDS) -> None:
         self.maps = maps
@@ -82,8 +97,16 @@ class GpuTime:
 
     async def run(self) -> None:
         while True:
+            if self.policy().accounting is None:
+                await asyncio.sleep(self.every)
+                continue
             try:
                 self.kept(*await asyncio.to_thread(read_days, self.maps))
+            except kube.NotFound:
+                if self.policy().accounting is not None:
+                    logs.event("GPU time not read: the GPUUsage CRD is not installed "
+                               "(deploy/base/crd-gpuusage.yaml); budgets count only what "
+                               "this replica saw", logging.WARNING)
             except kube.KubeError as exc:
                 logs.event("GPU time not read; budgets use the days read before",
                            logging.WARNING, error=str(exc))

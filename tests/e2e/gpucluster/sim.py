@@ -56,7 +56,8 @@ POLICY = HERE / "policy.yaml"
 BASE = HERE.parents[2] / "deploy" / "base"
 # The cluster-wide objects of deploy/base (the webhook's own Deployment, Service and
 # configurations are played by e2ekit), and the PolicyReport CRD of Kyverno's project.
-CLUSTER_OBJECTS = ("crd-gpupolicy.yaml", "crd-gpuquota.yaml", "priority-borrowed.yaml")
+CLUSTER_OBJECTS = ("crd-gpupolicy.yaml", "crd-gpuquota.yaml", "crd-gpuusage.yaml",
+                   "priority-borrowed.yaml")
 REPORT_CRD = _E2E / "crds" / "wgpolicyk8s.io_policyreports.yaml"
 TENANT_LABEL = "gpu.example.com/tenant"
 

@@ -33,6 +33,7 @@ from webhook.libs.kube.custom import (
     POLICY_GROUP,
     POLICY_PLURAL,
     POLICY_VERSION,
+    ClusterRecords,
     CustomObjects,
     GPUPolicies,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "POLICY_VERSION",
     "WEBHOOK_KINDS",
     "AdmissionPolicies",
+    "ClusterRecords",
     "ConfigMaps",
     "Conflict",
     "CustomObjects",

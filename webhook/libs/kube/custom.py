@@ -113,3 +113,53 @@ class CustomObjects:
                     _preload_content=False, _request_timeout=self.timeout)
         except NotFound:
             pass
+
+
+class ClusterRecords:
+    """Read, compare-and-swap write and delete of one cluster-scoped custom resource of
+    ours (the GPUUsage days): a write names the resourceVersion it read, and a Conflict
+    says another writer got there first."""
+
+    def __init__(self, api: client.ApiClient, group: str, version: str, plural: str,
+                 kind: str, timeout: float = 5.0) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.group, self.version, self.plural, self.kind = group, version, plural, kind
+        self.timeout = timeout
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every object; a resource the API server does not serve is a NotFound."""
+        what = f"list {self.plural}.{self.group}"
+        with translated(what, self.timeout):
+            resp: Any = self.custom.list_cluster_custom_object(
+                self.group, self.version, self.plural, _preload_content=False,
+                _request_timeout=self.timeout)
+        return list(json_object(what, resp.data).get("items") or ())
+
+    def write(self, name: str, labels: dict[str, str], fields: dict[str, Any],
+              resource_version: str | None) -> None:
+        """Create ``name`` (``resource_version`` None) or replace it only if unchanged
+        since read; Conflict otherwise (an existing name on create too)."""
+        meta: dict[str, Any] = {"name": name, "labels": labels}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        body = {"apiVersion": f"{self.group}/{self.version}", "kind": self.kind,
+                "metadata": meta, **fields}
+        what = f"write {self.plural.removesuffix('s')} {name}"
+        kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
+        with translated(what, self.timeout):
+            if resource_version is None:
+                self.custom.create_cluster_custom_object(
+                    self.group, self.version, self.plural, body, **kw)
+            else:
+                self.custom.replace_cluster_custom_object(
+                    self.group, self.version, self.plural, name, body, **kw)
+
+    def delete(self, name: str) -> None:
+        """Delete one object; one already gone is fine."""
+        try:
+            with translated(f"delete {self.plural.removesuffix('s')} {name}", self.timeout):
+                self.custom.delete_cluster_custom_object(
+                    self.group, self.version, self.plural, name, _preload_content=False,
+                    _request_timeout=self.timeout)
+        except NotFound:
+            pass

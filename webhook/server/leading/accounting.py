@@ -70,8 +70,8 @@ class Accountant:
             # Nothing kept: GPU time is counted from now (a pod that ran before is
             # counted from the install).
             book = DayBook(day_of(now), now)
-            await asyncio.to_thread(gpu.maps.write, name_of(book.day), book.encode(), None,
-                                    dict(LABELS))
+            await asyncio.to_thread(gpu.maps.write, name_of(book.day), dict(LABELS),
+                                    book.encode(), None)
             return now
         if any(name_of(day_of(since)) == n for n in bad):
             return None
@@ -82,8 +82,8 @@ class Accountant:
             return None
         tally = gpu.hours.account(since, until)  # on the loop: the holds live there
         for book in to_write(days, tally, since, until):
-            await asyncio.to_thread(gpu.maps.write, name_of(book.day), book.encode(),
-                                    book.version, dict(LABELS))
+            await asyncio.to_thread(gpu.maps.write, name_of(book.day), dict(LABELS),
+                                    book.encode(), book.version)
         gpu.hours.forget(until)
         _count(tally)
         await self._expire(days)
