@@ -283,6 +283,7 @@ def check_rbac(objects: list[dict[str, Any]], ns: str, account: str) -> None:
         ("gpuquotas/status", "patch"),
         *(("policyreports", v) for v in ("create", "patch", "delete")),
         ("gpupolicies/status", "update"),
+        *(("gpuusages", v) for v in ("create", "update", "delete")),
         ("pods", "patch"), ("events", "create")}
     # Read access for everyone who may view a namespace, through aggregation.
     [view] = [o for o in by_kind(objects, "ClusterRole")
