@@ -99,6 +99,7 @@ EXIT_CODES: dict[str, str] = {
     "admission-review": "0 printed (with --reply: allowed); 1 with --reply: denied; 2 "
                         "unreadable manifest or reply, bad flags",
     "status": "0 printed; 2 the cluster or the policy cannot be read",
+    "usage": "0 printed; 2 the period, the cluster or the policy cannot be read",
     "failure-policy": "0 set (or already so); 2 the configurations cannot be read or "
                       "patched",
     "audit": "0 nothing would be refused and no pod holds a route to a GPU; 1 something "
