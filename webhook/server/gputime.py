@@ -27,6 +27,7 @@ from webhook.quota.usagebook import (
     DayBook,
     watermark,
 )
+from webhook.server import metrics
 
 # How often a replica reads the kept days and makes its budgets' snapshot again: the
 # most a budget may be seen late, beside the watch's own lag.
@@ -64,6 +65,8 @@ class GpuTime:
         self.hours = state.hours if state.hours is not None else HoldBook()
         state.hours = self.hours
         self.policy = policy
+        # The periods are decided by the pipeline's clock (a test moves it across a
+        # period's end); the GPU time held, by the system's, as the pods' times are.
         self.clock = clock
         self.every = every
         self.days: dict[date, DayBook] = {}
@@ -90,10 +93,13 @@ class GpuTime:
             return
         now = self.clock()
         since = watermark(self.days.values())
-        live = self.hours.account(since, now) if since is not None else {}
+        live = self.hours.account(since, time.time()) if since is not None else {}
         if since is not None:
             self.hours.forget(since)  # ended before the watermark: written already
         self.snapshot = spending(policy, self.days.values(), live, now)
+        for tenant, used in self.snapshot.tenants.items():
+            metrics.BUDGET_USED.labels(tenant).set(used.used)
+            metrics.BUDGET_LIMIT.labels(tenant).set(used.limit)
 
     async def run(self) -> None:
         while True:

@@ -44,6 +44,19 @@ GPU_SECONDS = Counter(
     ["tenant", "user", "product"],
     registry=REGISTRY,
 )
+BUDGET_USED = Gauge(
+    "gpu_webhook_budget_used_gpu_hours",
+    "GPU-hours (product weights applied) each tenant's budget has used in its open period, "
+    "as this replica decides admissions by (refreshed every few seconds).",
+    ["tenant"],
+    registry=REGISTRY,
+)
+BUDGET_LIMIT = Gauge(
+    "gpu_webhook_budget_gpu_hours",
+    "Each tenant's budget of GPU-hours per period (tenants[].budget.gpuHours).",
+    ["tenant"],
+    registry=REGISTRY,
+)
 REUSED = Counter(
     "gpu_webhook_mutating_decisions_reused_total",
     "Mutating reviews answered with the decision already made for a pod of the same "

@@ -275,6 +275,7 @@ async def _serve(settings: Settings, source: PolicySource, active: Active,
     metrics.HEAP_FROZEN.set_function(heap.frozen)
     heap.settle("started")
     if cluster is not None and cluster.gputime is not None:
+        cluster.gputime.clock = clock(settings.test_clock_offset_file)
         watchers.append(asyncio.ensure_future(cluster.gputime.run()))
     if cluster is not None:
         watchers.append(asyncio.ensure_future(

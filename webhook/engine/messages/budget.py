@@ -6,7 +6,8 @@ from webhook.engine.messages.words import num
 
 
 def _hours(x: float) -> str:
-    return num(round(x, 2))
+    """GPU-hours as people read them: 2 decimals, 3 below one hour."""
+    return num(round(x, 2 if x >= 1 else 3))
 
 
 def _whose(tenant: str, user: str | None) -> str:
