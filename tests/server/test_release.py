@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from datetime import date
 from typing import Any
 
 from kit import policy_yaml
@@ -15,9 +16,12 @@ from webhook.engine.cost import Charge
 from webhook.engine.waiting import GATE
 from webhook.libs import kube
 from webhook.policy.compiled import compile_policy
-from webhook.policy.load import load_text
+from webhook.policy.load import PolicyError, load_text
+from webhook.quota.budget import spending
 from webhook.quota.cache import ClusterState
+from webhook.quota.fairshare import recent
 from webhook.quota.store import MemoryStore
+from webhook.quota.usagebook import DayBook, day_start
 from webhook.server import metrics
 from webhook.server.leading.release import Releaser
 
@@ -300,3 +304,84 @@ def test_a_waiting_pod_is_decided_again_when_the_policy_changes() -> None:
     policies.append(compile_policy(load_text(POLICY.replace("gpus: 4", "gpus: 5"))))
     asyncio.run(releaser.round_())
     assert [n for n, _, _ in api.removed] == ["a"]
+
+
+FAIR = policy_yaml("release-fair-test", """\
+  tenants:
+    - name: heavy
+      namespaces: [heavy]
+      quota: {gpus: 1}
+      cohort: {name: lab, fairShare: {halfLifeHours: 168}}
+      overQuota: wait
+    - name: light
+      namespaces: [light]
+      quota: {gpus: 1}
+      cohort: {name: lab, fairShare: {halfLifeHours: 168}}
+      overQuota: wait
+    - name: lender
+      namespaces: [lender]
+      quota: {gpus: 2}
+      cohort: {name: lab, fairShare: {halfLifeHours: 168}}
+""")
+
+
+def borrowing(name: str, ns: str, at: str) -> dict[str, Any]:
+    p = gated(name, at)
+    p["metadata"]["namespace"] = ns
+    p["metadata"]["labels"] = {"gpu-webhook.dev/borrowed": "true"}
+    p["spec"].update(priorityClassName="gpu-webhook-borrowed", priority=-100,
+                     preemptionPolicy="Never")
+    return p
+
+
+def released_first(text: str) -> list[str]:
+    """Heavy and light each hold their own GPU and wait to borrow one more (heavy's pod
+    first); the lender lends one. Heavy used 6 GPUs all last week, light nothing."""
+    policy = compile_policy(load_text(text))
+    state = ClusterState(lambda: policy)
+    state.pod_event("ADDED", borrowing("h", "heavy", "2026-12-07T10:00:01Z"))
+    state.pod_event("ADDED", borrowing("l", "light", "2026-12-07T10:00:02Z"))
+    store = MemoryStore()
+    store.load([(t, Charge(t, t, f"pod/{t}", None, {"nvidia.com/gpu": 1}, 1))
+                for t in ("heavy", "light", "lender")])
+    week = [DayBook(date(2026, 12, d), day_start(date(2026, 12, d + 1)),
+                    {("heavy", "heavy", "", ""): dict.fromkeys(range(24), 6 * 3600.0)})
+            for d in range(1, 7)]
+    now = day_start(date(2026, 12, 7)) + 11 * 3600
+    spent = spending(policy, week, {}, now)
+    api = Recorded(store, {})
+    releaser = Releaser(lambda: policy, state, store, api, lambda: True,  # type: ignore[arg-type]
+                        spending=lambda: spent)
+    asyncio.run(releaser.round_())
+    return [n for n, _, _ in api.removed]
+
+
+def test_with_fair_share_the_tenant_below_its_share_borrows_first() -> None:
+    assert released_first(FAIR) == ["l"]
+    # Without it, the line's order: priority, then arrival.
+    assert released_first(FAIR.replace(", fairShare: {halfLifeHours: 168}", "")) == ["h"]
+
+
+def test_a_cohort_whose_tenants_disagree_on_fair_share_is_refused_at_load() -> None:
+    text = FAIR.replace("cohort: {name: lab, fairShare: {halfLifeHours: 168}}\n      "
+                        "overQuota: wait\n    - name: light",
+                        "cohort: {name: lab, fairShare: {halfLifeHours: 24}}\n      "
+                        "overQuota: wait\n    - name: light")
+    try:
+        load_text(text)
+    except PolicyError as exc:
+        assert "cohort lab's fairShare differs from tenant" in str(exc)
+    else:
+        raise AssertionError("loaded")
+
+
+def test_the_worked_example_weighs_what_docs_quota_says() -> None:
+    policy = compile_policy(load_text(FAIR))
+    week = [DayBook(date(2026, 12, d), day_start(date(2026, 12, d + 1)),
+                    {("heavy", "heavy", "", ""): dict.fromkeys(range(24), 6 * 3600.0)})
+            for d in range(1, 7)]
+    spent = spending(policy, week, {}, day_start(date(2026, 12, 7)) + 11 * 3600)
+    assert spent.standing["lab"] == {"heavy": 0.75, "light": -0.25, "lender": -0.5}
+
+    use = recent(week, {}, day_start(date(2026, 12, 7)) + 11 * 3600, 168, ["heavy"])
+    assert round(use["heavy"]) == 623

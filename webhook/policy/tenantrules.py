@@ -65,6 +65,8 @@ class CohortRules:
     borrowing_limit: float | None
     lending_limit: float | None
     priority: BorrowedPriority
+    # cohort.fairShare: the half-life of recent GPU time, in hours; None: no fair share.
+    half_life: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +321,9 @@ def compile_tenant(spec: Spec, t: Tenant) -> TenantRules:
         capped_products=tuple(sorted(capped)),
         spot=compile_tenant_spot(spec.spot, t.spot),
         cohort=CohortRules(t.cohort.name, t.cohort.borrowing_limit,
-                           t.cohort.lending_limit, t.cohort.borrowed_priority_class)
+                           t.cohort.lending_limit, t.cohort.borrowed_priority_class,
+                           t.cohort.fair_share.half_life_hours
+                           if t.cohort.fair_share else None)
         if t.cohort else None,
         routes=compile_routes(spec.gpu_routes, t.gpu_routes),
         priority=compile_priority(spec.priority, t.priority,

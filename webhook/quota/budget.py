@@ -17,6 +17,7 @@ from webhook.engine import messages
 from webhook.policy.budgets import AccountingRules, BudgetRules, Span
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.tenantrules import TenantRules
+from webhook.quota.fairshare import recent, standing
 from webhook.quota.gputime import HOUR, Tally
 from webhook.quota.usagebook import DayBook, Sums, sums
 
@@ -56,6 +57,9 @@ class Spending:
     at: float = 0.0
     tenants: dict[str, Used] = field(default_factory=dict)
     users: dict[tuple[str, str], Used] = field(default_factory=dict)
+    # Cohort -> each member's standing (webhook.quota.fairshare), for cohorts with fair
+    # share on.
+    standing: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def of(self, tenant: str, user: str | None) -> list[tuple[str | None, Used]]:
         """The budgets a pod of ``tenant`` charged to ``user`` is under: (user or None
@@ -74,6 +78,11 @@ def spending(policy: CompiledPolicy, days: Iterable[DayBook], live: Tally, now: 
     written), over each tenant's open period."""
     kept = list(days)
     out = Spending(at=now)
+    for name, members in policy.cohorts.items():
+        half = members[0].cohort.half_life if members[0].cohort else None
+        if half is not None:
+            use = recent(kept, live, now, half, (t.name for t in members))
+            out.standing[name] = standing(policy, name, use)
     by_span: dict[tuple[float, float], Sums] = {}
     for t in policy.tenants:
         b = t.budget

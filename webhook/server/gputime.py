@@ -89,7 +89,7 @@ class GpuTime:
     def refresh(self) -> None:
         """The budgets' snapshot made again (on the event loop: the holds live there)."""
         policy = self.policy()
-        if not any(t.budget is not None for t in policy.tenants):
+        if policy.accounting is None:
             return
         now = self.clock()
         since = watermark(self.days.values())

@@ -61,6 +61,7 @@ from webhook.policy.model.resources import (
 from webhook.policy.model.routes import (
     BorrowedPriority,
     Cohort,
+    FairShare,
     GPURoutes,
     PriorityLimits,
     RouteChoice,
@@ -91,7 +92,7 @@ __all__ = [
     "Day",
     "DeviceClass",
     "Equivalents",
-    "Exemptions",
+    "Exemptions", "FairShare",
     "FaultTolerance",
     "FieldProblem",
     "GPUCapabilities",

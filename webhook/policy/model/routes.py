@@ -89,6 +89,14 @@ class BorrowedPriority(_Strict):
     anyone itself."""
 
 
+class FairShare(_Strict):
+    """Fair share by recent use in a cohort (``tenants[].cohort.fairShare``)."""
+
+    half_life_hours: Annotated[float, Field(gt=0, le=8784)] = 168.0
+    """How fast past GPU time stops counting: an hour used this long ago counts half
+    (default a week)."""
+
+
 class Cohort(_Strict):
     """Tenants that share the quota they leave unused (rule quota). A tenant whose own
     ``quota.gpus`` is full may run pods on GPUs the others of its cohort leave idle; such
@@ -105,3 +113,7 @@ class Cohort(_Strict):
     0: it only borrows)."""
     borrowed_priority_class: BorrowedPriority = Field(default_factory=BorrowedPriority)
     """The PriorityClass this tenant's borrowed pods run at."""
+    fair_share: FairShare | None = None
+    """Pods waiting for GPUs to borrow are released in order of how far each tenant is
+    below its share of the cohort's recent GPU time, then priority, then arrival (default:
+    priority, then arrival). Every tenant of the cohort must say the same."""

@@ -122,6 +122,20 @@ class Spec(_Strict):
     """The rate card ``gpu-webhook usage`` prices GPU-hours with."""
 
     @model_validator(mode="after")
+    def _fair_share_agreed(self) -> Spec:
+        said: dict[str, tuple[str, float | None]] = {}
+        for i, t in enumerate(self.tenants):
+            if t.cohort is None:
+                continue
+            mine = t.cohort.fair_share.half_life_hours if t.cohort.fair_share else None
+            first = said.setdefault(t.cohort.name, (t.name, mine))
+            if first[1] != mine:
+                raise FieldProblem(("tenants", i, "cohort", "fairShare"),
+                    f"tenant {t.name}: cohort {t.cohort.name}'s fairShare differs from "
+                    f"tenant {first[0]}'s: every tenant of a cohort gives the same (or none)")
+        return self
+
+    @model_validator(mode="after")
     def _weighed_products(self) -> Spec:
         aliases = self.products.aliases
         named = [(("accounting", "productWeights", p), p)
@@ -137,9 +151,12 @@ class Spec(_Strict):
 
     @property
     def accounts_gpu_time(self) -> bool:
-        """Whether GPU time is accounted: some tenant has a budget, or showback is set."""
+        """Whether GPU time is accounted: some tenant has a budget or a cohort with fair
+        share, or showback is set."""
         return (self.accounting is not None or self.showback is not None
-                or any(t.budget is not None for t in self.tenants))
+                or any(t.budget is not None or (t.cohort is not None
+                                                and t.cohort.fair_share is not None)
+                       for t in self.tenants))
 
     @model_validator(mode="after")
     def _priority_is_a_ceiling(self) -> Spec:

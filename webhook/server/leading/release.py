@@ -62,6 +62,7 @@ from webhook.quota.budget import Spending, judge, no_spending
 from webhook.quota.cache import ClusterState
 from webhook.quota.check import UsageView, check_pod, users_cap_alone
 from webhook.quota.cohort import room
+from webhook.quota.fairshare import ordered
 from webhook.quota.line import GangOf, Unit, Waiting, gang_of, line_up, releasable
 from webhook.quota.store import (
     Held,
@@ -112,6 +113,10 @@ class Releaser:
         self._last: dict[str, tuple[Any, ...]] = {}  # tenant -> what its last round saw
         self._last_at: dict[str, float] = {}
         self._tenants: set[str] = set()  # tenants with metrics written
+        # A round's pods waiting for GPUs to borrow, by cohort: (tenant, place, unit and
+        # its quota step), committed after every tenant's own line (_lend).
+        self._to_borrow: dict[str, list[tuple[str, tuple[int, str, str, str],
+                                              tuple[Unit, PodQuota]]]] = {}
 
     async def run(self) -> None:
         await leader.every(self.interval, self.leading, self.state.synced, self.round_,
@@ -146,8 +151,12 @@ class Releaser:
         self._tenants = set(lines)
         # Tenants' lines are independent (a ledger each): decided and released side by
         # side, so one tenant's commit and patches do not wait for another's.
+        self._to_borrow = {}
         await asyncio.gather(*(self._tenant(policy, tenant, waiting, pods)
                                for tenant, waiting in lines.values()))
+        # What a cohort lends goes to its members' waiting pods in one order across them.
+        await asyncio.gather(*(self._lend(policy, cohort, items, pods)
+                               for cohort, items in self._to_borrow.items()))
         for uid in [u for u in self._told if u not in self.state.line.pods]:
             del self._told[uid]
         for uid in [u for u in self._arrived if u not in self.state.line.pods]:
@@ -223,7 +232,9 @@ class Releaser:
                 logs.event("quota line not released: the ledger cannot be reached",
                            logging.WARNING, tenant=tenant.name, error=str(exc))
                 return
-        done += await self._borrow(policy, borrowing)
+        if tenant.cohort is not None:
+            self._to_borrow.setdefault(tenant.cohort.name, []).extend(
+                (tenant.name, u.pods[0].place(), (u, step)) for u, step in borrowing)
         # Charged already: the gates come off together (a gang's pods start at once).
         await asyncio.gather(*(self._ungate(w.uid, pods[w.uid], tenant.name)
                                for u in done for w in u.pods))
@@ -237,6 +248,19 @@ class Releaser:
         await self._tell(policy, tenant, [u for u in units if u.pods[0].uid not in gone
                                           and u.pods[0].uid not in never],
                          pods, view, {u.pods[0].uid for u, _ in borrowing})
+
+    async def _lend(self, policy: CompiledPolicy, cohort: str,
+                    items: list[tuple[str, tuple[int, str, str, str],
+                                      tuple[Unit, PodQuota]]],
+                    pods: dict[str, dict[str, Any]]) -> None:
+        """The cohort's pods waiting for GPUs to borrow, committed in one order across
+        its tenants: by fair share when the cohort has it (``webhook.quota.fairshare``),
+        then priority, then arrival."""
+        fair = self.spending().standing.get(cohort)
+        whose = {id(u): tenant for tenant, _, (u, _) in items}
+        done = await self._borrow(policy, ordered(items, fair))
+        await asyncio.gather(*(self._ungate(w.uid, pods[w.uid], whose[id(u)])
+                               for u in done for w in u.pods))
 
     async def _borrow(self, policy: CompiledPolicy, borrowing: list[tuple[Unit, PodQuota]]
                       ) -> list[Unit]:
