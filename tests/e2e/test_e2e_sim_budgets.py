@@ -65,6 +65,23 @@ POLICY = own_policy("budget-sim", f"""\
       namespaceSelector:
         matchLabels: {{gpu.example.com/tenant: billed}}
       budget: {{gpuHours: 1000}}
+    - name: heavy
+      namespaceSelector:
+        matchLabels: {{gpu.example.com/tenant: heavy}}
+      quota: {{gpus: 1}}
+      cohort: {{name: lab, fairShare: {{halfLifeHours: 168}}}}
+      overQuota: wait
+    - name: light
+      namespaceSelector:
+        matchLabels: {{gpu.example.com/tenant: light}}
+      quota: {{gpus: 1}}
+      cohort: {{name: lab, fairShare: {{halfLifeHours: 168}}}}
+      overQuota: wait
+    - name: lender
+      namespaceSelector:
+        matchLabels: {{gpu.example.com/tenant: lender}}
+      quota: {{gpus: 2}}
+      cohort: {{name: lab, fairShare: {{halfLifeHours: 168}}}}
 """, spec=f"""\
   accounting: {{intervalSeconds: {INTERVAL}}}
 """)
@@ -78,7 +95,8 @@ def budget_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]
     sim = own_sim(work, CLUSTER, POLICY, replicas=2,
                   webhook_args=["--test-clock-offset-file", str(clock)])
     with started(sim) as cluster:
-        cluster.cp.kubectl("apply", "-f", str(BASE / "crd-gpuusage.yaml"))
+        cluster.cp.kubectl("apply", "-f", str(BASE / "crd-gpuusage.yaml"), "-f",
+                           str(BASE / "priority-borrowed.yaml"))
         cluster.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                            "crd/gpuusages.gpu-webhook.dev")
         # GPU time is counted from its first record (the install): pods before it would
@@ -223,6 +241,73 @@ def test_a_spent_budget_refuses_or_gates_and_the_next_period_gives_it_back(
     for tenant, namespace in (("metered", metered), ("patient", patient)):
         assert usage_csv(budget_sim, tenant) == pytest.approx(
             held_hours(pods(api, namespace)), abs=1e-4)
+
+
+def gated(p: Any) -> bool:
+    return any(g.name == "gpu-webhook.dev/quota" for g in p.spec.scheduling_gates or ())
+
+
+def week_of_heavy_use(sim: SimCluster) -> None:
+    """GPU time kept for the six days before today: tenant heavy ran 6 GPUs around the
+    clock (as the leader would have written it)."""
+    today = datetime.now(UTC).date()
+    for back in range(1, 7):
+        day = today - timedelta(days=back)
+        end = datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1)
+        sim.cp.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "gpu-webhook.dev/v1alpha1", "kind": "GPUUsage",
+            "metadata": {"name": f"day-{day:%Y%m%d}",
+                         "labels": {"app.kubernetes.io/managed-by": "gpu-webhook"}},
+            "status": {"version": "1", "accountedUntil": f"{end.timestamp():.3f}",
+                       "rows": [{"tenant": "heavy", "namespace": "heavy-history",
+                                 "user": "", "product": "",
+                                 "hours": {f"{h:02d}": 6 * 3600.0 for h in range(24)}}]}}))
+
+
+def borrowing_race(sim: SimCluster, api: k8s.CoreV1Api, ns: Any) -> str:
+    """Heavy and light each hold their own GPU and ask 2 more (heavy first): both wait to
+    borrow; the lender's 2 GPUs come free when its Job ends, enough for one. Which
+    tenant's pod is released."""
+    heavy, light, lender = ns("heavy"), ns("light"), ns("lender")
+    assert apply(sim, lender, runs_for("hold", 2, 20)).returncode == 0
+    for n in (heavy, light):
+        assert apply(sim, n, bare("own", 1)).returncode == 0
+    wait_until("the own pods and the lender's to run", lambda: all(
+        [p.status.phase == "Running" for p in pods(api, n)] == [True]
+        for n in (heavy, light, lender)), timeout=SCHEDULE_TIMEOUT, every=0.3)
+    for n in (heavy, light):
+        asked = apply(sim, n, bare("more", 2))
+        assert asked.returncode == 0, asked.stderr
+        assert "waits for GPUs to borrow from cohort lab" in asked.stderr
+    wait_until("one borrowing pod to be released", lambda: any(
+        not gated(api.read_namespaced_pod("more", n)) for n in (heavy, light)),
+        timeout=SCHEDULE_TIMEOUT, every=0.3)
+    released = [n for n in (heavy, light) if not gated(api.read_namespaced_pod("more", n))]
+    assert len(released) == 1
+    for n in (heavy, light, lender):  # the next race starts from nothing held
+        sim.cp.kubectl("delete", "pods", "--all", "-n", n, "--grace-period=0", "--force")
+        sim.cp.kubectl("delete", "jobs", "--all", "-n", n)
+    wait_until("the race's pods to be gone", lambda: not any(
+        pods(api, n) for n in (heavy, light, lender)), timeout=SCHEDULE_TIMEOUT, every=0.3)
+    return released[0].split("-")[0]
+
+
+def test_with_fair_share_the_light_user_borrows_first_and_without_it_arrival_wins(
+        budget_sim: SimCluster, api: k8s.CoreV1Api, ns: Any) -> None:
+    week_of_heavy_use(budget_sim)
+    assert borrowing_race(budget_sim, api, ns) == "light"
+    # Fair share off (the policy file edited; every replica reloads it): the line's
+    # order, priority then arrival.
+    policy = budget_sim.policy.read_text()
+    budget_sim.policy.write_text(policy.replace(", fairShare: {halfLifeHours: 168}", ""))
+    try:
+        assert budget_sim.webhook is not None
+        wait_until("every replica to serve the edited policy", lambda: all(
+            r.log().count('"policy loaded"') >= 2 for r in budget_sim.webhook.replicas),
+            timeout=30, every=0.5)
+        assert borrowing_race(budget_sim, api, ns) == "heavy"
+    finally:
+        budget_sim.policy.write_text(policy)
 
 
 def _leader(sim: SimCluster) -> int:

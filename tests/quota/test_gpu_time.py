@@ -28,7 +28,14 @@ from webhook.policy.load import PolicyError, load_text
 from webhook.quota.budget import Spending, judge, spending
 from webhook.quota.gputime import HOUR, HoldBook, bound_at, ended_at
 from webhook.quota.store import MemoryStore
-from webhook.quota.usagebook import BookUnreadable, DayBook, to_write, watermark
+from webhook.quota.usagebook import (
+    BookUnreadable,
+    DayBook,
+    account,
+    name_of,
+    to_write,
+    watermark,
+)
 from webhook.quota.usagebook import sums as kept_sums
 
 
@@ -141,33 +148,59 @@ def test_an_edited_day_is_refused_with_the_way_out(status: dict[str, Any], why: 
 
 
 def test_accounting_that_crashes_between_writes_never_counts_a_second_twice() -> None:
-    """A leader that accounts every interval and dies at random (before its write, or
-    between the days of one): what is kept never exceeds the truth, and the pods'
-    times being the watch's, a successor counts what was not written."""
+    """The leader's rounds (``usagebook.account``, written as the cluster keeps them and
+    read back) at random instants, a new leader each time (its watch lists the pods
+    again), dying before a write or between the days of one: what is kept never exceeds
+    the truth, and ends equal to it."""
     rng = random.Random(7)
     # Whole seconds: the API server's timestamps are.
     pods = [(f"p{i}", T0 + rng.randint(0, 20 * HOUR), rng.randint(60, 8 * HOUR),
              rng.choice([1.0, 2.0, 0.5])) for i in range(40)]
     truth = sum(g * d for _, _, d, g in pods)
     kept: dict[Any, DayBook] = {}
-    since = T0
     t = T0
-    while since < T0 + 40 * HOUR:
-        t += rng.uniform(30, 900)
-        book = HoldBook()  # a new leader each round: its watch lists the pods again
+    while (watermark(kept.values()) or T0) < T0 + 40 * HOUR:
+        t += rng.uniform(30, 900)  # not whole milliseconds: the watermark is stored so
+        book = HoldBook()
         for uid, start, dur, gpus in pods:
             if start < t:
                 end = start + dur
-                book.pod(uid, running(uid, start, end=end if end <= t else None),
+                book.pod(uid, running(uid, start, end=end if end <= t + 60 else None),
                          charge(gpus))
-        for day in to_write(kept, book.account(since, t), since, t):
-            if rng.random() < 0.2:
+        done = account(kept, book, t, 15.0)
+        for day in done.days if done is not None else ():
+            if kept and rng.random() < 0.2:
                 break  # died before this write: the rest is counted by the next
-            kept[day.day] = day
-        since = watermark(kept.values()) or T0
+            again = DayBook.decode(name_of(day.day), day.encode()["status"])
+            kept[day.day] = again
         counted = kept_sums(list(kept.values()), T0, T0 + 48 * HOUR).where()
-        assert counted <= truth + 1e-6
-    assert kept_sums(list(kept.values()), T0, T0 + 48 * HOUR).where() == pytest.approx(truth)
+        assert counted <= truth + 1e-3 * len(pods)  # the stored seconds' rounding
+    assert kept_sums(list(kept.values()), T0, T0 + 48 * HOUR).where() == pytest.approx(
+        truth, abs=1e-3 * len(pods))
+
+
+def test_each_round_counts_exactly_up_to_the_watermark_it_stores() -> None:
+    """The watermark is stored to the millisecond: a round accounts exactly up to what it
+    stores, or every round would count a sliver twice (or never) at the rounding. A
+    1,000-GPU charge makes a sliver of 0.5 ms half a GPU-second."""
+    book = HoldBook()
+    book.pod("big", running("big", T0), charge(1000.0))
+    kept: dict[Any, DayBook] = {}
+    start = account(kept, book, T0 + 0.4567, 15.0)
+    assert start is not None
+    kept[start.days[0].day] = start.days[0]
+    t = T0
+    for _ in range(40):
+        t += 7.123456789
+        done = account(kept, book, t + 15.0, 15.0)
+        if done is None:
+            continue
+        for day in done.days:
+            kept[day.day] = DayBook.decode(name_of(day.day), day.encode()["status"])
+        mark = watermark(kept.values())
+        assert mark == done.until
+        counted = kept_sums(list(kept.values()), T0, T0 + 24 * HOUR).where()
+        assert counted == pytest.approx(1000.0 * (mark - max(T0, start.until)), abs=1e-3)
 
 
 # --- budgets -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from webhook.quota.gputime import HOUR, Key, Tally
+from webhook.quota.gputime import HOUR, HoldBook, Key, Tally
 
 GROUP, VERSION_API, PLURAL, KIND = "gpu-webhook.dev", "v1alpha1", "gpuusages", "GPUUsage"
 PREFIX = "day-"
@@ -138,6 +138,14 @@ class DayBook:
                 yield key, start + h * HOUR, s
 
 
+def stored(t: float) -> float:
+    """``t`` as a watermark is stored (milliseconds, as text): the instant to account up
+    to, so that the watermark read back is exactly where the seconds added stop (a
+    rounded-up watermark would leave a sliver uncounted, a rounded-down one count it
+    twice)."""
+    return float(f"{t:.3f}")
+
+
 def watermark(days: Iterable[DayBook]) -> float | None:
     """How far GPU time is accounted: the latest day's ``until`` (None: nothing kept,
     accounting starts now)."""
@@ -189,3 +197,29 @@ def sums(days: Iterable[DayBook], since: float, until: float, live: Tally | None
         if since <= hour < until:
             out[key] = out.get(key, 0.0) + s
     return Sums(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One accounting round: the days to write, in order, up to ``until``, and the
+    seconds they add (for the metrics)."""
+
+    until: float
+    days: list[DayBook]
+    tally: Tally
+
+
+def account(days: Mapping[date, DayBook], holds: HoldBook, now: float, settle: float
+            ) -> Round | None:
+    """What the leader writes at ``now``: the seconds the holds held from the kept
+    watermark up to ``settle`` seconds ago (None: nothing to write yet). With nothing
+    kept, GPU time starts now (the install): one empty day."""
+    since = watermark(days.values())
+    if since is None:
+        start = stored(now)
+        return Round(start, [DayBook(day_of(start), start)], {})
+    until = stored(now - settle)
+    if until <= since:
+        return None
+    tally = holds.account(since, until)
+    return Round(until, to_write(days, tally, since, until), tally)

@@ -28,7 +28,7 @@ from datetime import date, timedelta
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota.gputime import Tally
-from webhook.quota.usagebook import LABELS, DayBook, day_of, name_of, to_write, watermark
+from webhook.quota.usagebook import LABELS, DayBook, account, day_of, name_of, watermark
 from webhook.server import metrics
 from webhook.server.gputime import GpuTime, read_days
 
@@ -62,32 +62,24 @@ class Accountant:
         state = gpu.state
         days, bad = await asyncio.to_thread(read_days, gpu.maps)
         gpu.kept(days, bad)
-        now = self.wall()
         since = watermark(days.values())
-        if since is None:
-            if bad:
-                return None  # the last day may be the unreadable one: its watermark unknown
-            # Nothing kept: GPU time is counted from now (a pod that ran before is
-            # counted from the install).
-            book = DayBook(day_of(now), now)
-            await asyncio.to_thread(gpu.maps.write, name_of(book.day), dict(LABELS),
-                                    book.encode(), None)
-            return now
-        if any(name_of(day_of(since)) == n for n in bad):
+        if since is None and bad:
+            return None  # the last day may be the unreadable one: its watermark unknown
+        if since is not None and any(name_of(day_of(since)) == n for n in bad):
             return None
-        if not state.synced():
+        if since is not None and not state.synced():
             return None  # pods that ended while the watch was away are not known yet
-        until = now - state.settle_time()
-        if until <= since:
+        # On the loop: the holds live there.
+        done = account(days, gpu.hours, self.wall(), state.settle_time())
+        if done is None:
             return None
-        tally = gpu.hours.account(since, until)  # on the loop: the holds live there
-        for book in to_write(days, tally, since, until):
+        for book in done.days:
             await asyncio.to_thread(gpu.maps.write, name_of(book.day), dict(LABELS),
                                     book.encode(), book.version)
-        gpu.hours.forget(until)
-        _count(tally)
+        gpu.hours.forget(done.until)
+        _count(done.tally)
         await self._expire(days)
-        return until
+        return done.until
 
     async def _expire(self, days: dict[date, DayBook]) -> None:
         acc = self.policy().accounting
