@@ -96,9 +96,10 @@ def budget_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]
                   webhook_args=["--test-clock-offset-file", str(clock)])
     with started(sim) as cluster:
         cluster.cp.kubectl("apply", "-f", str(BASE / "crd-gpuusage.yaml"), "-f",
+                           str(BASE / "crd-gpuquota.yaml"), "-f",
                            str(BASE / "priority-borrowed.yaml"))
         cluster.cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                           "crd/gpuusages.gpu-webhook.dev")
+                           "crd/gpuusages.gpu-webhook.dev", "crd/gpuquotas.gpu-webhook.dev")
         # GPU time is counted from its first record (the install): pods before it would
         # be counted from then, not from their start.
         wait_until("the leader to start accounting", lambda: accounted_until(cluster) > 0,
@@ -241,6 +242,25 @@ def test_a_spent_budget_refuses_or_gates_and_the_next_period_gives_it_back(
     for tenant, namespace in (("metered", metered), ("patient", patient)):
         assert usage_csv(budget_sim, tenant) == pytest.approx(
             held_hours(pods(api, namespace)), abs=1e-4)
+    # What the platform team reads of the day's budget: gpu-webhook status (from the
+    # kept GPU time), and the GPUQuota object in the tenant's namespace.
+    status = gpu_webhook("status", "--kubeconfig", str(budget_sim.cp.kubeconfig), "--policy",
+                         str(budget_sim.policy), "--tenant", "patient")
+    used = held_hours(pods(api, patient))
+    assert (f"patient: {round(100 * used / LIMIT)} % of its 0.02 GPU-hours for {day} (UTC) "
+            f"used ({round(used, 3)} GPU-hours); its new GPU pods are refused or wait"
+            ) in status.stdout, status.stdout
+
+    def shown() -> Any:
+        out = budget_sim.cp.kubectl("get", "gpuquota", "patient", "-n", patient, "-o", "json",
+                                    check=False)
+        return yaml.safe_load(out.stdout).get("status", {}).get("budget") \
+            if out.returncode == 0 else None
+
+    wait_until("the GPUQuota object to show the budget", lambda: (shown() or {}).get(
+        "usedGpuHours") == round(used, 3), timeout=60, every=1)
+    assert shown() == {"gpuHours": LIMIT, "usedGpuHours": round(used, 3),
+                       "period": f"{day} (UTC)", "percent": round(100 * used / LIMIT)}
 
 
 def gated(p: Any) -> bool:

@@ -12,6 +12,8 @@ import yaml
 from test_status_report import ledger, pod, policy
 
 from webhook.engine.waiting import GATE
+from webhook.policy.budgets import Span
+from webhook.quota.budget import Used
 from webhook.quota.status import Row, gpuquota, gpuquota_status, headline
 from webhook.tools.status import Cluster, report, table
 
@@ -68,8 +70,14 @@ def test_every_status_field_is_in_the_crd_schema() -> None:
                                                         waiting("w", "research", 2)]),
                                 tenant="research"), "research", "p")
     # "window" is written for a tenant with a quotaSchedule only (tests/quota/
-    # test_quota_windows.py writes one).
-    assert set(st) | {"updated", "window"} == set(schema)
+    # test_quota_windows.py writes one), "budget" for one with a budget (below).
+    assert set(st) | {"updated", "window", "budget"} == set(schema)
+    r = report(policy(), Cluster(pods=[pod("a", "research", 4)]), tenant="research")
+    r.budgets["research"] = Used(1.5, 10.0, Span(0.0, 1.0, "December 2026 (UTC)"))
+    budget = gpuquota_status(r, "research", "p")["budget"]
+    assert budget == {"gpuHours": 10, "usedGpuHours": 1.5, "period": "December 2026 (UTC)",
+                      "percent": 15}
+    assert set(budget) == set(schema["budget"]["properties"])
     assert set(st["caps"][0]) == set(schema["caps"]["items"]["properties"])
     assert set(st["topConsumers"][0]) == set(schema["topConsumers"]["items"]["properties"])
     assert set(st["byProduct"][0]) == set(schema["byProduct"]["items"]["properties"])

@@ -180,7 +180,7 @@ def _usage(args: argparse.Namespace) -> int:
                                     datetime.now(UTC).date())
         api, model = _cluster_policy(args)
         days, bad = usage.read(api)
-    except (PolicyError, kube.KubeError, ValueError, OSError) as exc:
+    except (PolicyError, kube.KubeError, ValueError, OSError, usage.NotKept) as exc:
         print(f"gpu-webhook usage: {exc}", file=sys.stderr)
         return 2
     u = usage.usage(compile_policy(model), days, since, until, bad)

@@ -23,6 +23,7 @@ from webhook.k8s.identity import ObjectId
 from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.tenantrules import Limits, TenantRules
 from webhook.quota.borrow import cohort_members
+from webhook.quota.budget import Used
 from webhook.quota.cohort import overdrawn, room
 from webhook.quota.store import Combined
 from webhook.quota.usage import Totals, Usage
@@ -67,6 +68,8 @@ class Report:
     # bound pod on its node's product: shown for every tenant, product caps or not (a pod
     # allowed two products is counted on the one it runs on).
     products: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    # tenant -> what its GPU-hour budget has used in its open period (tenants[].budget).
+    budgets: dict[str, Used] = field(default_factory=dict)
 
 
 def of(tenants: Sequence[TenantRules], seen: Usage, held: Usage,
@@ -159,7 +162,7 @@ def seen_from(report: Report, namespace: str) -> Report:
             or r.scope.startswith("user ")]
     return Report(rows, report.pods, report.top, list(report.unread),
                   waiting=dict(report.waiting), windows=report.windows,
-                  products=report.products)
+                  products=report.products, budgets=report.budgets)
 
 
 def _caps(limits: Limits, used: Totals, reserved: Totals
@@ -214,7 +217,24 @@ def gpuquota_status(report: Report, tenant: str, policy: str) -> dict[str, Any]:
     if tenant in report.waiting:
         n, g = report.waiting[tenant]
         out.update(waitingPods=n, waitingGpus=_n(g))
+    if tenant in report.budgets:
+        b = report.budgets[tenant]
+        # Rounded as messages show it: the object is written again when it changes.
+        out["budget"] = {"gpuHours": _n(b.limit), "usedGpuHours": hours(b.used),
+                         "period": b.span.label, "percent": round(b.percent)}
     return out
+
+
+def hours(x: float) -> float:
+    """GPU-hours to 2 decimals (3 below one hour), as messages print them."""
+    return round(x, 2 if x >= 1 else 3)
+
+
+def budget_line(tenant: str, b: Used) -> str:
+    """What ``status`` prints of a tenant's budget."""
+    return (f"{tenant}: {round(b.percent)} % of its {messages.num(b.limit)} GPU-hours for "
+            f"{b.span.label} used ({messages.num(hours(b.used))} GPU-hours)"
+            + ("; its new GPU pods are refused or wait" if b.spent else ""))
 
 
 def waiting_of(pods: Iterable[Mapping[str, Any]], policy: CompiledPolicy,

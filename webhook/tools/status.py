@@ -30,6 +30,7 @@ from webhook.policy.compiled import CompiledPolicy
 from webhook.policy.model import GPUPolicy
 from webhook.policy.tenantrules import TenantRules
 from webhook.quota import status as quota_status
+from webhook.quota.budget import spending
 from webhook.quota.entries import (
     BORROWED_LABELS,
     BORROWED_PREFIX,
@@ -40,6 +41,8 @@ from webhook.quota.entries import (
 from webhook.quota.entries import LABELS as LEDGER_LABELS
 from webhook.quota.status import Report, Row
 from webhook.quota.usage import Usage
+from webhook.quota.usagebook import DayBook
+from webhook.tools import usage
 
 T = TypeVar("T")
 
@@ -63,6 +66,7 @@ class Cluster:
     # Node name -> its product label value (None: it has none): a bound pod is charged
     # to its node's product, as the webhook's cache charges it.
     nodes: dict[str, str | None] = field(default_factory=dict)
+    days: list[DayBook] = field(default_factory=list)  # GPU time kept (GPUUsage)
 
 
 def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = None,
@@ -103,6 +107,10 @@ def report(policy: CompiledPolicy, cluster: Cluster, *, namespace: str | None = 
     chosen = {t.name for t in tenants}
     out.waiting = {t: w for t, w in quota_status.waiting_of(
         cluster.pods, policy, cluster.namespaces.get).items() if t in chosen}
+    if any(t.budget is not None for t in tenants):
+        # As written by the leader: up to its watermark, an interval behind at most.
+        spent = spending(policy, cluster.days, {}, now)
+        out.budgets = {t: u for t, u in spent.tenants.items() if t in chosen}
     return out
 
 
@@ -186,6 +194,7 @@ def table(r: Report) -> str:
     for t, w in r.windows.items():
         lines.append(f"{t}: quota window {w} applies now" if w else
                      f"{t}: outside its quota windows: its own caps apply")
+    lines.extend(quota_status.budget_line(t, b) for t, b in r.budgets.items())
     lines.extend(r.holding)
     for what in r.unread:
         lines.append(f"note: {what}")
@@ -244,6 +253,8 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
                         "nodes not read ({}): a running pod allowed several GPU products "
                         "counts on the one admission charged it to, which may not be the "
                         "one it runs on") or {}
+    out.days = _listed(out, lambda: usage_days(api),
+                       "GPU time not read ({}): budgets are not shown") or []
     if namespace is not None and out.unread:
         # What the webhook keeps for such an account (readable under the namespace's
         # `view`): none there (an older install, no quota) leaves the notes as they are.
@@ -252,6 +263,15 @@ def read_cluster(api: Any, ledger_namespace: str, namespace: str | None,
                 api, quota_status.GROUP, quota_status.VERSION, quota_status.PLURAL,
                 timeout=15.0).list(namespace=namespace)
     return out
+
+
+def usage_days(api: Any) -> list[DayBook]:
+    """The GPU time kept (none where the CRD is not installed; a day that cannot be
+    read left out, as the budgets leave it)."""
+    try:
+        return usage.read(api)[0]
+    except usage.NotKept:
+        return []
 
 
 LEADER_LEASE = "gpu-webhook-leader"  # webhook.server.leading.leader.LEASE

@@ -86,10 +86,20 @@ def period(text: str | None, since: str | None, until: str | None, today: date
                          "(2026-12-07)") from None
 
 
+class NotKept(Exception):
+    """The cluster keeps no GPU time (the GPUUsage CRD is not installed)."""
+
+
 def read(api: Any) -> tuple[list[DayBook], dict[str, str]]:
     """The kept days (GPUUsage objects), and those that cannot be read (name -> why)."""
     days, bad = [], {}
-    for obj in kube.ClusterRecords(api, GROUP, VERSION_API, PLURAL, KIND).list():
+    try:
+        objs = kube.ClusterRecords(api, GROUP, VERSION_API, PLURAL, KIND).list()
+    except kube.NotFound:
+        raise NotKept("this cluster keeps no GPU time: the GPUUsage CRD is not installed "
+                      "(deploy/base/crd-gpuusage.yaml, in the chart and kustomize "
+                      "base)") from None
+    for obj in objs:
         try:
             days.append(DayBook.of(obj))
         except BookUnreadable as exc:

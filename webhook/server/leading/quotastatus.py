@@ -25,6 +25,7 @@ from typing import Any
 from webhook.libs import kube, logs
 from webhook.policy.compiled import CompiledPolicy
 from webhook.quota import status
+from webhook.quota.budget import Spending, no_spending
 from webhook.quota.cache import ClusterState
 from webhook.quota.decider import DecidingStore
 from webhook.quota.entries import LEDGER_PREFIX
@@ -35,8 +36,8 @@ _SELECTOR = ",".join(f"{k}={v}" for k, v in status.MANAGED_BY.items())
 
 
 def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore | DecidingStore,
-           fresh: dict[str, kube.StoredMap] | None = None, now: float | None = None
-           ) -> dict[tuple[str, str], dict[str, Any]]:
+           fresh: dict[str, kube.StoredMap] | None = None, now: float | None = None,
+           spent: Spending | None = None) -> dict[tuple[str, str], dict[str, Any]]:
     """(namespace, tenant) -> the GPUQuota status that namespace should show now."""
     held = store.reserved(fresh) if isinstance(store, LedgerStore) else store.reserved_usage()
     out: dict[tuple[str, str], dict[str, Any]] = {}
@@ -52,6 +53,8 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore | Dec
                                                         now=now)
             if tenant.name in waiting:
                 whole.waiting[tenant.name] = waiting[tenant.name]
+            if spent is not None and tenant.name in spent.tenants:
+                whole.budgets[tenant.name] = spent.tenants[tenant.name]
         mine = status.seen_from(whole, ns)
         if not mine.rows:
             continue  # caps only on the tenant's other namespaces: none that bind here
@@ -73,11 +76,13 @@ class QuotaStatusWriter:
                  store: LedgerStore | DecidingStore, objects: kube.CustomObjects,
                  leading: Callable[[], bool], interval: float,
                  wall: Callable[[], float] = time.time,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 spending: Callable[[], Spending] = no_spending) -> None:
         self.policy, self.state, self.store = policy, state, store
         self.objects, self.leading = objects, leading
         self.interval, self.wall = interval, wall
         self.clock = clock  # the admission pipeline's: it chooses the quota window shown
+        self.spending = spending  # what each GPU-hour budget has used
         self.writes = 0
 
     async def round(self) -> None:
@@ -88,7 +93,7 @@ class QuotaStatusWriter:
         existing = await asyncio.to_thread(self.objects.list, _SELECTOR)
         fresh = await asyncio.to_thread(self._read_ledgers, tenants)
         # On the loop, as commits.
-        want = wanted(policy, self.state, self.store, fresh, self.clock())
+        want = wanted(policy, self.state, self.store, fresh, self.clock(), self.spending())
         now = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         have = {(str(o["metadata"]["namespace"]), str(o["metadata"]["name"])): o
                 for o in existing}

@@ -126,7 +126,8 @@ def start(cluster: Cluster, source: PolicySource, namespace: str,
         writer = QuotaStatusWriter(
             policy, cluster.state, cluster.store,
             kube.CustomObjects(cluster.api, status.GROUP, status.VERSION, status.PLURAL),
-            leadership.leading, status_seconds, clock=clock)
+            leadership.leading, status_seconds, clock=clock,
+            spending=cluster.gputime.spending if cluster.gputime else no_spending)
         up.tasks.append(asyncio.ensure_future(writer.run()))
     if audit_seconds > 0:
         auditor = BackgroundAudit(cluster.api, policy, cluster.state, reports(cluster.api),
