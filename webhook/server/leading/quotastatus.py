@@ -56,7 +56,7 @@ def wanted(policy: CompiledPolicy, state: ClusterState, store: LedgerStore | Dec
             if spent is not None and tenant.name in spent.tenants:
                 whole.budgets[tenant.name] = spent.tenants[tenant.name]
         mine = status.seen_from(whole, ns)
-        if not mine.rows:
+        if not mine.rows and tenant.name not in mine.budgets:
             continue  # caps only on the tenant's other namespaces: none that bind here
         out[(ns, tenant.name)] = status.gpuquota_status(mine, tenant.name, policy.name)
     return out
