@@ -284,7 +284,11 @@ def test_the_pipeline_refuses_a_gpu_pod_of_a_spent_tenant_and_gates_one_that_wai
     p = policy()
     spent = spent_by(p, "research", 11)
     cluster = Cluster(store=MemoryStore(), spending=lambda: spent)
-    d = asyncio.run(validating(review(pod("train", "research"), "carol"), p, cluster))
+    # research caps each user's GPU-hours: the mutating webhook records who creates it.
+    obj = pod("train", "research")
+    m = mutating(review(copy.deepcopy(obj), "carol"), p, store=MemoryStore(), spent=spent)
+    final = jsonpatch.apply_patch(obj, m.patch)
+    d = asyncio.run(validating(review(final, "carol"), p, cluster))
     assert not d.allowed
     assert d.message.startswith("pod research/train: tenant research has used 11 of its "
                                 "10 GPU-hours for December 2026 (Europe/Berlin)")

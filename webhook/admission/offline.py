@@ -29,6 +29,7 @@ from webhook.k8s.claims import GROUP
 from webhook.k8s.identity import ObjectId
 from webhook.k8s.review import AdmissionRequest
 from webhook.policy.compiled import CompiledPolicy
+from webhook.quota.budget import Spending
 from webhook.quota.claims import DeviceIndex
 from webhook.quota.store import MemoryStore
 
@@ -115,11 +116,13 @@ class ClaimBook:
 
 def through_both(req: AdmissionRequest, policy: CompiledPolicy,
                  labels: NamespaceLabels = no_labels, store: MemoryStore | None = None,
-                 claims: ClaimBook | None = None, now: float | None = None) -> Outcome:
+                 claims: ClaimBook | None = None, now: float | None = None,
+                 spent: Spending | None = None) -> Outcome:
     """Run a parsed AdmissionReview through the admission pipeline: mutating, the patch
     applied as the API server applies it, then validating (with quota). An admitted claim
     or template goes into ``claims``, for the objects after it. ``req`` is left as it
-    is, so one review can be run under two policies (``review --replay``)."""
+    is, so one review can be run under two policies (``review --replay``). ``spent``:
+    what the tenants' GPU-hour budgets have used (none: nothing)."""
     original = req.object
     req = replace(req, object=copy.deepcopy(original))  # the mutating webhook edits it
     book = claims if claims is not None else ClaimBook()
@@ -127,7 +130,8 @@ def through_both(req: AdmissionRequest, policy: CompiledPolicy,
     # ``now``: the time the review is decided at (unix seconds; default the system's),
     # which chooses a tenant's quota window, for both webhooks alike.
     at = time.time() if now is None else now
-    m = mutating(req, policy, labels, book, store, now=at)
+    spent = spent if spent is not None else Spending(at=at)
+    m = mutating(req, policy, labels, book, store, now=at, spent=spent)
     if not m.allowed:
         return Outcome(m, None, None)
     patched = (jsonpatch.apply_patch(original, m.patch) if m.patch
@@ -138,7 +142,8 @@ def through_both(req: AdmissionRequest, policy: CompiledPolicy,
         as_stored(final, req.uid)
     commits = store.commits
     vreq = replace(req, object=final)
-    cluster = Cluster(labels, store, claims=book, clock=lambda: at)
+    cluster = Cluster(labels, store, claims=book, clock=lambda: at,
+                      spending=lambda: spent)
     v = asyncio.run(validating(vreq, policy, cluster))
     if v.allowed and final is not None:
         book.add(vreq, final)

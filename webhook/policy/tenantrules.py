@@ -333,7 +333,11 @@ def compile_tenant(spec: Spec, t: Tenant) -> TenantRules:
         runtime=compile_runtime(t.max_runtime),
         ratios=compile_ratios(spec.resources_per_gpu, t.resources_per_gpu),
         routing=compile_routing(t.routing),
-        user_quota=compile_users(t.user_quota),
+        # A budget per user needs to know each pod's user, as per-user caps do: the
+        # creator is recorded (gpu-webhook.dev/requested-by) with no cap of its own.
+        user_quota=compile_users(t.user_quota) or (
+            UserLimits(None, None, frozenset())
+            if t.budget is not None and t.budget.per_user_gpu_hours is not None else None),
         schedule=compile_schedule(t.quota_schedule),
         budget=compile_budget(t.budget),
     )

@@ -102,6 +102,24 @@ def spending(policy: CompiledPolicy, days: Iterable[DayBook], live: Tally, now: 
     return out
 
 
+def spending_of(policy: CompiledPolicy, tenants: dict[str, float],
+                users: dict[tuple[str, str], float], now: float) -> Spending:
+    """A snapshot from GPU-hours said to be used in each budget's open period (the policy
+    test suites' ``gpuTime``), as :func:`spending` makes one from the kept GPU time."""
+    out = Spending(at=now)
+    for t in policy.tenants:
+        b = t.budget
+        if b is None:
+            continue
+        span = b.span(now)
+        out.tenants[t.name] = Used(tenants.get(t.name, 0.0), b.gpu_hours, span)
+        if b.per_user is not None:
+            for (tenant, user), hours in users.items():
+                if tenant == t.name:
+                    out.users[(tenant, user)] = Used(hours, b.per_user, span)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What a budget says of one GPU pod: refused (or to wait) with ``reason``, and the

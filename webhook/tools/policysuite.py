@@ -144,6 +144,16 @@ class RunningPod(_Strict):
         return self
 
 
+class UsedHours(_Strict):
+    """GPU-hours a tenant (or one of its users) has used in its budget's open period
+    (``tenants[].budget``; product weights applied)."""
+
+    tenant: str
+    gpu_hours: float = Field(ge=0)
+    user: str | None = None
+    """The user, for a budget's ``perUserGpuHours``."""
+
+
 class Suite(_Strict):
     api_version: Literal["gpu-webhook.dev/v1alpha1"]
     kind: Literal["GPUPolicyTest"]
@@ -153,6 +163,8 @@ class Suite(_Strict):
     namespaces: dict[str, dict[str, str]] = Field(default_factory=dict)
     """Labels of namespaces, for tenants chosen by namespaceSelector."""
     usage: list[RunningPod] = Field(default_factory=list)
+    gpu_time: list[UsedHours] = Field(default_factory=list)
+    """GPU-hours used in the budgets' open periods, at each case's time."""
     cases: list[Case] = Field(min_length=1)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from webhook.k8s.review import AdmissionRequest, BadReview, parse_review, reques
 from webhook.policy.compiled import CompiledPolicy, compile_policy
 from webhook.policy.load import PolicyError, Problem, load_file
 from webhook.policy.model import USER_ANNOTATION
+from webhook.quota.budget import spending_of
 from webhook.quota.store import MemoryStore
 from webhook.tools.policyresults import CaseResult, Got, SuiteResult, compare
 from webhook.tools.policysuite import Case, RunningPod, Suite, load_suite
@@ -178,9 +180,14 @@ class _Runner:
         if not isinstance(obj.get("kind"), str):
             raise PolicyError(str(self.path), [Problem(
                 f"cases[{i}].resource", None, "a Kubernetes object with apiVersion and kind")])
+        at = case.at.timestamp() if case.at is not None else time.time()
         out = through_both(self._request(i, case, obj), self.policy, self.labels,
-                           self.store, self.claims,
-                           case.at.timestamp() if case.at is not None else None)
+                           self.store, self.claims, at, spending_of(
+                               self.policy,
+                               {u.tenant: u.gpu_hours for u in self.suite.gpu_time
+                                if u.user is None},
+                               {(u.tenant, u.user): u.gpu_hours for u in self.suite.gpu_time
+                                if u.user is not None}, at))
         m, v = out.mutating, out.validating
         got = Got(outcome="", changes=list(m.mutations), rules=out.rules(),
                   warnings=out.warnings,
