@@ -4,24 +4,14 @@
 from __future__ import annotations
 
 from typing import Annotated, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
 
-from webhook.policy.model.core import FieldProblem, _Strict
+from webhook.policy.model.core import FieldProblem, _Strict, iana_zone
 
 Hours = Annotated[float, Field(ge=0, le=1_000_000_000)]
 Weight = Annotated[float, Field(gt=0, le=1000)]
 Period = Literal["day", "week", "month", "rolling"]
-
-
-def _zone(value: str) -> str:
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"time zone {value!r} is not an IANA time zone (e.g. "
-                         "Europe/Berlin, America/New_York, UTC)") from None
-    return value
 
 
 class Budget(_Strict):
@@ -53,7 +43,7 @@ class Budget(_Strict):
     @field_validator("time_zone")
     @classmethod
     def _known_zone(cls, value: str) -> str:
-        return _zone(value)
+        return iana_zone(value)
 
     @model_validator(mode="after")
     def _window_for_rolling(self) -> Budget:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from typing import Annotated
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -117,3 +118,13 @@ class Metadata(_Strict):
 def pattern_regex(pattern: str) -> re.Pattern[str]:
     """Compile a resource-name pattern where ``*`` matches any run of characters."""
     return re.compile("^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "$")
+
+
+def iana_zone(value: str) -> str:
+    """``value`` if it names an IANA time zone; a ValueError that says what one is."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"time zone {value!r} is not an IANA time zone (e.g. "
+                         "Europe/Berlin, America/New_York, UTC)") from None
+    return value

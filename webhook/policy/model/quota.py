@@ -4,11 +4,16 @@ caps that change with the clock (quota windows in a time zone)."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, field_validator, model_validator
 
-from webhook.policy.model.core import _DNS_LABEL, _SERVICE_ACCOUNT, FieldProblem, _Strict
+from webhook.policy.model.core import (
+    _DNS_LABEL,
+    _SERVICE_ACCOUNT,
+    FieldProblem,
+    _Strict,
+    iana_zone,
+)
 
 Count = Annotated[int, Field(ge=0, le=1_000_000)]
 Equivalents = Annotated[float, Field(ge=0, le=1_000_000)]
@@ -102,12 +107,7 @@ class QuotaSchedule(_Strict):
     @field_validator("time_zone")
     @classmethod
     def _known_zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"time zone {value!r} is not an IANA time zone (e.g. "
-                             "Europe/Berlin, America/New_York, UTC)") from None
-        return value
+        return iana_zone(value)
 
     @model_validator(mode="after")
     def _names_unique(self) -> QuotaSchedule:
