@@ -48,7 +48,7 @@ class Layer:
 
     def __init__(self) -> None:
         self.buf = io.BytesIO()
-        self.tar = tarfile.open(fileobj=self.buf, mode="w", format=tarfile.PAX_FORMAT)
+        self.tar = tarfile.open(fileobj=self.buf, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (closed by close())
         self.dirs: set[str] = set()
 
     def _parents(self, path: str) -> None:

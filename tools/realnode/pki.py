@@ -40,7 +40,7 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) 
 def main(argv: list[str]) -> None:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=DAYS)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())

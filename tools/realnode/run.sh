@@ -8,7 +8,8 @@
 #   tools/realnode/run.sh --bundles DIR [--out DIR] [--prefix /opt/realnode] [--stage-only]
 #                         [--deadline SECONDS]
 #
-# DIR holds the bundles tools/realnode/build.sh packs (kube.tar.xz, node.tar.xz); each one
+# DIR holds the bundles tools/realnode/build.sh packs (kube.tar.xz, node.tar.xz,
+# wheels.tar); each one
 # is unpacked once into --prefix (a bundle already unpacked there is skipped, so the two
 # can come in two steps: --stage-only unpacks and stops). Then, as a cluster would run
 # them: etcd, kube-apiserver, kube-controller-manager, kube-scheduler; gpu-webhook serve
@@ -49,16 +50,18 @@ log() { printf '[realnode %4ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
 # --- unpack -------------------------------------------------------------------------------
 mkdir -p "$PREFIX"
 if [[ -n "$BUNDLES" ]]; then
-    for b in "$BUNDLES"/*.tar.xz; do
+    for b in "$BUNDLES"/*.tar.xz "$BUNDLES"/*.tar; do
         [[ -f "$b" ]] || continue
-        name=$(basename "$b" .tar.xz)
+        name=$(basename "$(basename "$b" .xz)" .tar)
         sum=$(sha256sum "$b" | cut -c1-16)
         if [[ "$(cat "$PREFIX/.unpacked-$name" 2>/dev/null)" == "$sum" ]]; then
             log "$name: already unpacked"
             continue
         fi
         log "unpacking $name ($(du -h "$b" | cut -f1))"
-        if command -v xz >/dev/null; then
+        if [[ $b != *.xz ]]; then
+            tar -C "$PREFIX" -xf "$b"
+        elif command -v xz >/dev/null; then
             xz -dc "$b" | tar -C "$PREFIX" -xf -
         else
             python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' "$b" "$PREFIX"
@@ -70,7 +73,7 @@ if [[ $STAGE_ONLY -eq 1 ]]; then
     exit 0
 fi
 for f in bin/kube bin/etcd bin/containerd bin/runc bin/nvidia-device-plugin images/check.tar; do
-    [[ -e "$PREFIX/$f" ]] || { log "missing $PREFIX/$f: unpack both bundles (--bundles)"; exit 2; }
+    [[ -e "$PREFIX/$f" ]] || { log "missing $PREFIX/$f: unpack every bundle (--bundles)"; exit 2; }
 done
 
 W=$PREFIX/work
@@ -383,6 +386,8 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.availa
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+registerWithTaints:   # as GPU nodes are tainted, so only pods that tolerate it land there
+- {key: nvidia.com/gpu, effect: NoSchedule}
 EOF
 start kubelet kubelet --config="$W/kubelet.yaml" --kubeconfig="$W/kubelet.kubeconfig" \
     --hostname-override="$NODE" ${NODE_IP:+--node-ip="$NODE_IP"} --v=2
@@ -420,17 +425,17 @@ wait_for 30 "default ServiceAccount in research" k get serviceaccount default -n
 
 # pod NAME [key=value...]: a pod manifest. gpu=N, env=VALUE (own NVIDIA_VISIBLE_DEVICES),
 # image=check|cuda, privileged=1, sysadmin=1, devmounts=1, devnull=1, nodename=1,
-# annotation=1, hold=SECONDS, ns=NAMESPACE
+# annotation=1, hold=SECONDS, ns=NAMESPACE, tolerate=1 (the GPU node's taint)
 pod() {
     local name=$1 gpu="" env="" image=check priv="" sysadmin="" devmounts="" devnull=""
-    local nodename="" annotation="" hold="" ns=research kv
+    local nodename="" annotation="" hold="" ns=research tolerate="" kv
     shift
     for kv in "$@"; do
         case $kv in
             gpu=*) gpu=${kv#gpu=} ;; env=*) env=${kv#env=} ;; image=*) image=${kv#image=} ;;
             privileged=1) priv=1 ;; sysadmin=1) sysadmin=1 ;; devmounts=1) devmounts=1 ;;
             devnull=1) devnull=1 ;; nodename=1) nodename=1 ;; annotation=1) annotation=1 ;;
-            hold=*) hold=${kv#hold=} ;; ns=*) ns=${kv#ns=} ;;
+            hold=*) hold=${kv#hold=} ;; ns=*) ns=${kv#ns=} ;; tolerate=1) tolerate=1 ;;
         esac
     done
     cat <<EOF
@@ -446,6 +451,7 @@ EOF
     echo "  terminationGracePeriodSeconds: 1"
     echo "  automountServiceAccountToken: false"
     [[ -n "$nodename" ]] && echo "  nodeName: $NODE"
+    [[ -n "$tolerate" ]] && printf '  tolerations:\n  - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n'
     echo "  containers:"
     echo "  - name: c"
     echo "    image: gpu-webhook.dev/check:$([[ $image == cuda ]] && echo cuda || echo 1)"
@@ -473,19 +479,21 @@ EOF
     fi
 }
 
-# The routes of docs/security.md that one node can try: ID|what the pod is|pod arguments
+# The routes of docs/security.md that one node can try: ID|what the pod is|pod arguments.
+# Each pod tolerates the GPU node's taint (as a user who wants that node writes it), but
+# route 11's, which names the node instead.
 ROUTES=(
-    "1|asks 1 GPU (limits), check image|gpu=1"
-    "3|asks no GPU, own NVIDIA_VISIBLE_DEVICES=all|env=all"
-    "4|asks no GPU, CUDA-like image (ENV NVIDIA_VISIBLE_DEVICES=all)|image=cuda"
-    "5|asks 1 GPU, own NVIDIA_VISIBLE_DEVICES=all|gpu=1 env=all"
-    "5v|asks 1 GPU, own NVIDIA_VISIBLE_DEVICES=void (whose entry wins)|gpu=1 env=void"
-    "7|privileged, asks no GPU, CUDA-like image|privileged=1 image=cuda"
-    "8|SYS_ADMIN, asks no GPU, CUDA-like image|sysadmin=1 image=cuda"
-    "9|hostPath /dev/nvidia0 and /dev/nvidiactl, unprivileged, asks no GPU|devmounts=1"
-    "10|hostPath /dev/null at /var/run/nvidia-container-devices/all, asks no GPU|devnull=1"
-    "11|spec.nodeName of the GPU node, CUDA-like image, asks no GPU|nodename=1 image=cuda"
-    "19|pod annotation cdi.k8s.io/route: nvidia.com/gpu=all, asks no GPU|annotation=1"
+    "1|asks 1 GPU (limits), check image|gpu=1 tolerate=1"
+    "3|asks no GPU, own NVIDIA_VISIBLE_DEVICES=all|env=all tolerate=1"
+    "4|asks no GPU, CUDA-like image (ENV NVIDIA_VISIBLE_DEVICES=all)|image=cuda tolerate=1"
+    "5|asks 1 GPU, own NVIDIA_VISIBLE_DEVICES=all|gpu=1 env=all tolerate=1"
+    "5v|asks 1 GPU, own NVIDIA_VISIBLE_DEVICES=void (whose entry wins)|gpu=1 env=void tolerate=1"
+    "7|privileged, asks no GPU, CUDA-like image|privileged=1 image=cuda tolerate=1"
+    "8|SYS_ADMIN, asks no GPU, CUDA-like image|sysadmin=1 image=cuda tolerate=1"
+    "9|hostPath /dev/nvidia0 and /dev/nvidiactl, unprivileged, asks no GPU|devmounts=1 tolerate=1"
+    "10|hostPath /dev/null at /var/run/nvidia-container-devices/all, asks no GPU|devnull=1 tolerate=1"
+    "11|spec.nodeName of the GPU node, no toleration, CUDA-like image, asks no GPU|nodename=1 image=cuda"
+    "19|pod annotation cdi.k8s.io/route: nvidia.com/gpu=all, asks no GPU|annotation=1 tolerate=1"
 )
 
 # summary of a finished pod's /check output: "GPU SEEN (UUID)" / "no GPU (...)"
@@ -530,7 +538,7 @@ finish_pod() {
 # route 13: an ephemeral container (kubectl debug) with the CUDA-like image in a running pod
 try_debug() {  # try_debug NAME
     local name=$1
-    pod "$name" hold=300 > "$RAW/pod-$name.yaml"
+    pod "$name" hold=300 tolerate=1 > "$RAW/pod-$name.yaml"
     k create -f "$RAW/pod-$name.yaml" > "$RAW/create-$name.txt" 2>&1 || { echo "target refused"; return; }
     wait_for 60 "pod $name running" sh -c "kubectl get pod $name -n research -o jsonpath='{.status.phase}' | grep -qx Running"
     if ! k debug -n research "pod/$name" --image=gpu-webhook.dev/check:cuda --image-pull-policy=Never \
@@ -707,11 +715,11 @@ in_time() {
 }
 if [[ $NODE_OK -eq 1 ]]; then
     # A pod that asks for nothing, in a namespace of no tenant: the node runs pods at all.
-    pod hello ns=other > "$RAW/pod-hello.yaml"
+    pod hello ns=other tolerate=1 > "$RAW/pod-hello.yaml"
     raw create-hello k create -f "$RAW/pod-hello.yaml" > /dev/null
     HELLO=$(finish_pod hello other)
     log "hello pod: $HELLO"
-    echo "| a pod asking for nothing (namespace of no tenant) | $HELLO |" >> "$GPU_ROWS"
+    echo "| a pod asking for nothing, tolerating the GPU taint (namespace of no tenant) | $HELLO |" >> "$GPU_ROWS"
 fi
 if [[ $NODE_OK -eq 1 && -z "$NVSMI" && -z "${REALNODE_FORCE_CHECKS:-}" ]]; then
     log "no NVIDIA driver here: the GPU checks are skipped"
