@@ -23,7 +23,7 @@
 # Every Go program comes from the Go module proxy (GOFLAGS=-mod=mod, the environment's
 # GOPROXY), stripped (-s -w). Built files are cached under
 #   ${GPU_WEBHOOK_CACHE:-$HOME/.cache/gpu-webhook}/realnode/
-# and the bundles (each a tar.xz, each under 64 MiB) are written to $OUT_DIR
+# and the bundles (kube.tar.xz, node.tar.xz, wheels.tar: each under 64 MiB) are written to $OUT_DIR
 # (default: that cache's bundles/). The last line on stdout is that directory.
 #
 #   tools/realnode/build.sh                 # everything
@@ -222,13 +222,16 @@ build_go
 build_images
 build_wheels
 versions > "$cache/VERSIONS"
-# Two bundles: the Kubernetes binaries, and the node's runtime with the webhook. Each must
-# stay under the 64 MiB a call can carry to the lent machine.
-pack kube bin/kube bin/etcd VERSIONS
-pack node bin/containerd bin/containerd-shim-runc-v2 bin/ctr bin/runc \
+# Three bundles, each well under the 64 MiB one call can carry to the lent machine: the
+# Kubernetes binaries; the node's runtime, etcd and the images; the wheels (a plain tar:
+# wheels are compressed already).
+pack kube bin/kube VERSIONS
+pack node bin/etcd bin/containerd bin/containerd-shim-runc-v2 bin/ctr bin/runc \
     bin/nvidia-container-runtime bin/nvidia-ctk bin/nvidia-cdi-hook \
     bin/nvidia-device-plugin bin/gpu-feature-discovery \
     bin/bridge bin/loopback bin/host-local bin/portmap \
-    images/pause.tar images/check.tar wheels VERSIONS
+    images/pause.tar images/check.tar VERSIONS
+tar -C "$cache" -cf "$OUT_DIR/wheels.tar" wheels VERSIONS
+log "wheels.tar: $(du -h "$OUT_DIR/wheels.tar" | cut -f1)"
 ls -l "$OUT_DIR" >&2
 echo "$OUT_DIR"

@@ -29,7 +29,7 @@ OUT_DIR=${OUT:-$PWD/realnode-report}
 STAGE_ONLY=0
 DEADLINE=0
 # How long a pod may take to finish (REALNODE_POD_WAIT seconds).
-POD_WAIT=${REALNODE_POD_WAIT:-90}
+POD_WAIT=${REALNODE_POD_WAIT:-45}
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bundles) BUNDLES=$2; shift 2 ;;
@@ -68,8 +68,21 @@ if [[ -n "$BUNDLES" ]]; then
         fi && echo "$sum" > "$PREFIX/.unpacked-$name"
     done
 fi
+# gpu-webhook: Python 3.12 (the wheels' ABI) with the wheels installed into --prefix once,
+# or REALNODE_PYTHON: one that already has gpu-webhook.
+PY=${REALNODE_PYTHON:-python3}
+if ! "$PY" -c 'import webhook.cli' 2>/dev/null; then
+    if ! PYTHONPATH=$PREFIX/site "$PY" -c 'import webhook.cli' 2>/dev/null && [[ -d "$PREFIX/wheels" ]]; then
+        log "installing gpu-webhook from wheels ($("$PY" --version))"
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$PREFIX/site" "$PREFIX"/wheels/*.whl >&2
+    fi
+    export PYTHONPATH=$PREFIX/site
+fi
+gw() { "$PY" -m webhook.cli "$@"; }
 if [[ $STAGE_ONLY -eq 1 ]]; then
     ls -la "$PREFIX" "$PREFIX/bin" >&2
+    gw --help > /dev/null && log "gpu-webhook runs with $("$PY" --version)"
     exit 0
 fi
 for f in bin/kube bin/etcd bin/containerd bin/runc bin/nvidia-device-plugin images/check.tar; do
@@ -169,17 +182,6 @@ swapoff -a 2>/dev/null || true
 modprobe overlay 2>/dev/null || true
 modprobe br_netfilter 2>/dev/null || true
 sysctl -qw net.ipv4.ip_forward=1 2>/dev/null || true
-
-# --- Python and gpu-webhook ------------------------------------------------------------
-# Python 3.12 (the wheels' ABI), or REALNODE_PYTHON: one that already has gpu-webhook.
-PY=${REALNODE_PYTHON:-python3}
-if ! "$PY" -c 'import webhook.cli' 2>/dev/null; then
-    log "installing gpu-webhook from wheels ($("$PY" --version))"
-    raw pip "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$PREFIX/site" "$PREFIX"/wheels/*.whl > /dev/null
-    export PYTHONPATH=$PREFIX/site
-fi
-gw() { "$PY" -m webhook.cli "$@"; }
 
 # --- PKI ----------------------------------------------------------------------------------
 P=$W/pki
@@ -522,10 +524,11 @@ create_pod() {
     fi
 }
 # finish_pod NAME [NS]: wait until it ended, keep what it printed, print its summary.
-finish_pod() {
-    local name=$1 ns=${2:-research}
+finish_pod() {  # finish_pod NAME [NS [SECONDS]]
+    local name=$1 ns=${2:-research} limit=${3:-$POD_WAIT}
+    (( limit < 3 )) && limit=3
     k get pod "$name" -n "$ns" -o yaml > "$RAW/admitted-$name.yaml" 2>&1
-    wait_for "$POD_WAIT" "pod $name finished" sh -c \
+    wait_for "$limit" "pod $name finished" sh -c \
         "kubectl get pod $name -n $ns -o jsonpath='{.status.phase}' | grep -qE 'Succeeded|Failed'" \
         || k describe pod "$name" -n "$ns" > "$RAW/describe-$name.txt" 2>&1
     # kubectl logs (through the kubelet), else the kubelet's own file of it
@@ -579,8 +582,10 @@ batch() {
         finish_pod "$name" > "$W/result-$id-$mode-$state"
         k delete pod "$name" -n research --wait=true --timeout=60s > /dev/null 2>&1
     done
+    # the pods that ask no GPU ran meanwhile: one wait of $POD_WAIT for them all
+    local until=$((SECONDS + POD_WAIT))
     for id in "${created[@]}"; do
-        finish_pod "r$id-$mode-$state" > "$W/result-$id-$mode-$state"
+        finish_pod "r$id-$mode-$state" research $((until - SECONDS)) > "$W/result-$id-$mode-$state"
     done
     k delete pods --all -n research --wait=true --timeout=90s > /dev/null 2>&1
 }
