@@ -29,7 +29,7 @@ OUT_DIR=${OUT:-$PWD/realnode-report}
 STAGE_ONLY=0
 DEADLINE=0
 # How long a pod may take to finish (REALNODE_POD_WAIT seconds).
-POD_WAIT=${REALNODE_POD_WAIT:-45}
+POD_WAIT=${REALNODE_POD_WAIT:-30}
 while [[ $# -gt 0 ]]; do
     case $1 in
         --bundles) BUNDLES=$2; shift 2 ;;
@@ -71,8 +71,8 @@ fi
 # gpu-webhook: Python 3.12 (the wheels' ABI) with the wheels installed into --prefix once,
 # or REALNODE_PYTHON: one that already has gpu-webhook.
 PY=${REALNODE_PYTHON:-python3}
-if ! "$PY" -c 'import webhook.cli' 2>/dev/null; then
-    if ! PYTHONPATH=$PREFIX/site "$PY" -c 'import webhook.cli' 2>/dev/null && [[ -d "$PREFIX/wheels" ]]; then
+if ! "$PY" -m webhook.cli --help >/dev/null 2>&1; then
+    if ! PYTHONPATH=$PREFIX/site "$PY" -m webhook.cli --help >/dev/null 2>&1 && [[ -d "$PREFIX/wheels" ]]; then
         log "installing gpu-webhook from wheels ($("$PY" --version))"
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$PREFIX/site" "$PREFIX"/wheels/*.whl >&2
@@ -101,6 +101,7 @@ done
 for n in bridge host-local loopback portmap; do ln -sf "$PREFIX/bin/$n" "$PREFIX/cni/$n"; done
 exec > >(tee "$OUT_DIR/run.log") 2>&1
 trap finish EXIT
+trap 'exit 143' TERM INT   # a timeout still writes the report
 
 REPORT=$W/report.md
 : > "$REPORT"
@@ -311,9 +312,11 @@ raw cdi-generate nvidia-ctk cdi generate --output="$W/cdi/nvidia.yaml" \
     --device-name-strategy=uuid
 cp "$W/cdi/nvidia.yaml" "$RAW/cdi-nvidia.yaml" 2>/dev/null
 
-# Pod network: a bridge where the kernel has one, else only each pod's loopback.
-if ip link add name rnprobe0 type bridge 2>/dev/null; then
-    ip link del rnprobe0
+# Pod network: a bridge (the CNI bridge plugin). A loopback-only network is the fallback
+# where the kernel has no bridge, but containerd refuses it for pods off the host network
+# ("failed to find network info for sandbox"): the report then shows no pod ran.
+# (the bridge plugin needs no ip command; where there is one, it asks the kernel first)
+if ! command -v ip >/dev/null || { ip link add name rnprobe0 type bridge 2>/dev/null && ip link del rnprobe0; }; then
     NET=bridge
     cat > "$W/cni/10-realnode.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "realnode", "plugins": [
@@ -725,6 +728,15 @@ if [[ $NODE_OK -eq 1 ]]; then
     HELLO=$(finish_pod hello other)
     log "hello pod: $HELLO"
     echo "| a pod asking for nothing, tolerating the GPU taint (namespace of no tenant) | $HELLO |" >> "$GPU_ROWS"
+    if [[ $HELLO == "did not run"* ]]; then
+        # No pod runs on this node: say why, and stop here.
+        k describe pod hello -n other > "$RAW/describe-hello.txt" 2>&1
+        grep 'level=error' "$LOGS/containerd.log" | tail -5 | cut -c1-700 > "$RAW/containerd-errors.txt"
+        grep '^E' "$LOGS/kubelet.log" | tail -5 | cut -c1-700 > "$RAW/kubelet-errors.txt"
+        tail -15 "$RAW/describe-hello.txt"; cat "$RAW/containerd-errors.txt" "$RAW/kubelet-errors.txt"
+        echo "| why (containerd) | \`$(tail -n1 "$RAW/containerd-errors.txt" | tr '|`' '  ')\` |" >> "$GPU_ROWS"
+        NODE_OK=0
+    fi
 fi
 if [[ $NODE_OK -eq 1 && -z "$NVSMI" && -z "${REALNODE_FORCE_CHECKS:-}" ]]; then
     log "no NVIDIA driver here: the GPU checks are skipped"
