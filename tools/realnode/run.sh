@@ -144,11 +144,11 @@ start() {  # start NAME CMD...: a daemon in its own session, its log in logs/NAM
     echo "$!" > "$W/$name.pid"
     log "started $name (pid $!)"
 }
-stop() {  # stop NAME: SIGTERM to the daemon, then SIGKILL after 10 s
+stop() {  # stop NAME: SIGTERM to the daemon, then SIGKILL after 5 s
     local pid
     pid=$(cat "$W/$1.pid" 2>/dev/null) || return 0
     kill "$pid" 2>/dev/null || return 0
-    for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+    for _ in $(seq 10); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
     kill -9 "$pid" 2>/dev/null
 }
 
