@@ -58,6 +58,14 @@ promtool:
 helm:
 	bash tests/deploy/helm/build.sh
 
+# A real GPU node's parts (kubelet, containerd, runc, NVIDIA's container toolkit and device
+# plugin, CNI, images, the webhook's wheels), built from the Go module proxy and packed for
+# a GPU host, where `tools/realnode/run.sh --bundles DIR` runs them with the webhook in
+# front (docs/real-gpu-node.md). Not part of `make test`: CI has no GPU.
+.PHONY: realnode
+realnode:
+	bash tools/realnode/build.sh
+
 # podman, runc and mmdebstrap (Debian), for the image test (tests/e2e/test_e2e_image.py):
 # the Dockerfile built on a Debian base made by mmdebstrap and run as the Deployment runs
 # it. Root installs them; a failed install fails the target.
