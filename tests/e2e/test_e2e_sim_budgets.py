@@ -150,6 +150,7 @@ def every_replica_sees(sim: SimCluster, tenant: str, hours: float) -> bool:
     assert sim.webhook is not None
     used = [replica_metric(sim, i, "gpu_webhook_budget_used_gpu_hours", tenant)
             for i in range(len(sim.webhook.replicas))]
+    print(f"{time.time():.3f} {tenant} replicas {used} pods {hours}", flush=True)
     return all(u is not None and u == pytest.approx(hours, abs=1e-6) for u in used)
 
 
@@ -203,7 +204,7 @@ def test_a_spent_budget_refuses_or_gates_and_the_next_period_gives_it_back(
     # write is needed for that).
     wait_until("every replica to see the budgets spent", lambda: every_replica_sees(
         budget_sim, "metered", used) and every_replica_sees(
-        budget_sim, "patient", held_hours(pods(api, patient))), timeout=30, every=0.5)
+        budget_sim, "patient", held_hours(pods(api, patient))), timeout=60, every=0.5)
     refused = apply(budget_sim, metered, bare("next", 1))
     assert refused.returncode != 0
     day = datetime.now(UTC).strftime("%Y-%m-%d")

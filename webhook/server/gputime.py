@@ -78,7 +78,12 @@ class GpuTime:
         return self.snapshot
 
     def kept(self, days: dict[date, DayBook], bad: dict[str, str]) -> None:
-        """Days as just read (by this loop or the leader's)."""
+        """Days as just read or written (by this loop or the leader's). A read older
+        than what is kept (it crossed the leader's write) is not taken: the snapshot
+        would count from an earlier watermark the holds it let go already."""
+        mine, theirs = watermark(self.days.values()), watermark(days.values())
+        if mine is not None and (theirs is None or theirs < mine):
+            return
         self.days, self.unreadable = days, bad
         for name, why in bad.items():
             if name not in self._told:
@@ -116,5 +121,9 @@ class GpuTime:
             except kube.KubeError as exc:
                 logs.event("GPU time not read; budgets use the days read before",
                            logging.WARNING, error=str(exc))
-            self.refresh()
+            try:
+                self.refresh()
+            except Exception as exc:  # a defect: logged, and the loop goes on
+                logs.event("budgets not refreshed (a defect: please report it)",
+                           logging.ERROR, error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(self.every)

@@ -54,6 +54,9 @@ class Accountant:
                 except kube.KubeError as exc:
                     logs.event("GPU time not written; tried again next interval",
                                logging.WARNING, error=str(exc))
+                except Exception as exc:  # a defect: logged, and the next round tries again
+                    logs.event("GPU time not written (a defect: please report it)",
+                               logging.ERROR, error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(acc.interval if acc is not None else 10.0)
 
     async def once(self) -> float | None:
@@ -76,7 +79,9 @@ class Accountant:
         for book in done.days:
             await asyncio.to_thread(gpu.maps.write, name_of(book.day), dict(LABELS),
                                     book.encode(), book.version)
-        gpu.hours.forget(done.until)
+        # This replica's budgets count from what it wrote at once (the holds it has
+        # accounted are let go by the budgets' refresh, against the days it counts from).
+        gpu.kept({**days, **{b.day: b for b in done.days}}, bad)
         _count(done.tally)
         await self._expire(days)
         return done.until
