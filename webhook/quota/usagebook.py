@@ -138,6 +138,22 @@ class DayBook:
                 yield key, start + h * HOUR, s
 
 
+def days_of(objs: Iterable[Mapping[str, Any]]) -> tuple[dict[date, DayBook], dict[str, str]]:
+    """The days listed GPUUsage objects hold, and those that cannot be read (name ->
+    why: the message of :class:`BookUnreadable`)."""
+    days: dict[date, DayBook] = {}
+    bad: dict[str, str] = {}
+    for obj in objs:
+        try:
+            book = DayBook.of(obj)
+        except BookUnreadable as exc:
+            meta = obj.get("metadata")
+            bad[str((meta if isinstance(meta, dict) else {}).get("name") or "?")] = str(exc)
+            continue
+        days[book.day] = book
+    return days, bad
+
+
 def stored(t: float) -> float:
     """``t`` as a watermark is stored (milliseconds, as text): the instant to account up
     to, so that the watermark read back is exactly where the seconds added stop (a

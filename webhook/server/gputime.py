@@ -23,8 +23,8 @@ from webhook.quota.usagebook import (
     KIND,
     PLURAL,
     VERSION_API,
-    BookUnreadable,
     DayBook,
+    days_of,
     watermark,
 )
 from webhook.server import metrics
@@ -41,17 +41,7 @@ def records(api: Any) -> kube.ClusterRecords:
 
 def read_days(maps: kube.ClusterRecords) -> tuple[dict[date, DayBook], dict[str, str]]:
     """The kept days, and the records that cannot be read (name -> why)."""
-    days: dict[date, DayBook] = {}
-    bad: dict[str, str] = {}
-    for obj in maps.list():
-        try:
-            book = DayBook.of(obj)
-        except BookUnreadable as exc:
-            name = str((obj.get("metadata") or {}).get("name") or "?")
-            bad[name] = str(exc)
-            continue
-        days[book.day] = book
-    return days, bad
+    return days_of(maps.list())
 
 
 class GpuTime:

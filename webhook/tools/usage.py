@@ -24,9 +24,9 @@ from webhook.quota.usagebook import (
     KIND,
     PLURAL,
     VERSION_API,
-    BookUnreadable,
     DayBook,
     day_start,
+    days_of,
     sums,
     watermark,
 )
@@ -92,19 +92,14 @@ class NotKept(Exception):
 
 def read(api: Any) -> tuple[list[DayBook], dict[str, str]]:
     """The kept days (GPUUsage objects), and those that cannot be read (name -> why)."""
-    days, bad = [], {}
     try:
         objs = kube.ClusterRecords(api, GROUP, VERSION_API, PLURAL, KIND).list()
     except kube.NotFound:
         raise NotKept("this cluster keeps no GPU time: the GPUUsage CRD is not installed "
                       "(deploy/base/crd-gpuusage.yaml, in the chart and kustomize "
                       "base)") from None
-    for obj in objs:
-        try:
-            days.append(DayBook.of(obj))
-        except BookUnreadable as exc:
-            bad[str((obj.get("metadata") or {}).get("name") or "?")] = str(exc)
-    return days, bad
+    days, bad = days_of(objs)
+    return list(days.values()), bad
 
 
 def usage(policy: CompiledPolicy, days: list[DayBook], since: float, until: float,
