@@ -187,7 +187,9 @@ def test_each_round_counts_exactly_up_to_the_watermark_it_stores() -> None:
     book.pod("big", running("big", T0), charge(1000.0))
     kept: dict[Any, DayBook] = {}
     start = account(kept, book, T0 + 0.4567, 15.0)
-    assert start is not None
+    # Counting starts at the install's second: a pod bound in it (its time kept to the
+    # second) is counted from its binding.
+    assert start is not None and start.until == T0
     kept[start.days[0].day] = start.days[0]
     t = T0
     for _ in range(40):

@@ -229,10 +229,12 @@ def account(days: Mapping[date, DayBook], holds: HoldBook, now: float, settle: f
             ) -> Round | None:
     """What the leader writes at ``now``: the seconds the holds held from the kept
     watermark up to ``settle`` seconds ago (None: nothing to write yet). With nothing
-    kept, GPU time starts now (the install): one empty day."""
+    kept, GPU time starts now (the install): one empty day, from the start of this
+    second, as the pods' own times are kept (a pod bound within it is counted from its
+    binding, not from a fraction of a second after)."""
     since = watermark(days.values())
     if since is None:
-        start = stored(now)
+        start = float(int(now))
         return Round(start, [DayBook(day_of(start), start)], {})
     until = stored(now - settle)
     if until <= since:
