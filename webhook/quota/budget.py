@@ -127,7 +127,6 @@ class Verdict:
 
     reason: str | None
     warnings: tuple[str, ...] = ()
-    waits: bool = False
 
 
 def judge(tenant: TenantRules, user: str | None, spent: Spending, now: float,
@@ -143,7 +142,7 @@ def judge(tenant: TenantRules, user: str | None, spent: Spending, now: float,
             back = b.next_free(now)
             make = messages.waits_for_budget if gate else messages.budget_spent
             return Verdict(make(tenant.name, who, used.used, used.limit, used.span.label,
-                                back), waits=b.waits)
+                                back))
         passed = [p for p in b.warn_at if used.percent >= p]
         if passed:
             warnings.append(messages.budget_warning(tenant.name, who, used.used, used.limit,

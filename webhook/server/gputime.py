@@ -60,7 +60,6 @@ class GpuTime:
         self.clock = clock
         self.every = every
         self.days: dict[date, DayBook] = {}
-        self.unreadable: dict[str, str] = {}
         self.snapshot = Spending()
         self._told: set[str] = set()
 
@@ -74,7 +73,7 @@ class GpuTime:
         mine, theirs = watermark(self.days.values()), watermark(days.values())
         if mine is not None and (theirs is None or theirs < mine):
             return
-        self.days, self.unreadable = days, bad
+        self.days = days
         for name, why in bad.items():
             if name not in self._told:
                 logs.event("GPU time record unreadable; left as it is", logging.ERROR,
@@ -104,10 +103,9 @@ class GpuTime:
             try:
                 self.kept(*await asyncio.to_thread(read_days, self.maps))
             except kube.NotFound:
-                if self.policy().accounting is not None:
-                    logs.event("GPU time not read: the GPUUsage CRD is not installed "
-                               "(deploy/base/crd-gpuusage.yaml); budgets count only what "
-                               "this replica saw", logging.WARNING)
+                logs.event("GPU time not read: the GPUUsage CRD is not installed "
+                           "(deploy/base/crd-gpuusage.yaml); budgets count only what "
+                           "this replica saw", logging.WARNING)
             except kube.KubeError as exc:
                 logs.event("GPU time not read; budgets use the days read before",
                            logging.WARNING, error=str(exc))
